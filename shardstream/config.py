@@ -1,0 +1,112 @@
+"""Settings as frozen dataclasses; the only place that reads environment variables.
+
+The AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_PROFILE``, ``AWS_REGION`` ...) are read by botocore itself; :class:`S3Config` only
+overrides them when a field is set, and peeks at the endpoint to pick path-style addressing
+and to name the endpoint in error messages.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["FetchConfig", "S3Config"]
+
+AddressingStyle = Literal["auto", "path", "virtual"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Config:
+    """How to reach S3. Every field left ``None`` falls back to the standard AWS environment.
+
+    Attributes:
+        endpoint_url: e.g. ``"http://127.0.0.1:8333"``; default ``AWS_ENDPOINT_URL_S3`` /
+            ``AWS_ENDPOINT_URL``, else AWS itself.
+        access_key_id, secret_access_key, session_token: explicit credentials; default the
+            botocore chain (env, ``AWS_PROFILE``, config files, instance roles).
+        profile: a profile name in ``~/.aws/config``.
+        region_name: default ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile, else
+            ``us-east-1``.
+        addressing_style: ``None`` picks ``"path"`` when a custom endpoint is set.
+        connect_timeout_s, read_timeout_s: socket timeouts in seconds.
+        max_attempts: total attempts per request (botocore ``standard`` retry mode).
+        max_pool_connections: HTTP connections per client.
+    """
+
+    endpoint_url: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    profile: str | None = None
+    region_name: str | None = None
+    addressing_style: AddressingStyle | None = None
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+    max_attempts: int = 5
+    max_pool_connections: int = 32
+
+    def __repr__(self) -> str:
+        secret = "***" if self.secret_access_key else None
+        return (
+            f"S3Config(endpoint_url={self.resolved_endpoint_url()!r}, "
+            f"access_key_id={self.access_key_id!r}, secret_access_key={secret!r}, "
+            f"profile={self.profile!r}, region_name={self.region_name!r})"
+        )
+
+    def resolved_endpoint_url(self) -> str | None:
+        """The endpoint botocore will use: the field, else the AWS env variables, else None."""
+        return (
+            self.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
+
+    def resolved_region_name(self) -> str | None:
+        """The field, else ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else None (profile or default)."""
+        return (
+            self.region_name
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+        )
+
+    def resolved_addressing_style(self) -> AddressingStyle:
+        """``"path"`` for custom endpoints (local servers), else ``"auto"``, unless set."""
+        if self.addressing_style is not None:
+            return self.addressing_style
+        return "path" if self.resolved_endpoint_url() else "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchConfig:
+    """How shards are read. Sizes are bytes.
+
+    Attributes:
+        max_inflight_shards: shards downloaded at once per process (S3); the one being parsed
+            counts.
+        chunk_bytes: size of one read from a shard stream.
+        max_queued_chunks: chunks buffered per in-flight shard before its download pauses;
+            memory held is at most ``max_inflight_shards * max_queued_chunks * chunk_bytes``.
+        part_bytes: multipart upload part size when writing to S3 (>= 5 MiB).
+        max_inflight_parts: upload parts sent at once per shard.
+    """
+
+    max_inflight_shards: int = 4
+    chunk_bytes: int = 1 << 20
+    max_queued_chunks: int = 8
+    part_bytes: int = 16 << 20
+    max_inflight_parts: int = 4
+
+    def __post_init__(self) -> None:
+        for field in ("max_inflight_shards", "chunk_bytes", "max_queued_chunks", "max_inflight_parts"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"FetchConfig.{field}={value!r} must be an int >= 1")
+        if self.part_bytes < 5 << 20:
+            raise ValueError(f"FetchConfig.part_bytes={self.part_bytes} must be >= 5 MiB (S3 minimum)")
+
+    @property
+    def max_buffer_bytes(self) -> int:
+        """Upper bound of bytes held by in-flight downloads in one process."""
+        return self.max_inflight_shards * self.max_queued_chunks * self.chunk_bytes

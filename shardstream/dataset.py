@@ -1,0 +1,171 @@
+"""``ShardDataset``: shards from local disk or S3 as a stream of samples for a DataLoader."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset
+
+from .assign import WorkerSlot, assign_shards, current_slot
+from .config import FetchConfig, S3Config
+from .decode.cpu import ImageFormat, make_decoder
+from .errors import ShardNotFoundError
+from .fetch import iter_shard_streams
+from .index import INDEX_NAME, Index
+from .shuffle import shuffle_buffer
+from .storage import is_s3_url, open_store, split_url
+from .tarstream import iter_samples
+
+__all__ = ["ShardDataset"]
+
+Source = str | os.PathLike[str] | Sequence[str]
+
+
+class ShardDataset(IterableDataset):
+    """Samples of tar shards, streamed from local disk or S3, shuffled and split over the job.
+
+    Each epoch, the shard order is a permutation seeded by ``(seed, epoch)``, the same on
+    every rank; shard ``i`` of that order goes to reader ``i % (world_size * num_workers)``
+    (rank from ``torch.distributed`` when initialised, else ``RANK`` / ``WORLD_SIZE``; worker
+    from the DataLoader). Each reader streams its shards in order (S3 shards downloading
+    ahead, local shards read in place), groups members into samples and passes them through
+    a shuffle buffer of ``shuffle_buffer`` samples. Every sample is read once per epoch.
+
+    Args:
+        source: a dataset written by ``shardstream pack`` (a local directory, an
+            ``s3://bucket/prefix``, or its ``index.json``), a shard URL, a brace pattern of
+            shard URLs (``"s3://b/data-{000000..000009}.tar"``), or a list of shard URLs.
+        shuffle: shuffle shard order and samples; ``False`` yields shards in index order and
+            samples in shard order (split over readers as above).
+        shuffle_buffer: samples held by each reader's shuffle buffer.
+        seed: seed of shard order and sample shuffle; combine with :meth:`set_epoch`.
+        decode: ``None`` (members as ``bytes``), ``"pil"``, ``"numpy"``, ``"torch"`` (see
+            :mod:`shardstream.decode.cpu`), or a callable taking and returning a sample.
+        s3: S3 endpoint and credentials; default the standard AWS environment.
+        fetch: in-flight shards and chunk sizes (:class:`~shardstream.config.FetchConfig`).
+
+    Yields:
+        dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``, one entry
+        per member extension (decoded as ``decode`` says).
+
+    Raises:
+        ShardNotFoundError: no index at a dataset location, or (while iterating) a shard URL
+            that does not exist.
+        IndexFormatError: the index is malformed.
+        CorruptShardError: a shard's tar stream is malformed or truncated (while iterating).
+        StorageAccessError, StorageConnectionError, BucketNotFoundError: S3 problems.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        shuffle: bool = True,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        decode: ImageFormat | Callable[[dict[str, Any]], Any] | None = None,
+        s3: S3Config | None = None,
+        fetch: FetchConfig | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+            raise ValueError(f"{shuffle_buffer=} must be an int >= 0 (samples)")
+        if not isinstance(seed, int):
+            raise ValueError(f"{seed=} must be an int")
+        self.s3 = s3
+        self.fetch = fetch or FetchConfig()
+        self.shard_urls, self.index = _resolve_source(source, s3=s3)
+        self.shuffle = shuffle
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.decode = make_decoder(decode)
+        self.epoch = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardDataset({self.num_shards} shards, num_samples={self.num_samples}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch})"
+        )
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_urls)
+
+    @property
+    def num_samples(self) -> int | None:
+        """Samples in the whole dataset, from the index; None for bare shard URLs."""
+        return self.index.num_samples if self.index is not None else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s shard order and shuffle from the next iteration on.
+
+        Call it before creating the DataLoader iterator of each epoch (with
+        ``persistent_workers=True`` the workers keep the epoch they started with).
+        """
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"{epoch=} must be an int >= 0")
+        self.epoch = epoch
+
+    def shards_for(self, slot: WorkerSlot) -> list[str]:
+        """The shard URLs ``slot`` reads this epoch, in reading order."""
+        ids = assign_shards(self.num_shards, slot, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        return [self.shard_urls[i] for i in ids]
+
+    def __iter__(self) -> Iterator[Any]:
+        slot = current_slot()
+        samples = self._read(self.shards_for(slot))
+        if self.shuffle and self.shuffle_buffer > 1:
+            seed = int(np.random.SeedSequence([self.seed, self.epoch, slot.index]).generate_state(1)[0])
+            samples = shuffle_buffer(samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed))
+        decode = self.decode
+        for sample in samples:
+            yield decode(sample) if decode is not None else sample
+
+    def _read(self, urls: list[str]) -> Iterator[dict[str, Any]]:
+        for url, stream in iter_shard_streams(urls, s3=self.s3, fetch=self.fetch):
+            yield from iter_samples(stream, url=url)
+
+
+def _normalize(url: str) -> str:
+    if is_s3_url(url):
+        return url
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    if "://" in url:
+        raise ValueError(f"{url!r}: unsupported URL scheme; use s3://BUCKET/KEY or a local path")
+    return os.path.abspath(url)
+
+
+def _resolve_source(source: Source, *, s3: S3Config | None) -> tuple[list[str], Index | None]:
+    """Shard URLs (and the index, when there is one) of a ``ShardDataset`` source."""
+    if isinstance(source, (list, tuple)):
+        urls = [_normalize(os.fspath(u)) for u in source]
+        if not urls:
+            raise ValueError("source is an empty list of shard URLs")
+        return urls, None
+    text = os.fspath(source)  # type: ignore[arg-type]
+    if "{" in text:
+        from braceexpand import braceexpand
+
+        return [_normalize(u) for u in braceexpand(text)], None
+    if text.endswith(".tar"):
+        return [_normalize(text)], None
+    if text.endswith(".json"):
+        root, index_name = split_url(_normalize(text))
+    else:
+        root, index_name = _normalize(text).rstrip("/"), INDEX_NAME
+    store = open_store(root or os.sep, s3=s3)
+    index_url = store.url_of(index_name)
+    try:
+        data = store.read_bytes(index_name)
+    except ShardNotFoundError as exc:
+        raise ShardNotFoundError(
+            f"{index_url}: no index here; pass a directory or s3:// prefix written by "
+            "shardstream pack, its index.json, or shard URLs (a list or a brace pattern)"
+        ) from exc
+    index = Index.from_json(data, url=index_url)
+    return [store.url_of(shard.name) for shard in index.shards], index

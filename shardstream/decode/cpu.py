@@ -1,0 +1,175 @@
+"""CPU decoding of samples with Pillow.
+
+By the last part of a member's extension (``"seg.png"`` -> ``"png"``):
+
+- images (``jpg jpeg png ppm pgm pbm bmp gif webp tif tiff``) -> a ``PIL.Image.Image`` in RGB,
+  a ``numpy.ndarray`` of shape ``(H, W, 3)`` dtype ``uint8``, or a CPU ``torch.Tensor`` of
+  shape ``(3, H, W)`` dtype ``torch.uint8``;
+- ``cls``, ``cls2``, ``index``, ``label`` -> ``int``;
+- ``json`` -> the parsed object; ``txt``, ``text`` -> ``str`` (UTF-8);
+- anything else stays ``bytes``, as do ``__key__`` and ``__shard__``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from ..errors import DecodeError
+
+__all__ = ["CpuDecoder", "ImageFormat", "RandomResizedCrop", "make_decoder"]
+
+ImageFormat = Literal["pil", "numpy", "torch"]
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "gif", "webp", "tif", "tiff"})
+INT_EXTENSIONS = frozenset({"cls", "cls2", "index", "label"})
+TEXT_EXTENSIONS = frozenset({"txt", "text"})
+
+Sample = dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomResizedCrop:
+    """Crop a random area and aspect ratio, then resize to ``size_px`` x ``size_px``.
+
+    The parameters follow torchvision's ``RandomResizedCrop``. JPEGs are decoded with
+    Pillow's draft mode at the smallest DCT scale that still covers the crop at full
+    resolution, so large images decode faster.
+
+    Attributes:
+        size_px: output height and width in pixels.
+        scale: range of the crop's area as a fraction of the image's.
+        ratio: range of the crop's aspect ratio (width / height).
+    """
+
+    size_px: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+    def box(self, width: int, height: int, rng: Any) -> tuple[int, int, int, int]:
+        """A crop box ``(left, top, right, bottom)`` in pixels of a ``width`` x ``height`` image."""
+        area = width * height
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target = area * rng.uniform(*self.scale)
+            aspect = math.exp(rng.uniform(*log_ratio))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                left = rng.randint(0, width - w)
+                top = rng.randint(0, height - h)
+                return left, top, left + w, top + h
+        aspect = width / height  # fallback: a centre crop within the ratio range
+        if aspect < self.ratio[0]:
+            w, h = width, round(width / self.ratio[0])
+        elif aspect > self.ratio[1]:
+            w, h = round(height * self.ratio[1]), height
+        else:
+            w, h = width, height
+        left, top = (width - w) // 2, (height - h) // 2
+        return left, top, left + w, top + h
+
+    def __call__(self, data: bytes, rng: Any) -> Any:
+        """Decode image bytes into a cropped, resized RGB ``PIL.Image.Image``."""
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(data))
+        width, height = image.size
+        left, top, right, bottom = self.box(width, height, rng)
+        if image.format == "JPEG":
+            request = (
+                math.ceil(width * self.size_px / (right - left)),
+                math.ceil(height * self.size_px / (bottom - top)),
+            )
+            image.draft("RGB", request)
+            factor = image.size[0] / width
+            left, top, right, bottom = left * factor, top * factor, right * factor, bottom * factor
+        return image.convert("RGB").resize(
+            (self.size_px, self.size_px), Image.Resampling.BILINEAR, box=(left, top, right, bottom)
+        )
+
+
+class CpuDecoder:
+    """Decode a raw sample dict (module doc) in the calling process.
+
+    Args:
+        image: what images become: ``"pil"``, ``"numpy"`` (HWC uint8) or ``"torch"``
+            (CHW uint8, CPU).
+        crop: a :class:`RandomResizedCrop` applied while decoding images, or None to keep
+            the full image.
+        rng: random source for crops; default the ``random`` module's, which torch's
+            DataLoader seeds differently in each worker.
+
+    Raises (when called):
+        DecodeError: a member cannot be decoded; names the shard, key and extension.
+    """
+
+    def __init__(self, image: ImageFormat = "numpy", *, crop: RandomResizedCrop | None = None, rng: random.Random | None = None) -> None:
+        if image not in get_args(ImageFormat):
+            raise ValueError(f"image={image!r} must be one of {get_args(ImageFormat)}")
+        self.image = image
+        self.crop = crop
+        self.rng = rng
+
+    def __call__(self, sample: Sample) -> Sample:
+        out: Sample = {}
+        for field, value in sample.items():
+            if field.startswith("__"):
+                out[field] = value
+                continue
+            try:
+                out[field] = self.decode_member(field, value)
+            except Exception as exc:
+                raise DecodeError(
+                    f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}, member "
+                    f"{field!r}: cannot decode ({exc}); re-pack the file or pass decode=None"
+                ) from exc
+        return out
+
+    def decode_member(self, extension: str, data: bytes) -> Any:
+        """Decode one member's bytes by the last part of its extension."""
+        kind = extension.rsplit(".", 1)[-1].lower()
+        if kind in IMAGE_EXTENSIONS:
+            return self._image(data)
+        if kind in INT_EXTENSIONS:
+            return int(data)
+        if kind == "json":
+            return json.loads(data)
+        if kind in TEXT_EXTENSIONS:
+            return data.decode("utf-8")
+        return data
+
+    def _image(self, data: bytes) -> Any:
+        from PIL import Image
+
+        if self.crop is not None:
+            image = self.crop(data, self.rng or random)  # the module has the same methods
+        else:
+            image = Image.open(io.BytesIO(data)).convert("RGB")
+        if self.image == "pil":
+            return image
+        import numpy as np
+
+        array = np.array(image)  # writable (asarray of a PIL image is read-only)
+        if self.image == "numpy":
+            return array
+        import torch
+
+        return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def make_decoder(decode: ImageFormat | Callable[[Sample], Any] | None) -> Callable[[Sample], Any] | None:
+    """``None`` (raw bytes), a callable used as is, or a named :class:`CpuDecoder` format.
+
+    Raises:
+        ValueError: an unknown name; the message lists the choices.
+    """
+    if decode is None or callable(decode):
+        return decode
+    if decode in get_args(ImageFormat):
+        return CpuDecoder(decode)
+    raise ValueError(f"decode={decode!r} must be None, a callable, or one of {get_args(ImageFormat)}")

@@ -1,0 +1,94 @@
+"""Tar member naming, the key/extension rule, and deterministic tar headers.
+
+A shard is a plain tar file (GNU format: long names use ``././@LongLink`` records) whose
+members are the packed files, named by their path relative to the pack source, in sorted
+order. Every header carries the same metadata (mtime 0, uid/gid 0, no user or group name,
+mode 0644), so the same input always gives byte-identical shards. An archive ends with two
+zero blocks and is not padded to a record size.
+
+Samples follow the WebDataset convention: members whose names share a *key* form one
+sample and are adjacent in one shard. The key is the member name up to the first dot of its
+file name; the *extension* is the rest (``"train/cat/001.seg.png"`` -> key
+``"train/cat/001"``, extension ``"seg.png"``). A dot that starts the file name belongs to the
+key (``".hidden"`` -> key ``".hidden"``, extension ``""``), and a file name with no other dot
+is a sample with one member of extension ``""``.
+"""
+
+from __future__ import annotations
+
+import tarfile
+
+from .errors import MemberNameError
+
+__all__ = [
+    "BLOCK_BYTES",
+    "END_OF_ARCHIVE",
+    "RESERVED_FIELDS",
+    "member_header",
+    "padded_size",
+    "split_key",
+    "tar_member_bytes",
+]
+
+BLOCK_BYTES = 512
+END_OF_ARCHIVE = bytes(2 * BLOCK_BYTES)
+FIXED_MTIME = 0
+FIXED_MODE = 0o644
+RESERVED_FIELDS = frozenset({"__key__", "__shard__", "__url__"})
+
+
+def split_key(member_name: str) -> tuple[str, str]:
+    """Split a member name into ``(key, extension)`` by the WebDataset rule (module doc)."""
+    slash = member_name.rfind("/")
+    dot = member_name.find(".", slash + 2)
+    if dot < 0:
+        return member_name, ""
+    return member_name[:dot], member_name[dot + 1 :]
+
+
+def check_member_name(member_name: str, *, where: str) -> None:
+    """Raise :class:`MemberNameError` if ``member_name`` cannot be a member of a shard.
+
+    Args:
+        member_name: a relative POSIX path.
+        where: the file or URL to name in the error.
+    """
+    _, ext = split_key(member_name)
+    if ext in RESERVED_FIELDS:
+        raise MemberNameError(
+            f"{where}: extension {ext!r} collides with the sample field of the same name; "
+            "rename the file"
+        )
+    if "\n" in member_name or "\r" in member_name:
+        raise MemberNameError(f"{where}: file name contains a line break; rename the file")
+
+
+def padded_size(size: int) -> int:
+    """``size`` rounded up to whole 512-byte tar blocks."""
+    return (size + BLOCK_BYTES - 1) // BLOCK_BYTES * BLOCK_BYTES
+
+
+def member_header(member_name: str, size: int) -> bytes:
+    """The deterministic tar header block(s) of a regular file member.
+
+    Args:
+        member_name: the member's path inside the archive (UTF-8; undecodable bytes kept via
+            ``surrogateescape``).
+        size: payload size in bytes.
+
+    Returns:
+        512 bytes, or more when a GNU long-name record is needed.
+    """
+    info = tarfile.TarInfo(member_name)
+    info.size = size
+    info.mtime = FIXED_MTIME
+    info.mode = FIXED_MODE
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+
+
+def tar_member_bytes(member_name: str, size: int) -> int:
+    """Bytes a member of ``size`` payload bytes takes in a shard, headers and padding included."""
+    return len(member_header(member_name, size)) + padded_size(size)

@@ -1,0 +1,204 @@
+"""The dataset index, ``index.json``: what `pack` wrote, read back and validated.
+
+Schema (version 1); all sizes and offsets are bytes, offsets count from the start of the
+shard file::
+
+    {
+      "format": "shardstream-index",
+      "version": 1,
+      "totals": {"num_shards": int, "num_samples": int, "num_members": int, "bytes": int},
+      "shards": [
+        {"name": "data-000000.tar",          # relative to the directory holding index.json
+         "bytes": int,                       # size of the shard file
+         "num_samples": int,
+         "sha256": "<64 hex digits>",        # of the whole shard file
+         "samples": [
+           {"key": "cat/000001",
+            "members": [{"name": "cat/000001.cls", "offset": int, "size": int}, ...]}
+         ]}
+      ]
+    }
+
+``offset`` is where the member's payload starts (its tar header ends there), ``size`` the
+payload length, so ``shard[offset:offset + size]`` is the original file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import IndexFormatError
+
+__all__ = [
+    "INDEX_FORMAT",
+    "INDEX_NAME",
+    "INDEX_VERSION",
+    "Index",
+    "MemberEntry",
+    "SampleEntry",
+    "ShardEntry",
+]
+
+INDEX_FORMAT = "shardstream-index"
+INDEX_VERSION = 1
+INDEX_NAME = "index.json"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEntry:
+    """One file inside a shard: payload ``size`` bytes at byte ``offset``."""
+
+    name: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class SampleEntry:
+    """One sample: its key and its members, adjacent in the shard."""
+
+    key: str
+    members: tuple[MemberEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEntry:
+    """One shard file: name relative to the index, size in bytes, sha256 of its bytes."""
+
+    name: str
+    bytes: int
+    sha256: str
+    samples: tuple[SampleEntry, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.samples)
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """A whole dataset: its shards in order."""
+
+    shards: tuple[ShardEntry, ...]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.num_samples for s in self.shards)
+
+    @property
+    def num_members(self) -> int:
+        return sum(len(x.members) for s in self.shards for x in s.samples)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> bytes:
+        """The index as UTF-8 JSON bytes (deterministic: no timestamps, fixed key order)."""
+        doc = {
+            "format": INDEX_FORMAT,
+            "version": INDEX_VERSION,
+            "totals": {
+                "num_shards": self.num_shards,
+                "num_samples": self.num_samples,
+                "num_members": self.num_members,
+                "bytes": self.total_bytes,
+            },
+            "shards": [
+                {
+                    "name": s.name,
+                    "bytes": s.bytes,
+                    "num_samples": s.num_samples,
+                    "sha256": s.sha256,
+                    "samples": [
+                        {
+                            "key": x.key,
+                            "members": [
+                                {"name": m.name, "offset": m.offset, "size": m.size}
+                                for m in x.members
+                            ],
+                        }
+                        for x in s.samples
+                    ],
+                }
+                for s in self.shards
+            ],
+        }
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogateescape"
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes, *, url: str) -> Index:
+        """Parse and validate index bytes.
+
+        Args:
+            data: the content of an ``index.json``.
+            url: where it came from, named in errors.
+
+        Raises:
+            IndexFormatError: not JSON, another format or version, a missing or mistyped
+                field, or totals that disagree with the shards.
+        """
+        try:
+            doc = json.loads(data.decode("utf-8", "surrogateescape"))
+        except ValueError as exc:
+            raise IndexFormatError(f"{url}: not valid JSON ({exc}); re-run shardstream pack") from exc
+        if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
+            raise IndexFormatError(f"{url}: not a shardstream index (no \"format\": \"{INDEX_FORMAT}\")")
+        if doc.get("version") != INDEX_VERSION:
+            raise IndexFormatError(
+                f"{url}: index version {doc.get('version')!r} is not supported by this "
+                f"shardstream (reads version {INDEX_VERSION}); upgrade shardstream or re-pack"
+            )
+        try:
+            shards = tuple(_shard(s) for s in doc["shards"])
+            totals = doc["totals"]
+            index = cls(shards=shards)
+            expected = {
+                "num_shards": index.num_shards,
+                "num_samples": index.num_samples,
+                "num_members": index.num_members,
+                "bytes": index.total_bytes,
+            }
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{url}: malformed index ({exc!r}); re-run shardstream pack") from exc
+        if totals != expected:
+            raise IndexFormatError(f"{url}: totals {totals} disagree with the shards ({expected})")
+        return index
+
+
+def _shard(s: dict[str, Any]) -> ShardEntry:
+    samples = tuple(
+        SampleEntry(
+            key=_typed(x["key"], str),
+            members=tuple(
+                MemberEntry(_typed(m["name"], str), _typed(m["offset"], int), _typed(m["size"], int))
+                for m in x["members"]
+            ),
+        )
+        for x in s["samples"]
+    )
+    entry = ShardEntry(
+        name=_typed(s["name"], str),
+        bytes=_typed(s["bytes"], int),
+        sha256=_typed(s["sha256"], str),
+        samples=samples,
+    )
+    if _typed(s["num_samples"], int) != entry.num_samples:
+        raise ValueError(f"shard {entry.name}: num_samples disagrees with its samples")
+    if "/" in entry.name or entry.name in ("", ".", ".."):
+        raise ValueError(f"shard name {entry.name!r} must be a plain file name")
+    return entry
+
+
+def _typed(value: Any, kind: type) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise TypeError(f"expected {kind.__name__}, got {value!r}")
+    return value

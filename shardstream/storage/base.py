@@ -1,0 +1,59 @@
+"""The storage protocol every backend implements, and URL parsing."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+__all__ = ["ShardSink", "Store", "is_s3_url", "join_url", "split_url"]
+
+
+class ShardSink(Protocol):
+    """A shard being written. Nothing is visible under its name before :meth:`commit`."""
+
+    def write(self, data: bytes | memoryview, /) -> None: ...
+
+    def commit(self) -> None:
+        """Publish the object under its final name (rename / complete multipart upload)."""
+
+    def abort(self) -> None:
+        """Drop everything written; idempotent."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A directory of objects: a local directory or an S3 prefix.
+
+    Names are plain relative names (``"data-000000.tar"``, ``"index.json"``).
+    """
+
+    url: str
+
+    def url_of(self, name: str) -> str: ...
+
+    def check_writable(self) -> None:
+        """Fail early with a clear error if objects cannot be written here."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def read_bytes(self, name: str) -> bytes: ...
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a small object atomically."""
+
+    def delete(self, name: str) -> None: ...
+
+    def open_writer(self, name: str) -> ShardSink: ...
+
+
+def is_s3_url(url: str) -> bool:
+    return url.startswith("s3://")
+
+
+def join_url(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}" if root else name
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``"s3://b/p/x.tar"`` -> ``("s3://b/p", "x.tar")``; local paths likewise."""
+    root, _, name = url.rstrip("/").rpartition("/")
+    return root, name

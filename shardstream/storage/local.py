@@ -1,0 +1,113 @@
+"""Local directory storage: shards are read in place, written to a temporary name and renamed."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import DestinationError, ShardNotFoundError
+
+__all__ = ["LocalStore"]
+
+
+class LocalStore:
+    """A local directory holding shards and an index.
+
+    Args:
+        root: the directory (created by :meth:`check_writable` when writing).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().absolute()
+        self.url = str(self.root)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.url!r})"
+
+    def url_of(self, name: str) -> str:
+        return str(self.root / name)
+
+    def check_writable(self) -> None:
+        """Create the directory if needed and prove a file can be written in it.
+
+        Raises:
+            DestinationError: it cannot be created, is not a directory, or is read-only.
+        """
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.root):
+                pass
+        except FileExistsError as exc:
+            raise DestinationError(f"{self.root}: exists and is not a directory; pick another DEST") from exc
+        except OSError as exc:
+            raise DestinationError(
+                f"{self.root}: cannot write here ({exc.strerror or exc}); pick a writable DEST "
+                "or fix its permissions"
+            ) from exc
+
+    def exists(self, name: str) -> bool:
+        return (self.root / name).is_file()
+
+    def open_read(self, name: str, *, buffer_bytes: int = 1 << 20) -> BinaryIO:
+        """Open a shard for reading in place (no copy is made).
+
+        Raises:
+            ShardNotFoundError: there is no such file.
+        """
+        path = self.root / name
+        try:
+            return open(path, "rb", buffering=buffer_bytes)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
+            raise ShardNotFoundError(
+                f"{path}: no such shard file (check the path, or re-run shardstream pack)"
+            ) from exc
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.open_read(name) as f:
+            return f.read()
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        sink = self.open_writer(name)
+        try:
+            sink.write(data)
+            sink.commit()
+        finally:
+            sink.abort()
+
+    def delete(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+    def open_writer(self, name: str) -> _LocalSink:
+        return _LocalSink(self.root / name)
+
+
+class _LocalSink:
+    """Writes ``.NAME.partial-PID`` beside the target and renames it on commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp_path = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        try:
+            self._file: BinaryIO | None = open(self.tmp_path, "wb")
+        except OSError as exc:
+            raise DestinationError(f"{self.tmp_path}: cannot create ({exc.strerror or exc})") from exc
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._file is None:
+            raise ValueError(f"{self.path}: write after commit or abort")
+        self._file.write(data)
+
+    def commit(self) -> None:
+        if self._file is None:
+            raise ValueError(f"{self.path}: commit after commit or abort")
+        self._file.close()
+        self._file = None
+        os.replace(self.tmp_path, self.path)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self.tmp_path.unlink(missing_ok=True)

@@ -1,0 +1,308 @@
+"""S3 storage through aiobotocore: the only module that imports it.
+
+One client per (process, :class:`~shardstream.config.S3Config`) lives on the process's
+background loop (:mod:`shardstream.storage.loop`). Every botocore/aiohttp error is translated
+once, in :func:`_translate`, into the :mod:`shardstream.errors` tree, naming the URL and the
+endpoint but never the secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..config import FetchConfig, S3Config
+from ..errors import (
+    BucketNotFoundError,
+    ShardNotFoundError,
+    StorageAccessError,
+    StorageConnectionError,
+    StorageError,
+    StorageNotFoundError,
+)
+from . import loop
+
+__all__ = ["S3Store", "parse_s3_url"]
+
+_ACCESS_CODES = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
+     "ExpiredToken", "InvalidToken", "AuthorizationHeaderMalformed"}
+)
+_clients: dict[S3Config, Any] = {}
+_clients_pid: int | None = None
+_clients_lock: asyncio.Lock | None = None
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``"s3://bucket/some/prefix/"`` -> ``("bucket", "some/prefix")``.
+
+    Raises:
+        ValueError: not an ``s3://`` URL or no bucket.
+    """
+    if not url.startswith("s3://"):
+        raise ValueError(f"{url!r} is not an s3:// URL")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket; write s3://BUCKET/PREFIX")
+    return bucket, prefix.strip("/")
+
+
+async def _client_for(cfg: S3Config) -> Any:
+    global _clients_pid, _clients_lock
+    if _clients_pid != os.getpid():
+        _clients.clear()
+        _clients_pid, _clients_lock = os.getpid(), asyncio.Lock()
+    assert _clients_lock is not None  # internal invariant, set just above
+    async with _clients_lock:
+        client = _clients.get(cfg)
+        if client is None:
+            from aiobotocore.config import AioConfig
+            from aiobotocore.session import AioSession
+
+            session = AioSession(profile=cfg.profile) if cfg.profile else AioSession()
+            context = session.create_client(
+                "s3",
+                endpoint_url=cfg.resolved_endpoint_url(),
+                region_name=cfg.resolved_region_name(),
+                aws_access_key_id=cfg.access_key_id,
+                aws_secret_access_key=cfg.secret_access_key,
+                aws_session_token=cfg.session_token,
+                config=AioConfig(
+                    s3={"addressing_style": cfg.resolved_addressing_style()},
+                    retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
+                    connect_timeout=cfg.connect_timeout_s,
+                    read_timeout=cfg.read_timeout_s,
+                    max_pool_connections=cfg.max_pool_connections,
+                ),
+            )
+            client = await context.__aenter__()
+            _clients[cfg] = client
+            loop.on_shutdown(lambda: context.__aexit__(None, None, None))
+        return client
+
+
+def _translate(
+    exc: BaseException,
+    *,
+    url: str,
+    endpoint: str,
+    not_found: type[StorageNotFoundError] = ShardNotFoundError,
+) -> BaseException:
+    """Map a botocore/aiohttp error to the shardstream error tree (others pass unchanged)."""
+    import aiohttp
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+    )
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        bucket = url[len("s3://") :].split("/", 1)[0]
+        if code == "NoSuchBucket":
+            return BucketNotFoundError(
+                f"s3://{bucket}: no such bucket at {endpoint} (create it, or check the bucket name)"
+            )
+        if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+            if not_found is BucketNotFoundError:
+                return BucketNotFoundError(
+                    f"s3://{bucket}: no such bucket at {endpoint} (create it, or check the bucket name)"
+                )
+            return not_found(f"{url}: no such object at {endpoint} (check the URL and prefix)")
+        if code in _ACCESS_CODES or status == 403:
+            return StorageAccessError(
+                f"{url}: {endpoint} refused the request ({code}); check the credentials "
+                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or S3Config) and "
+                "the bucket's permissions"
+            )
+        return StorageError(f"{url}: S3 error {code} (HTTP {status}) from {endpoint}: {error.get('Message', '')}")
+    if isinstance(exc, NoCredentialsError):
+        return StorageAccessError(
+            f"{url}: no AWS credentials found for {endpoint}; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or pass S3Config(...)"
+        )
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, aiohttp.ClientConnectionError)):
+        return StorageConnectionError(
+            f"{url}: cannot reach S3 endpoint {endpoint} ({type(exc).__name__}); check "
+            "AWS_ENDPOINT_URL and that the server is running"
+        )
+    if isinstance(exc, BotoCoreError):
+        return StorageError(f"{url}: S3 request to {endpoint} failed: {exc}")
+    return exc
+
+
+class S3Store:
+    """Objects under ``s3://bucket/prefix``.
+
+    Args:
+        url: ``s3://bucket`` or ``s3://bucket/prefix``.
+        s3: endpoint and credentials; default the standard AWS environment.
+        fetch: part sizes and concurrency of uploads.
+    """
+
+    def __init__(self, url: str, *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> None:
+        self.bucket, self.prefix = parse_s3_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        self.s3 = s3 or S3Config()
+        self.fetch = fetch or FetchConfig()
+        self.endpoint = self.s3.resolved_endpoint_url() or "AWS S3"
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
+
+    def key_of(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def url_of(self, name: str) -> str:
+        return f"s3://{self.bucket}/{self.key_of(name)}"
+
+    async def call(
+        self, operation: str, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError, **kwargs: Any
+    ) -> Any:
+        """Await one S3 API call, translating its errors (see :func:`_translate`)."""
+        client = await _client_for(self.s3)
+        try:
+            return await getattr(client, operation)(**kwargs)
+        except Exception as exc:
+            raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
+
+    def check_writable(self) -> None:
+        """Check the bucket exists and the credentials are accepted.
+
+        Raises:
+            BucketNotFoundError, StorageAccessError, StorageConnectionError.
+        """
+        loop.run(self.call("head_bucket", url=self.url, not_found=BucketNotFoundError, Bucket=self.bucket))
+
+    def exists(self, name: str) -> bool:
+        try:
+            loop.run(self.call("head_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name)))
+        except ShardNotFoundError:
+            return False
+        return True
+
+    def read_bytes(self, name: str) -> bytes:
+        async def read() -> bytes:
+            response = await self.call("get_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name))
+            async with response["Body"] as body:
+                return await body.read()
+
+        return loop.run(read())
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        loop.run(self.call("put_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name), Body=data))
+
+    def delete(self, name: str) -> None:
+        loop.run(self.call("delete_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name)))
+
+    def open_writer(self, name: str) -> _S3Sink:
+        return _S3Sink(self, name)
+
+    async def iter_chunks(self, name: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        """The object's bytes in order, in chunks of ``chunk_bytes`` (the last may be shorter).
+
+        Raises:
+            ShardNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
+        """
+        url = self.url_of(name)
+        response = await self.call("get_object", url=url, Bucket=self.bucket, Key=self.key_of(name))
+        async with response["Body"] as body:
+            pieces: list[bytes] = []
+            held = 0
+            while True:
+                try:
+                    piece = await body.read(chunk_bytes - held)
+                except Exception as exc:
+                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+                if not piece:
+                    break
+                pieces.append(piece)
+                held += len(piece)
+                if held >= chunk_bytes:
+                    yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                    pieces, held = [], 0
+            if pieces:
+                yield b"".join(pieces)
+
+
+class _S3Sink:
+    """A multipart upload: parts of ``fetch.part_bytes`` go up while the shard is written."""
+
+    def __init__(self, store: S3Store, name: str) -> None:
+        self.store = store
+        self.key = store.key_of(name)
+        self.url = store.url_of(name)
+        self._buffer = bytearray()
+        self._upload_id: str | None = None
+        self._parts: list[concurrent.futures.Future[dict[str, Any]]] = []
+        self._closed = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._closed:
+            raise ValueError(f"{self.url}: write after commit or abort")
+        self._buffer += data
+        if len(self._buffer) >= self.store.fetch.part_bytes:
+            self._send_part()
+
+    def _send_part(self) -> None:
+        store = self.store
+        if self._upload_id is None:
+            response = loop.run(
+                store.call("create_multipart_upload", url=self.url, Bucket=store.bucket, Key=self.key)
+            )
+            self._upload_id = response["UploadId"]
+        number = len(self._parts) + 1
+        body = bytes(self._buffer)
+        self._buffer.clear()
+
+        async def upload() -> dict[str, Any]:
+            response = await store.call(
+                "upload_part", url=self.url, Bucket=store.bucket, Key=self.key,
+                UploadId=self._upload_id, PartNumber=number, Body=body,
+            )
+            return {"ETag": response["ETag"], "PartNumber": number}
+
+        self._parts.append(loop.submit(upload()))
+        pending = [f for f in self._parts if not f.done()]
+        while len(pending) > store.fetch.max_inflight_parts:
+            pending.pop(0).result()
+
+    def commit(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.url}: commit after commit or abort")
+        self._send_part()  # the last part may be smaller than 5 MiB, or empty
+        parts = [f.result() for f in self._parts]
+        store = self.store
+        loop.run(
+            store.call(
+                "complete_multipart_upload", url=self.url, Bucket=store.bucket, Key=self.key,
+                UploadId=self._upload_id, MultipartUpload={"Parts": parts},
+            )
+        )
+        self._closed = True
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for future in self._parts:
+            future.cancel()
+        concurrent.futures.wait(self._parts)
+        if self._upload_id is not None:
+            store = self.store
+            try:
+                loop.run(
+                    store.call(
+                        "abort_multipart_upload", url=self.url, Bucket=store.bucket,
+                        Key=self.key, UploadId=self._upload_id,
+                    )
+                )
+            except Exception:  # the upload expires server-side; the original error matters more
+                pass

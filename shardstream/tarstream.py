@@ -1,0 +1,152 @@
+"""A streaming tar reader: members and samples from any object with ``read(n)``.
+
+It parses 512-byte headers itself (ustar, GNU long names, PAX names and sizes), checks each
+header's checksum, skips non-file members (directories, links) and hands each payload on as
+one ``bytes`` object read once from the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from .errors import CorruptShardError
+from .format import BLOCK_BYTES, RESERVED_FIELDS, padded_size, split_key
+
+__all__ = ["ReadStream", "iter_members", "iter_samples"]
+
+_FILE_TYPES = frozenset({b"0", b"\0", b"7"})
+
+
+class ReadStream(Protocol):
+    """Anything with ``read(n) -> bytes`` that returns fewer than ``n`` bytes only at the end."""
+
+    def read(self, n: int, /) -> bytes: ...
+
+
+def _number(field: bytes, *, url: str, offset: int) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # GNU base-256
+        value = int.from_bytes(field[1:], "big")
+        return -value if field[:1] == b"\xff" else value
+    text = field.split(b"\0", 1)[0].strip(b" \0")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise CorruptShardError(
+            f"{url}: bad numeric field {field!r} in tar header at byte {offset}; "
+            "the shard is corrupt, re-pack or re-upload it"
+        ) from None
+
+
+def _pax_records(data: bytes, *, url: str, offset: int) -> dict[str, str]:
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise CorruptShardError(f"{url}: bad PAX header at byte {offset}") from None
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def iter_members(stream: ReadStream, *, url: str) -> Iterator[tuple[str, bytes]]:
+    """Yield ``(member_name, payload)`` for each regular file in a tar stream, in order.
+
+    Args:
+        stream: the shard's bytes, read front to back.
+        url: the shard's URL, named in errors.
+
+    Raises:
+        CorruptShardError: a header fails its checksum, a field is malformed, or the stream
+            ends inside a header or payload.
+    """
+    offset = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        header = stream.read(BLOCK_BYTES)
+        if not header:
+            return
+        if len(header) < BLOCK_BYTES:
+            raise CorruptShardError(
+                f"{url}: truncated tar header at byte {offset}; the shard is incomplete, "
+                "re-pack or re-upload it"
+            )
+        if header.count(0) == BLOCK_BYTES:
+            return
+        stored = _number(header[148:156], url=url, offset=offset)
+        actual = sum(header) - sum(header[148:156]) + 8 * 32
+        if stored != actual:
+            raise CorruptShardError(
+                f"{url}: tar header checksum mismatch at byte {offset} "
+                f"(stored {stored}, computed {actual}); the shard is corrupt, re-pack or "
+                "re-upload it"
+            )
+        typeflag = header[156:157]
+        size = _number(header[124:136], url=url, offset=offset)
+        if "size" in pax:
+            size = int(pax["size"])
+        data_offset = offset + BLOCK_BYTES
+        offset = data_offset + padded_size(size)
+        if typeflag in _FILE_TYPES:
+            if "path" in pax:
+                name = pax["path"]
+            elif long_name is not None:
+                name = long_name
+            else:
+                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                if header[257:263] == b"ustar\0" and header[345] != 0:
+                    prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                    name = f"{prefix}/{name}"
+            long_name, pax = None, {}
+            payload = stream.read(size)
+            padding = padded_size(size) - size
+            if len(payload) < size or (padding and len(stream.read(padding)) < padding):
+                raise CorruptShardError(
+                    f"{url}: member {name!r} ends early (expected {size} bytes from byte "
+                    f"{data_offset}); the shard is truncated, re-pack or re-upload it"
+                )
+            yield name, payload
+            continue
+        body = stream.read(padded_size(size))
+        if len(body) < padded_size(size):
+            raise CorruptShardError(f"{url}: tar stream ends inside a record at byte {data_offset}")
+        if typeflag == b"L":
+            long_name = body[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
+        elif typeflag == b"x":
+            pax = _pax_records(body[:size], url=url, offset=data_offset)
+        elif typeflag != b"g":  # a directory, link or device: skipped with its long name
+            long_name, pax = None, {}
+
+
+def iter_samples(stream: ReadStream, *, url: str) -> Iterator[dict[str, object]]:
+    """Group consecutive members sharing a key into sample dicts.
+
+    Yields:
+        ``{"__key__": key, "__shard__": url, ext: payload, ...}`` with ``payload`` as bytes.
+
+    Raises:
+        CorruptShardError: as :func:`iter_members`, or one sample holds the same extension
+            twice, or an extension is a reserved field name.
+    """
+    sample: dict[str, object] | None = None
+    for name, payload in iter_members(stream, url=url):
+        key, ext = split_key(name)
+        if ext in RESERVED_FIELDS:
+            raise CorruptShardError(f"{url}: member {name!r} uses reserved extension {ext!r}")
+        if sample is None or sample["__key__"] != key:
+            if sample is not None:
+                yield sample
+            sample = {"__key__": key, "__shard__": url}
+        elif ext in sample:
+            raise CorruptShardError(
+                f"{url}: sample {key!r} holds extension {ext!r} twice; members of a sample "
+                "must have distinct extensions"
+            )
+        sample[ext] = payload
+    if sample is not None:
+        yield sample

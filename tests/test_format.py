@@ -1,0 +1,44 @@
+import tarfile
+import io
+
+import pytest
+
+from shardstream.errors import MemberNameError
+from shardstream.format import check_member_name, member_header, split_key, tar_member_bytes
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "ext"),
+    [
+        ("a/b/000001.jpg", "a/b/000001", "jpg"),
+        ("a/b/000001.seg.png", "a/b/000001", "seg.png"),
+        ("README", "README", ""),
+        ("dir.d/file", "dir.d/file", ""),
+        ("dir.d/x.y", "dir.d/x", "y"),
+        (".hidden", ".hidden", ""),
+        ("d/.config.json", "d/.config", "json"),
+        ("caf\u00e9.txt", "caf\u00e9", "txt"),
+    ],
+)
+def test_split_key_follows_the_webdataset_rule(name, key, ext):
+    assert split_key(name) == (key, ext)
+
+
+def test_headers_are_deterministic_and_readable_by_tarfile():
+    long_name = "d/" + "x" * 150 + ".bin"
+    header = member_header(long_name, 3)
+    assert header == member_header(long_name, 3)
+    data = header + b"abc" + bytes(509) + bytes(1024)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        (info,) = tar.getmembers()
+        assert (info.name, info.size, info.mtime, info.uid, info.gid, info.mode) == (long_name, 3, 0, 0, 0, 0o644)
+        assert tar.extractfile(info).read() == b"abc"
+    assert tar_member_bytes(long_name, 3) == len(header) + 512
+
+
+def test_names_that_cannot_be_members_are_rejected_with_the_file_named():
+    with pytest.raises(MemberNameError, match="/src/a.__key__"):
+        check_member_name("a.__key__", where="/src/a.__key__")
+    with pytest.raises(MemberNameError, match="line break"):
+        check_member_name("a\nb.txt", where="/src/a\nb.txt")
+    check_member_name("a/b.jpg", where="ok")

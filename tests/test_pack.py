@@ -1,0 +1,172 @@
+"""pack -> shards + index, checked byte for byte through ShardDataset, webdataset and GNU tar."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import webdataset as wds
+from webdataset.tariterators import base_plus_ext
+
+from conftest import all_files
+from shardstream import Index, ShardDataset, pack
+from shardstream.errors import DestinationError, SourceError, SourceNotFoundError, UnreadableFileError
+from shardstream.format import split_key
+
+
+@pytest.fixture(scope="module")
+def packed(stdlib_tree, tmp_path_factory):
+    dest = tmp_path_factory.mktemp("packed")
+    report = pack(stdlib_tree, dest, max_shard_bytes=256 << 10, progress=False)
+    return dest, report
+
+
+def read_index(dest: Path) -> Index:
+    return Index.from_json((dest / "index.json").read_bytes(), url=str(dest / "index.json"))
+
+
+def test_every_file_comes_back_through_shard_dataset(stdlib_tree, packed):
+    dest, report = packed
+    expected = all_files(stdlib_tree)
+    assert report.num_files == len(expected) and not report.problems
+    got = {}
+    for sample in ShardDataset(dest, shuffle=False):
+        for ext, payload in sample.items():
+            if ext.startswith("__"):
+                continue
+            name = sample["__key__"] + (f".{ext}" if ext else "")
+            assert name not in got
+            got[name] = payload
+    assert got == expected
+
+
+def test_every_file_comes_back_through_gnu_tar(stdlib_tree, packed, tmp_path):
+    dest, _ = packed
+    for shard in sorted(dest.glob("*.tar")):
+        subprocess.run(["tar", "-xf", str(shard), "-C", str(tmp_path)], check=True)
+    assert all_files(tmp_path) == all_files(stdlib_tree)
+
+
+def test_webdataset_reads_the_shards(stdlib_tree, packed):
+    dest, _ = packed
+    expected = all_files(stdlib_tree)
+    urls = [str(p) for p in sorted(dest.glob("*.tar"))]
+    seen = 0
+    for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        for ext, payload in sample.items():
+            if ext.startswith("__"):
+                continue
+            assert expected[f"{sample['__key__']}.{ext}"] == payload
+            seen += 1
+    # webdataset skips the names its key rule cannot split (no dot in the file name)
+    groupable = [n for n in expected if base_plus_ext(n)[0] is not None]
+    assert seen == len(groupable) > 100 and len(groupable) < len(expected)
+
+
+def test_index_describes_the_shards_exactly(stdlib_tree, packed):
+    dest, report = packed
+    index = read_index(dest)
+    files = all_files(stdlib_tree)
+    assert sorted(p.name for p in dest.glob("*.tar")) == [s.name for s in index.shards]
+    assert [s.name for s in index.shards] == [f"data-{i:06d}.tar" for i in range(index.num_shards)]
+    assert (index.num_members, index.num_shards) == (len(files), report.num_shards)
+    for shard in index.shards:
+        data = (dest / shard.name).read_bytes()
+        assert len(data) == shard.bytes and hashlib.sha256(data).hexdigest() == shard.sha256
+        # a shard exceeds the size limit only when it holds one sample that alone does
+        assert shard.bytes <= 256 << 10 or shard.num_samples == 1
+        for sample in shard.samples:
+            for member in sample.members:
+                assert split_key(member.name)[0] == sample.key
+                assert data[member.offset : member.offset + member.size] == files[member.name]
+    keys = [x.key for s in index.shards for x in s.samples]
+    assert len(keys) == len(set(keys)), "members of a sample must stay together in one shard"
+
+
+def test_same_input_gives_byte_identical_output(stdlib_tree, packed, tmp_path):
+    dest, _ = packed
+    pack(stdlib_tree, tmp_path, max_shard_bytes=256 << 10, progress=False)
+    for path in dest.iterdir():
+        assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name
+    assert sorted(os.listdir(tmp_path)) == sorted(os.listdir(dest))
+
+
+def test_rotation_on_sample_count(stdlib_tree, tmp_path):
+    report = pack(stdlib_tree / "json", tmp_path, max_samples_per_shard=2, progress=False)
+    index = read_index(tmp_path)
+    assert [s.num_samples for s in index.shards[:-1]] == [2] * (index.num_shards - 1)
+    assert index.num_samples == report.num_samples == len(all_files(stdlib_tree / "json"))
+
+
+def test_a_sample_larger_than_the_limit_gets_a_shard_of_its_own(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, size in [("a.bin", 100), ("big.bin", 5000), ("c.bin", 100)]:
+        (src / name).write_bytes(os.urandom(size))
+    pack(src, tmp_path / "out", max_shard_bytes=3000, progress=False)
+    index = read_index(tmp_path / "out")
+    assert [[x.key for x in s.samples] for s in index.shards] == [["a"], ["big"], ["c"]]
+
+
+def test_missing_and_empty_sources_are_errors(tmp_path):
+    with pytest.raises(SourceNotFoundError, match="nope: no such directory"):
+        pack(tmp_path / "nope", tmp_path / "out", progress=False)
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(SourceError, match="holds no regular file"):
+        pack(tmp_path / "empty", tmp_path / "out", progress=False)
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(SourceError, match="not a directory"):
+        pack(tmp_path / "file", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_unwritable_destination_is_an_error(stdlib_tree, tmp_path):
+    (tmp_path / "a-file").write_bytes(b"x")
+    with pytest.raises(DestinationError, match="a-file/out: cannot write here"):
+        pack(stdlib_tree / "json", tmp_path / "a-file" / "out", progress=False)
+
+
+def test_an_existing_dataset_is_not_overwritten_by_accident(stdlib_tree, tmp_path):
+    pack(stdlib_tree / "json", tmp_path, max_samples_per_shard=1, progress=False)
+    assert len(list(tmp_path.glob("*.tar"))) > 1
+    with pytest.raises(DestinationError, match="already holds a dataset; pass --overwrite"):
+        pack(stdlib_tree / "json", tmp_path, progress=False)
+    pack(stdlib_tree / "email", tmp_path, overwrite=True, max_shard_bytes=1 << 30, progress=False)
+    assert sorted(p.name for p in tmp_path.glob("*.tar")) == ["data-000000.tar"]
+    assert read_index(tmp_path).num_members == len(all_files(stdlib_tree / "email"))
+
+
+def make_unreadable_tree(root: Path) -> tuple[Path, Path]:
+    """A tree with a file whose read fails (EIO even as root) and a broken symlink."""
+    root.mkdir()
+    (root / "good.txt").write_bytes(b"good")
+    (root / "z").mkdir()
+    (root / "z" / "also-good.txt").write_bytes(b"also good")
+    bad_read = root / "bad.bin"
+    bad_read.symlink_to("/proc/self/mem")
+    broken = root / "z" / "broken.txt"
+    broken.symlink_to(root / "missing-target")
+    return bad_read, broken
+
+
+def test_an_unreadable_file_stops_the_pack_and_publishes_nothing(tmp_path):
+    bad_read, _ = make_unreadable_tree(tmp_path / "src")
+    with pytest.raises(UnreadableFileError, match=f"{bad_read}: cannot read.*--skip-unreadable"):
+        pack(tmp_path / "src", tmp_path / "out", max_samples_per_shard=1, progress=False)
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_skip_unreadable_packs_the_rest_and_reports_each_file(tmp_path):
+    bad_read, broken = make_unreadable_tree(tmp_path / "src")
+    os.mkfifo(tmp_path / "src" / "z" / "fifo")
+    report = pack(tmp_path / "src", tmp_path / "out", skip_unreadable=True, progress=False)
+    assert {(p.path, p.kind.value) for p in report.problems} == {
+        (str(bad_read), "unreadable"),
+        (str(broken), "unreadable"),
+        (str(tmp_path / "src" / "z" / "fifo"), "not_regular"),
+    }
+    got = {s["__key__"]: s["txt"] for s in ShardDataset(tmp_path / "out", shuffle=False)}
+    assert got == {"good": b"good", "z/also-good": b"also good"}
