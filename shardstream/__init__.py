@@ -3,9 +3,9 @@
 The public API is exactly ``__all__``; everything else is internal.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .config import FetchConfig, S3Config
-from .dataset import ShardDataset
-from .decode.cpu import CpuDecoder, RandomResizedCrop
 from .errors import (
     BucketNotFoundError,
     CorruptShardError,
@@ -26,6 +26,23 @@ from .errors import (
 )
 from .index import Index
 from .pack import PackReport, pack
+
+if TYPE_CHECKING:
+    from .dataset import ShardDataset
+    from .decode.cpu import CpuDecoder, RandomResizedCrop
+
+# torch is imported only when these are first used, so `shardstream pack` starts fast.
+_LAZY = {"ShardDataset": ".dataset", "CpuDecoder": ".decode.cpu", "RandomResizedCrop": ".decode.cpu"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'shardstream' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

@@ -86,8 +86,9 @@ class RandomResizedCrop:
                 math.ceil(height * self.size_px / (bottom - top)),
             )
             image.draft("RGB", request)
-            factor = image.size[0] / width
-            left, top, right, bottom = left * factor, top * factor, right * factor, bottom * factor
+            # the DCT scale rounds odd sizes up, so each axis has its own factor
+            fx, fy = image.size[0] / width, image.size[1] / height
+            left, top, right, bottom = left * fx, top * fy, right * fx, bottom * fy
         return image.convert("RGB").resize(
             (self.size_px, self.size_px), Image.Resampling.BILINEAR, box=(left, top, right, bottom)
         )

@@ -1,0 +1,97 @@
+"""The `shardstream` console script: exit codes, one-line errors, the demo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardstream.cli import parse_size
+
+SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SHARDSTREAM, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("shardstream: error:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4096", 4096), ("256MiB", 256 << 20), ("1GB", 10**9), ("1.5 KiB", 1536), ("2gib", 2 << 30), ("10kb", 10_000)],
+)
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "1 XB", "-5", "0", "1e3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="bytes like 4096, 256MiB or 1GB|more than 0"):
+        parse_size(text)
+
+
+def test_pack_and_info(stdlib_tree, tmp_path):
+    result = run("pack", str(stdlib_tree / "json"), str(tmp_path / "out"), "--shard-size", "64KiB")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("packed ") and "files/s" in result.stdout and "MB/s" in result.stdout
+    assert "packing" in result.stderr  # the tqdm bar
+    info = run("info", str(tmp_path / "out"))
+    assert info.returncode == 0 and " shards, " in info.stdout
+
+
+def test_missing_source_is_one_line_and_exit_1(tmp_path):
+    result = run("pack", str(tmp_path / "nope"), str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert error_line(result) == f"shardstream: error: {tmp_path / 'nope'}: no such directory (check SOURCE)"
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_size_is_a_usage_error(tmp_path):
+    result = run("pack", str(tmp_path), str(tmp_path / "out"), "--shard-size", "lots")
+    assert result.returncode == 2 and "256MiB" in result.stderr
+
+
+def test_unreadable_file_fails_then_skips(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ok.txt").write_text("ok")
+    (src / "bad.bin").symlink_to("/proc/self/mem")
+    result = run("pack", str(src), str(tmp_path / "out"), "--no-progress")
+    assert result.returncode == 1 and str(src / "bad.bin") in error_line(result)
+    assert not (tmp_path / "out" / "index.json").exists()
+    result = run("pack", str(src), str(tmp_path / "out"), "--no-progress", "--skip-unreadable")
+    assert result.returncode == 0
+    assert f"not packed: {src / 'bad.bin'}: cannot read" in result.stderr
+    assert "1 entries not packed" in result.stdout
+
+
+def test_s3_errors_from_the_command_line(stdlib_tree, s3_server, s3_bucket):
+    env = {**os.environ, **s3_server.info.env()}
+    result = run("pack", str(stdlib_tree / "json"), "s3://missing-bucket-cli/x", env=env)
+    assert result.returncode == 1
+    assert "s3://missing-bucket-cli: no such bucket at http://127.0.0.1:" in error_line(result)
+    env["AWS_SECRET_ACCESS_KEY"] = "not-the-secret-0000"
+    result = run("pack", str(stdlib_tree / "json"), f"s3://{s3_bucket}/x", env=env)
+    line = error_line(result)
+    assert result.returncode == 1 and s3_bucket in line and s3_server.info.endpoint_url in line
+    assert "not-the-secret-0000" not in result.stderr + result.stdout
+    result = run("info", f"s3://{s3_bucket}/nothing", env={**os.environ, **s3_server.info.env()})
+    assert result.returncode == 1 and f"s3://{s3_bucket}/nothing/index.json: no index here" in error_line(result)
+
+
+def test_demo_runs_end_to_end_on_its_own_s3_server(tmp_path):
+    result = run("demo", "--num-images", "300", "--workdir", str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "started a local S3 server (SeaweedFS)" in out
+    assert "jpg (64, 3, 224, 224) torch.uint8" in out
+    assert "read 300 samples in 5 batches" in out and "every sample exactly once" in out
+    assert "the S3 server is stopped" in out
