@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -86,7 +87,9 @@ def pack(
         max_samples_per_shard: sample limit per shard, or None.
         skip_unreadable: pack the rest when a file cannot be read, and report it; by
             default the first unreadable file stops the pack.
-        overwrite: replace a dataset already at ``dest`` (its stale shards are deleted).
+        overwrite: replace a dataset already at ``dest``: its index is deleted first, its
+            shards not rewritten are deleted at the end; if this pack fails, ``dest`` holds
+            no dataset.
         s3: endpoint and credentials for ``s3://`` destinations.
         fetch: multipart part size and concurrency for ``s3://`` destinations.
         progress: show a tqdm bar on stderr.
@@ -107,7 +110,7 @@ def pack(
     root = check_source(source)
     store = open_store(dest, s3=s3, fetch=fetch)
     store.check_writable()
-    old_index = _existing_index(store, overwrite=overwrite)
+    old_index = _take_existing_index(store, overwrite=overwrite)
     writer = ShardWriter(store, name=name, max_shard_bytes=max_shard_bytes, max_samples_per_shard=max_samples_per_shard)
     problems: list[Problem] = []
 
@@ -120,7 +123,7 @@ def pack(
         problems.append(problem)
         tqdm.write(f"not packed: {problem.path}: {problem.reason}", file=sys.stderr)
 
-    num_files = payload_bytes = 0
+    num_files = payload_bytes = postfix_at = 0
     bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr, mininterval=0.5)
     try:
         for sample in walk_samples(root, on_problem=on_problem):
@@ -131,7 +134,8 @@ def pack(
             num_files += len(members)
             payload_bytes += sum(len(p) for _, p in members)
             bar.update(len(members))
-            if bar.n % 256 < len(members):
+            if bar.n - postfix_at >= 256:
+                postfix_at = bar.n
                 bar.set_postfix_str(f"{payload_bytes / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.1f} MB/s", refresh=False)
         shards = writer.close()
         if not shards:
@@ -160,7 +164,9 @@ def pack(
     )
 
 
-def _existing_index(store: Store, *, overwrite: bool) -> Index | None:
+def _take_existing_index(store: Store, *, overwrite: bool) -> Index | None:
+    """Refuse to pack over a dataset unless ``overwrite``; then delete its index (its shards
+    are about to be replaced, so it must not outlive them) and return it, if it parses."""
     if not store.exists(INDEX_NAME):
         return None
     if not overwrite:
@@ -169,12 +175,14 @@ def _existing_index(store: Store, *, overwrite: bool) -> Index | None:
             "to replace it, or pick another DEST"
         )
     try:
-        return Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
+        old = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
     except IndexFormatError:
-        return None
+        old = None
+    store.delete(INDEX_NAME)
+    return old
 
 
-def _read_sample(sample: Sample, on_problem) -> list[tuple[str, bytes]]:
+def _read_sample(sample: Sample, on_problem: Callable[[Problem], None]) -> list[tuple[str, bytes]]:
     """The sample's ``(member_name, payload)`` pairs; unreadable files go to ``on_problem``."""
     members = []
     for file in sample.files:

@@ -139,6 +139,14 @@ def test_an_existing_dataset_is_not_overwritten_by_accident(stdlib_tree, tmp_pat
     assert read_index(tmp_path).num_members == len(all_files(stdlib_tree / "email"))
 
 
+def test_a_failed_overwrite_leaves_no_stale_index(stdlib_tree, tmp_path):
+    pack(stdlib_tree / "json", tmp_path / "out", progress=False)
+    make_unreadable_tree(tmp_path / "src")
+    with pytest.raises(UnreadableFileError):
+        pack(tmp_path / "src", tmp_path / "out", overwrite=True, progress=False)
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
 def make_unreadable_tree(root: Path) -> tuple[Path, Path]:
     """A tree with a file whose read fails (EIO even as root) and a broken symlink."""
     root.mkdir()
