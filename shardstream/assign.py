@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WorkerSlot", "assign_shards", "current_slot", "shard_order"]
+__all__ = ["WorkerSlot", "assign_shards", "current_slot", "distributed_rank", "shard_order"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,19 +40,30 @@ class WorkerSlot:
         return self.world_size * self.num_workers
 
 
-def current_slot() -> WorkerSlot:
-    """This process's slot: rank and world size from ``torch.distributed`` when it is
-    initialised, else from the ``RANK`` / ``WORLD_SIZE`` variables torchrun sets, else 0 / 1;
-    worker id and count from ``torch.utils.data.get_worker_info()``.
+def distributed_rank() -> tuple[int, int] | None:
+    """``(rank, world_size)`` from ``torch.distributed`` if it is initialised here, else None."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def current_slot(parent_rank: tuple[int, int] | None = None) -> WorkerSlot:
+    """This process's slot. Rank and world size come from ``torch.distributed`` when it is
+    initialised in this process; else from ``parent_rank``, what the main process saw when it
+    handed the dataset to a spawned DataLoader worker (which does not inherit the process
+    group); else from the ``RANK`` / ``WORLD_SIZE`` variables torchrun sets; else 0 / 1.
+    Worker id and count come from ``torch.utils.data.get_worker_info()``.
 
     Raises:
         ValueError: ``RANK`` / ``WORLD_SIZE`` are not integers or are inconsistent.
     """
-    import torch.distributed as dist
     from torch.utils.data import get_worker_info
 
-    if dist.is_available() and dist.is_initialized():
-        rank, world_size = dist.get_rank(), dist.get_world_size()
+    found = distributed_rank() or parent_rank
+    if found is not None:
+        rank, world_size = found
     else:
         try:
             rank = int(os.environ.get("RANK", "0"))

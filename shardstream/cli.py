@@ -1,7 +1,8 @@
 """The ``shardstream`` command: argparse -> library call -> exit code.
 
 Exit codes: 0 success, 1 a :class:`~shardstream.errors.ShardstreamError` (one line on
-stderr naming the thing and the way out), 2 bad command-line usage, 130 interrupted.
+stderr naming the thing and the way out), 2 bad command-line usage (including a value the
+library refuses, such as a bad URL or shard name), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardstreamError as exc:
         print(f"shardstream: error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # an argument the library refused: a usage error
+        print(f"shardstream: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("shardstream: interrupted", file=sys.stderr)
         return 130

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from .assign import WorkerSlot, assign_shards, current_slot
+from .assign import WorkerSlot, assign_shards, current_slot, distributed_rank
 from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
-from .errors import ShardNotFoundError
+from .errors import CorruptShardError, ShardNotFoundError
 from .fetch import iter_shard_streams
 from .index import INDEX_NAME, Index
 from .shuffle import shuffle_buffer
@@ -115,8 +115,15 @@ class ShardDataset(IterableDataset):
         ids = assign_shards(self.num_shards, slot, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
         return [self.shard_urls[i] for i in ids]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Runs in the main process when a DataLoader hands the dataset to spawned workers,
+        # which do not inherit torch.distributed: record the rank it knows here.
+        state = self.__dict__.copy()
+        state["_parent_rank"] = distributed_rank()
+        return state
+
     def __iter__(self) -> Iterator[Any]:
-        slot = current_slot()
+        slot = current_slot(self.__dict__.get("_parent_rank"))
         samples = self._read(self.shards_for(slot))
         if self.shuffle and self.shuffle_buffer > 1:
             seed = int(np.random.SeedSequence([self.seed, self.epoch, slot.index]).generate_state(1)[0])
@@ -126,8 +133,22 @@ class ShardDataset(IterableDataset):
             yield decode(sample) if decode is not None else sample
 
     def _read(self, urls: list[str]) -> Iterator[dict[str, Any]]:
+        expected = self._expected_counts()
         for url, stream in iter_shard_streams(urls, s3=self.s3, fetch=self.fetch):
-            yield from iter_samples(stream, url=url)
+            count = 0
+            for sample in iter_samples(stream, url=url):
+                count += 1
+                yield sample
+            if expected and count != expected[url]:
+                raise CorruptShardError(
+                    f"{url}: holds {count} samples but the index says {expected[url]}; the shard "
+                    "or index.json is stale or damaged, re-pack or re-upload the dataset"
+                )
+
+    def _expected_counts(self) -> dict[str, int]:
+        if self.index is None:
+            return {}
+        return {url: shard.num_samples for url, shard in zip(self.shard_urls, self.index.shards)}
 
 
 def _normalize(url: str) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .config import FetchConfig, S3Config
+from .errors import StorageConnectionError
 from .storage import LocalStore, is_s3_url, open_store, split_url
 from .storage import loop as io_loop
 from .tarstream import ReadStream
@@ -34,6 +36,9 @@ class _Download:
     """One S3 shard streaming into a bounded queue on the background loop."""
 
     def __init__(self, store: Any, name: str, fetch: FetchConfig) -> None:
+        self.url = store.url_of(name)
+        self.endpoint = store.endpoint
+        self.stall_timeout_s = store.s3.connect_timeout_s + store.s3.read_timeout_s
         self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=fetch.max_queued_chunks)
         self.future = io_loop.submit(self._run(store, name, fetch.chunk_bytes))
 
@@ -48,7 +53,23 @@ class _Download:
             await self.queue.put(_Failure(exc))
 
     def next_chunk(self) -> Any:
-        item = io_loop.submit(self.queue.get()).result()
+        """The next chunk, ``_END``, or the download's error.
+
+        Raises:
+            StorageConnectionError: nothing arrived for ``connect_timeout_s +
+                read_timeout_s`` (a stalled server, or every pooled connection held).
+        """
+        get = io_loop.submit(self.queue.get())
+        try:
+            item = get.result(self.stall_timeout_s)
+        except concurrent.futures.TimeoutError:
+            get.cancel()
+            self.cancel()
+            raise StorageConnectionError(
+                f"{self.url}: no data from {self.endpoint} for {self.stall_timeout_s:.0f} s; the "
+                "server stalls, or other open iterators hold every pooled connection "
+                "(S3Config.max_pool_connections)"
+            ) from None
         if isinstance(item, _Failure):
             raise item.exc
         return item

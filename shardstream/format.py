@@ -60,7 +60,14 @@ def check_member_name(member_name: str, *, where: str) -> None:
             "rename the file"
         )
     if "\n" in member_name or "\r" in member_name:
-        raise MemberNameError(f"{where}: file name contains a line break; rename the file")
+        raise MemberNameError(f"{where!r}: file name contains a line break; rename the file")
+    try:
+        member_name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MemberNameError(
+            f"{where!r}: file name is not valid UTF-8, which index.json and most tar readers "
+            "need; rename the file"
+        ) from None
 
 
 def padded_size(size: int) -> int:

@@ -6,16 +6,17 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from dataclasses import dataclass
 
 from tqdm import tqdm
 
 from .config import FetchConfig, S3Config
-from .errors import DestinationError, IndexFormatError, SourceError, UnreadableFileError
-from .format import check_member_name
+from .errors import DestinationError, IndexFormatError, MemberNameError, SourceError, UnreadableFileError
+from .format import check_member_name, split_key
 from .index import INDEX_NAME, Index
 from .sources import Problem, ProblemKind, Sample, check_source, walk_samples
-from .storage import Store, open_store
+from .storage import LocalStore, Store, open_store
 from .writer import ShardWriter
 
 __all__ = ["PackReport", "pack"]
@@ -87,9 +88,8 @@ def pack(
         max_samples_per_shard: sample limit per shard, or None.
         skip_unreadable: pack the rest when a file cannot be read, and report it; by
             default the first unreadable file stops the pack.
-        overwrite: replace a dataset already at ``dest``: its index is deleted first, its
-            shards not rewritten are deleted at the end; if this pack fails, ``dest`` holds
-            no dataset.
+        overwrite: replace a dataset already at ``dest``: its index is deleted first and its
+            shards are replaced or deleted; if this pack fails, ``dest`` holds no dataset.
         s3: endpoint and credentials for ``s3://`` destinations.
         fetch: multipart part size and concurrency for ``s3://`` destinations.
         progress: show a tqdm bar on stderr.
@@ -102,16 +102,26 @@ def pack(
         SourceNotFoundError, SourceError: ``source`` is missing, not a directory, or holds
             no regular file.
         UnreadableFileError: a file cannot be read (without ``skip_unreadable``).
-        MemberNameError: a file name cannot be a member name (line break, reserved extension).
-        DestinationError: ``dest`` cannot be written, or holds a dataset and not ``overwrite``.
+        MemberNameError: a file name cannot be a member name (not UTF-8, a line break, a
+            reserved extension, or two files of one sample with the same extension).
+        DestinationError: ``dest`` cannot be written, lies inside ``source``, or holds a
+            dataset and not ``overwrite``.
         BucketNotFoundError, StorageAccessError, StorageConnectionError: S3 problems.
     """
     started = time.perf_counter()
     root = check_source(source)
     store = open_store(dest, s3=s3, fetch=fetch)
+    writer = ShardWriter(store, name=name, max_shard_bytes=max_shard_bytes, max_samples_per_shard=max_samples_per_shard)
+    created_dir = None
+    if isinstance(store, LocalStore):
+        if store.root == Path(root) or Path(root) in store.root.parents:
+            raise DestinationError(
+                f"{store.root} is inside SOURCE {root}, so pack would pack its own shards; "
+                "pick a DEST outside SOURCE"
+            )
+        created_dir = None if store.root.exists() else store.root
     store.check_writable()
     old_index = _take_existing_index(store, overwrite=overwrite)
-    writer = ShardWriter(store, name=name, max_shard_bytes=max_shard_bytes, max_samples_per_shard=max_samples_per_shard)
     problems: list[Problem] = []
 
     def on_problem(problem: Problem) -> None:
@@ -144,6 +154,14 @@ def pack(
         store.write_bytes(INDEX_NAME, index.to_json())
     except BaseException:
         writer.abort()
+        if old_index is not None:  # its index is gone already: leave no orphaned shards
+            for stale in old_index.shards:
+                store.delete(stale.name)
+        if created_dir is not None:
+            try:
+                created_dir.rmdir()  # only if empty
+            except OSError:
+                pass
         raise
     finally:
         bar.close()
@@ -185,8 +203,16 @@ def _take_existing_index(store: Store, *, overwrite: bool) -> Index | None:
 def _read_sample(sample: Sample, on_problem: Callable[[Problem], None]) -> list[tuple[str, bytes]]:
     """The sample's ``(member_name, payload)`` pairs; unreadable files go to ``on_problem``."""
     members = []
+    paths_by_ext: dict[str, str] = {}
     for file in sample.files:
         check_member_name(file.member_name, where=file.path)
+        ext = split_key(file.member_name)[1]
+        if ext in paths_by_ext:  # "a" and "a." both give key "a", extension ""
+            raise MemberNameError(
+                f"{paths_by_ext[ext]!r} and {file.path!r} would both be extension {ext!r} of "
+                f"sample {sample.key!r}; rename one of them"
+            )
+        paths_by_ext[ext] = file.path
         try:
             with open(file.path, "rb") as f:
                 payload = f.read()

@@ -62,7 +62,7 @@ def iter_members(stream: ReadStream, *, url: str) -> Iterator[tuple[str, bytes]]
 
     Raises:
         CorruptShardError: a header fails its checksum, a field is malformed, or the stream
-            ends inside a header or payload.
+            ends before the end-of-archive blocks.
     """
     offset = 0
     long_name: str | None = None
@@ -70,7 +70,10 @@ def iter_members(stream: ReadStream, *, url: str) -> Iterator[tuple[str, bytes]]
     while True:
         header = stream.read(BLOCK_BYTES)
         if not header:
-            return
+            raise CorruptShardError(
+                f"{url}: ends at byte {offset} without the tar end-of-archive blocks; the shard "
+                "is truncated (an interrupted copy?), re-pack or re-upload it"
+            )
         if len(header) < BLOCK_BYTES:
             raise CorruptShardError(
                 f"{url}: truncated tar header at byte {offset}; the shard is incomplete, "

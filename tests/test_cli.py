@@ -59,6 +59,20 @@ def test_bad_size_is_a_usage_error(tmp_path):
     assert result.returncode == 2 and "256MiB" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("dest", "options", "message"),
+    [
+        (None, ["--name", "a/b"], "shard name prefix 'a/b'"),
+        ("s3://", [], "names no bucket"),
+        ("http://x/y", [], "unsupported URL scheme"),
+    ],
+)
+def test_values_the_library_refuses_are_usage_errors(stdlib_tree, tmp_path, dest, options, message):
+    result = run("pack", str(stdlib_tree / "json"), dest or str(tmp_path / "out"), *options)
+    assert result.returncode == 2 and message in error_line(result)
+    assert not (tmp_path / "out").exists()
+
+
 def test_unreadable_file_fails_then_skips(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -174,6 +174,14 @@ def test_truncated_shard_is_reported_with_its_url(tmp_path):
         list(ShardDataset(dest, shuffle=False))
 
 
+def test_a_shard_that_disagrees_with_the_index_is_reported(tmp_path):
+    dest, _ = make_dataset(tmp_path)
+    other, _ = make_dataset(tmp_path / "other", num_samples=9, per_shard=9)
+    (dest / "data-000002.tar").write_bytes((other / "data-000000.tar").read_bytes())  # a valid tar, 9 samples
+    with pytest.raises(CorruptShardError, match=r"data-000002.tar: holds 9 samples but the index says 10"):
+        list(ShardDataset(dest, shuffle=False))
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [({"shuffle_buffer": -1}, "shuffle_buffer=-1"), ({"seed": "x"}, "seed='x'")])
 def test_bad_arguments(tmp_path, kwargs, message):
     dest, _ = make_dataset(tmp_path, num_samples=3)

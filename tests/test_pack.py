@@ -13,8 +13,14 @@ from webdataset.tariterators import base_plus_ext
 
 from conftest import all_files
 from shardstream import Index, ShardDataset, pack
-from shardstream.errors import DestinationError, SourceError, SourceNotFoundError, UnreadableFileError
-from shardstream.format import split_key
+from shardstream.errors import (
+    DestinationError,
+    MemberNameError,
+    SourceError,
+    SourceNotFoundError,
+    UnreadableFileError,
+)
+from shardstream.format import padded_size, split_key
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +90,10 @@ def test_index_describes_the_shards_exactly(stdlib_tree, packed):
                 assert data[member.offset : member.offset + member.size] == files[member.name]
     keys = [x.key for s in index.shards for x in s.samples]
     assert len(keys) == len(set(keys)), "members of a sample must stay together in one shard"
+    # and a shard was closed only because the next sample would not fit
+    for shard, following in zip(index.shards, index.shards[1:]):
+        last_member = following.samples[0].members[-1]  # the next shard's first sample starts at 0
+        assert shard.bytes + padded_size(last_member.offset + last_member.size) > 256 << 10
 
 
 def test_same_input_gives_byte_identical_output(stdlib_tree, packed, tmp_path):
@@ -92,6 +102,18 @@ def test_same_input_gives_byte_identical_output(stdlib_tree, packed, tmp_path):
     for path in dest.iterdir():
         assert (tmp_path / path.name).read_bytes() == path.read_bytes(), path.name
     assert sorted(os.listdir(tmp_path)) == sorted(os.listdir(dest))
+
+
+def test_output_does_not_depend_on_the_process(stdlib_tree, packed, tmp_path):
+    """Two packs in fresh interpreters with different hash seeds give the same bytes."""
+    import sys
+
+    dest, _ = packed
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        code = f"from shardstream import pack; pack({str(stdlib_tree)!r}, {str(out)!r}, max_shard_bytes=256 << 10, progress=False)"
+        subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONHASHSEED": seed})
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == {p.name: p.read_bytes() for p in dest.iterdir()}
 
 
 def test_rotation_on_sample_count(stdlib_tree, tmp_path):
@@ -123,6 +145,35 @@ def test_missing_and_empty_sources_are_errors(tmp_path):
     assert not (tmp_path / "out" / "index.json").exists()
 
 
+def test_destination_inside_source_is_refused(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a")
+    for dest in (src / "out", src):
+        with pytest.raises(DestinationError, match="is inside SOURCE .* pick a DEST outside SOURCE"):
+            pack(src, dest, progress=False)
+    assert sorted(os.listdir(src)) == ["a.txt"]
+
+
+def test_two_files_with_the_same_key_and_extension_are_refused(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_text("no dot")
+    (src / "a.").write_text("trailing dot")
+    with pytest.raises(MemberNameError, match=r"src/a' and '.*src/a\.' would both be extension '' of sample 'a'"):
+        pack(src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_name_that_is_not_utf8_is_refused_with_the_file_named(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(os.fsencode(src) + b"/caf\xe9.txt", "wb") as f:
+        f.write(b"latin-1 name")
+    with pytest.raises(MemberNameError, match=r"caf\\udce9.txt'?: file name is not valid UTF-8"):
+        pack(src, tmp_path / "out", progress=False)
+
+
 def test_unwritable_destination_is_an_error(stdlib_tree, tmp_path):
     (tmp_path / "a-file").write_bytes(b"x")
     with pytest.raises(DestinationError, match="a-file/out: cannot write here"):
@@ -143,8 +194,8 @@ def test_a_failed_overwrite_leaves_no_stale_index(stdlib_tree, tmp_path):
     pack(stdlib_tree / "json", tmp_path / "out", progress=False)
     make_unreadable_tree(tmp_path / "src")
     with pytest.raises(UnreadableFileError):
-        pack(tmp_path / "src", tmp_path / "out", overwrite=True, progress=False)
-    assert not (tmp_path / "out" / "index.json").exists()
+        pack(tmp_path / "src", tmp_path / "out", overwrite=True, max_samples_per_shard=1, progress=False)
+    assert os.listdir(tmp_path / "out") == []  # no stale index, no orphaned shards
 
 
 def make_unreadable_tree(root: Path) -> tuple[Path, Path]:
@@ -164,7 +215,7 @@ def test_an_unreadable_file_stops_the_pack_and_publishes_nothing(tmp_path):
     bad_read, _ = make_unreadable_tree(tmp_path / "src")
     with pytest.raises(UnreadableFileError, match=f"{bad_read}: cannot read.*--skip-unreadable"):
         pack(tmp_path / "src", tmp_path / "out", max_samples_per_shard=1, progress=False)
-    assert os.listdir(tmp_path / "out") == []
+    assert not (tmp_path / "out").exists()  # pack created it, and removes it again
 
 
 def test_skip_unreadable_packs_the_rest_and_reports_each_file(tmp_path):

@@ -11,7 +11,13 @@ import torch
 
 from conftest import all_files
 from shardstream import S3Config, ShardDataset, pack
-from shardstream.errors import BucketNotFoundError, ShardNotFoundError, StorageAccessError, StorageConnectionError
+from shardstream.errors import (
+    BucketNotFoundError,
+    ShardNotFoundError,
+    StorageAccessError,
+    StorageConnectionError,
+    StorageError,
+)
 from shardstream.storage import open_store
 from shardstream.storage import loop as io_loop
 
@@ -128,3 +134,68 @@ def test_dataloader_workers_do_not_stall_the_parents_s3_client(stdlib_tree, s3_b
         for _ in range(4):
             read = store.call("get_object", url=url, Bucket=s3_bucket, Key="fork/data-000000.tar")
             io_loop.run(read, timeout_s=5.0)  # TimeoutError if the parent's loop was broken
+
+
+def test_a_connection_cut_mid_transfer_is_named(tmp_path):
+    """A server that promises 100,000 bytes and hangs up after 5,000: the reader reports the
+    shard URL and the endpoint instead of a raw aiohttp error."""
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(12):  # bounded: the client's attempts
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nETag: \"x\"\r\n\r\n" + bytes(5000))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    cfg = S3Config(endpoint_url=f"http://127.0.0.1:{port}", access_key_id="k", secret_access_key="s", max_attempts=1)
+    try:
+        with pytest.raises(StorageConnectionError, match=rf"s3://b/x.tar: the connection to http://127.0.0.1:{port} failed"):
+            list(ShardDataset(["s3://b/x.tar"], s3=cfg))
+        with pytest.raises(StorageConnectionError, match=r"s3://b/p/index.json: the connection"):
+            ShardDataset("s3://b/p", s3=cfg)
+    finally:
+        server.close()
+
+
+def test_unknown_profile_and_bad_endpoint_are_named(stdlib_tree):
+    with pytest.raises(StorageAccessError, match=r"s3://b/p: The config profile \(no-such-profile\) could not be found"):
+        pack(stdlib_tree / "json", "s3://b/p", s3=S3Config(profile="no-such-profile"), progress=False)
+    with pytest.raises(StorageError, match=r"bad S3 endpoint '127.0.0.1:9'"):
+        pack(stdlib_tree / "json", "s3://b/p", s3=S3Config(endpoint_url="127.0.0.1:9"), progress=False)
+
+
+def test_idle_iterators_holding_every_connection_fail_instead_of_hanging(tmp_path, s3_bucket, s3_config):
+    """Open iterators that are not consumed keep their downloads (and connections) paused;
+    once the pool is exhausted the next request must fail with a clear error in bounded time."""
+    import os
+    import time
+
+    from shardstream import FetchConfig
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        (src / f"{i}.bin").write_bytes(os.urandom(24 << 20))
+    url = f"s3://{s3_bucket}/idle"
+    pack(src, url, max_samples_per_shard=1, s3=s3_config, progress=False)
+    tight = dataclasses.replace(s3_config, max_pool_connections=2, max_attempts=1, connect_timeout_s=1.0, read_timeout_s=2.0)
+    fetch = FetchConfig(chunk_bytes=1 << 16, max_queued_chunks=2, max_inflight_shards=2)
+    iterators = []
+    started = time.monotonic()
+    with pytest.raises(StorageConnectionError, match=r"no (answer|data) from .* other open iterators hold every pooled connection"):
+        for _ in range(4):
+            iterator = iter(ShardDataset(url, s3=tight, fetch=fetch, shuffle=False))
+            next(iterator)
+            iterators.append(iterator)
+    assert time.monotonic() - started < 30

@@ -53,9 +53,11 @@ def test_checksum_mismatch_names_the_shard_and_offset():
         list(iter_members(io.BytesIO(bytes(data)), url="s3://b/x.tar"))
 
 
-@pytest.mark.parametrize("cut", [100, 512 + 10, 600])
+@pytest.mark.parametrize("cut", [0, 100, 512 + 10, 600, 1536, 2048])
 def test_truncated_shards_raise(cut):
-    data = member_header("k.bin", 1000) + bytes(1024) + END_OF_ARCHIVE
+    """Cut inside a header, inside a payload, and at block boundaries (as an interrupted
+    copy leaves it): all raise, none ends quietly with samples missing."""
+    data = member_header("k.bin", 1000) + bytes(1024) + member_header("l.bin", 10) + bytes(512) + END_OF_ARCHIVE
     with pytest.raises(CorruptShardError, match="x.tar"):
         list(iter_members(io.BytesIO(data[:cut]), url="x.tar"))
 

@@ -52,3 +52,22 @@ def test_two_ranks_two_workers_read_disjoint_shards_covering_every_sample(tmp_pa
         assert all(len(rank) == 48 for rank in epoch)
         assignments.append(slots)
     assert assignments[0] != assignments[1]  # shards move between readers across epochs
+
+
+def test_spawned_workers_keep_the_rank_of_their_process(tmp_path):
+    """Spawned DataLoader workers do not inherit torch.distributed; without the rank recorded
+    in the main process every rank would read the whole dataset."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"{i:03d}.txt").write_text(str(i))
+    pack(src, tmp_path / "ds", max_samples_per_shard=5, progress=False)
+    out = tmp_path / "seen.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    script = Path(__file__).with_name("spawn_read.py")
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "ds"), str(out), str(free_port())],
+                         env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rank0, rank1 = json.loads(out.read_text())
+    assert len(rank0) == len(rank1) == 20 and not set(rank0) & set(rank1)
+    assert sorted(rank0 + rank1) == sorted(f"{i:03d}" for i in range(40))

@@ -97,17 +97,32 @@ class _LocalSink:
     def write(self, data: bytes | memoryview) -> None:
         if self._file is None:
             raise ValueError(f"{self.path}: write after commit or abort")
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            raise self._error(exc) from exc
 
     def commit(self) -> None:
         if self._file is None:
             raise ValueError(f"{self.path}: commit after commit or abort")
-        self._file.close()
-        self._file = None
-        os.replace(self.tmp_path, self.path)
+        try:
+            self._file.close()
+            self._file = None
+            os.replace(self.tmp_path, self.path)
+        except OSError as exc:
+            raise self._error(exc) from exc
+
+    def _error(self, exc: OSError) -> DestinationError:
+        return DestinationError(
+            f"{self.path}: cannot write ({exc.strerror or exc}); free space on the disk or pick "
+            "another DEST"
+        )
 
     def abort(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # e.g. the disk is full: the partial file goes anyway
+                pass
             self._file = None
-            self.tmp_path.unlink(missing_ok=True)
+        self.tmp_path.unlink(missing_ok=True)

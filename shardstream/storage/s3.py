@@ -101,6 +101,9 @@ def _translate(
         ConnectTimeoutError,
         EndpointConnectionError,
         NoCredentialsError,
+        ProfileNotFound,
+        ReadTimeoutError,
+        ResponseStreamingError,
     )
 
     if isinstance(exc, ClientError):
@@ -130,13 +133,22 @@ def _translate(
             f"{url}: no AWS credentials found for {endpoint}; set AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or pass S3Config(...)"
         )
-    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, aiohttp.ClientConnectionError)):
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, aiohttp.ClientConnectorError)):
         return StorageConnectionError(
             f"{url}: cannot reach S3 endpoint {endpoint} ({type(exc).__name__}); check "
             "AWS_ENDPOINT_URL and that the server is running"
         )
+    if isinstance(exc, (aiohttp.ClientError, ResponseStreamingError, ReadTimeoutError)):
+        return StorageConnectionError(
+            f"{url}: the connection to {endpoint} failed during the transfer "
+            f"({type(exc).__name__}: {exc}); retry, and check the server and network"
+        )
+    if isinstance(exc, ProfileNotFound):
+        return StorageAccessError(f"{url}: {exc}; check AWS_PROFILE or --profile")
     if isinstance(exc, BotoCoreError):
         return StorageError(f"{url}: S3 request to {endpoint} failed: {exc}")
+    if isinstance(exc, ValueError) and "endpoint" in str(exc).lower():
+        return StorageError(f"{url}: bad S3 endpoint {endpoint!r} ({exc}); write it as http(s)://HOST:PORT")
     return exc
 
 
@@ -168,10 +180,23 @@ class S3Store:
     async def call(
         self, operation: str, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError, **kwargs: Any
     ) -> Any:
-        """Await one S3 API call, translating its errors (see :func:`_translate`)."""
-        client = await _client_for(self.s3)
+        """Await one S3 API call, translating its errors (see :func:`_translate`).
+
+        The call (up to the response headers, all attempts included) is bounded by
+        ``max_attempts * (connect_timeout_s + read_timeout_s)``: aiohttp does not bound the
+        wait for a pooled connection, and nothing may hang.
+        """
+        cfg = self.s3
+        limit_s = cfg.max_attempts * (cfg.connect_timeout_s + cfg.read_timeout_s)
         try:
-            return await getattr(client, operation)(**kwargs)
+            client = await _client_for(cfg)
+            return await asyncio.wait_for(getattr(client, operation)(**kwargs), limit_s)
+        except asyncio.TimeoutError:
+            raise StorageConnectionError(
+                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s; the "
+                "server stalls, or other open iterators hold every pooled connection "
+                "(S3Config.max_pool_connections)"
+            ) from None
         except Exception as exc:
             raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
 
@@ -191,10 +216,15 @@ class S3Store:
         return True
 
     def read_bytes(self, name: str) -> bytes:
+        url = self.url_of(name)
+
         async def read() -> bytes:
-            response = await self.call("get_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name))
-            async with response["Body"] as body:
-                return await body.read()
+            response = await self.call("get_object", url=url, Bucket=self.bucket, Key=self.key_of(name))
+            try:
+                async with response["Body"] as body:
+                    return await body.read()
+            except Exception as exc:
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
 
         return loop.run(read())
 
