@@ -6,24 +6,8 @@ The public API is exactly ``__all__``; everything else is internal.
 from typing import TYPE_CHECKING, Any
 
 from .config import FetchConfig, S3Config
-from .errors import (
-    BucketNotFoundError,
-    CorruptShardError,
-    DecodeError,
-    DestinationError,
-    IndexFormatError,
-    MemberNameError,
-    MissingDependencyError,
-    ShardNotFoundError,
-    ShardstreamError,
-    SourceError,
-    SourceNotFoundError,
-    StorageAccessError,
-    StorageConnectionError,
-    StorageError,
-    StorageNotFoundError,
-    UnreadableFileError,
-)
+from . import errors as _errors
+from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .index import Index
 from .pack import PackReport, pack
 
@@ -44,32 +28,18 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module 'shardstream' has no attribute {name!r}")
 
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "BucketNotFoundError",
-    "CorruptShardError",
     "CpuDecoder",
-    "DecodeError",
-    "DestinationError",
     "FetchConfig",
     "Index",
-    "IndexFormatError",
-    "MemberNameError",
-    "MissingDependencyError",
     "PackReport",
     "RandomResizedCrop",
     "S3Config",
     "ShardDataset",
-    "ShardNotFoundError",
-    "ShardstreamError",
-    "SourceError",
-    "SourceNotFoundError",
-    "StorageAccessError",
-    "StorageConnectionError",
-    "StorageError",
-    "StorageNotFoundError",
-    "UnreadableFileError",
     "__version__",
     "pack",
+    *_errors.__all__,
 ]
