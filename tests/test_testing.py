@@ -1,0 +1,54 @@
+"""The SeaweedFS launcher starts a real authenticated S3 server and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from shardstream import S3Config, ShardDataset, pack
+from shardstream.testing import S3ServerError, SeaweedS3Server
+
+
+def test_server_starts_with_auth_and_stops_leaving_nothing(tmp_path):
+    server = SeaweedS3Server()
+    info = server.start()
+    pid = server._proc.pid
+    data_dir = server._tmp_dir
+    ports = list(server._ports)
+    assert "***" in repr(info) and info.secret_access_key not in repr(info)
+    server.create_bucket("roundtrip")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.txt").write_text("x")
+    cfg = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
+                   secret_access_key=info.secret_access_key)
+    pack(tmp_path / "src", "s3://roundtrip/p", s3=cfg, progress=False)
+    assert [s["txt"] for s in ShardDataset("s3://roundtrip/p", s3=cfg)] == [b"x"]
+    server.stop()
+    server.stop()  # idempotent
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    assert not data_dir.exists()
+    assert not any(Path(tempfile.gettempdir()).glob(f"seaweedfs-*-grpc-{ports[1]}.sock"))
+    with pytest.raises(S3ServerError, match="not running"):
+        server.info
+
+
+def test_missing_binary_is_a_clear_error(tmp_path):
+    with pytest.raises(S3ServerError, match="not executable"):
+        SeaweedS3Server(weed_path=str(tmp_path / "weed")).start()
+
+
+def test_demo_falls_back_to_a_local_directory_when_the_server_cannot_start(tmp_path, monkeypatch, capsys):
+    from shardstream.demo import run_demo
+
+    def refuse(self):
+        raise S3ServerError("weed did not answer (simulated)")
+
+    monkeypatch.setattr(SeaweedS3Server, "start", refuse)
+    result = run_demo(num_images=64, num_workers=0, batch_size=16, workdir=str(tmp_path))
+    out = capsys.readouterr().out
+    assert "could not start the local S3 server (weed did not answer (simulated)); packing to" in out
+    assert result.dest == str(tmp_path / "shards") and result.num_unique_keys == result.num_samples == 64
