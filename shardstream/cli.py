@@ -8,12 +8,14 @@ library refuses, such as a bad URL or shard name), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
 
 from .config import S3Config
 from .errors import ShardstreamError
+from .pack import OnError
 
 __all__ = ["main", "parse_size"]
 
@@ -69,26 +71,87 @@ def _s3_config(args: argparse.Namespace) -> S3Config:
     return S3Config(endpoint_url=args.endpoint_url, profile=args.profile, region_name=args.region)
 
 
+def _part_arg(text: str):
+    from .pack import Part
+
+    try:
+        return Part.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _info(source: str, index) -> str:
+    import statistics
+
+    sizes = [s.bytes for s in index.shards]
+    counts = [s.num_samples for s in index.shards]
+    return (
+        f"{source}: {index.num_shards} shards, {index.num_samples} samples, {index.num_members} members, "
+        f"{index.total_bytes / 1e6:.1f} MB\n"
+        f"shard bytes: min {min(sizes)}, median {statistics.median(sizes):.0f}, max {max(sizes)}\n"
+        f"samples per shard: min {min(counts)}, median {statistics.median(counts):.0f}, max {max(counts)}"
+    )
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .verify import verify
+
+    bad = total = 0
+    for check in tqdm(verify(args.dest, s3=_s3_config(args)), unit="shard", desc="verifying",
+                      disable=args.no_progress, file=sys.stderr):
+        total += 1
+        if not check.ok:
+            bad += 1
+            for problem in check.problems:
+                print(f"BAD {check.url}: {problem}")
+    print(f"{total - bad} of {total} shards match the index" + (f"; {bad} do not" if bad else ""))
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardstream", description="Pack small files into tar shards and stream them back.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    p = commands.add_parser("pack", help="pack a directory of files into tar shards plus index.json")
-    p.add_argument("source", metavar="SOURCE", help="local directory to pack")
+    p = commands.add_parser("pack", help="pack files into tar shards plus index.json (resumable: run it again)")
+    p.add_argument("source", metavar="SOURCE", help="local directory, or s3://bucket/prefix of files")
     p.add_argument("dest", metavar="DEST", help="local directory or s3://bucket/prefix")
     p.add_argument("--name", default="data", help="shard name prefix: NAME-000000.tar ... (default: data)")
     p.add_argument("--shard-size", type=_size_arg, default="256MiB", metavar="SIZE",
                    help="max bytes per shard, e.g. 256MiB, 1GB (default: 256MiB)")
     p.add_argument("--max-samples-per-shard", type=_positive_int, default=None, metavar="N")
-    p.add_argument("--skip-unreadable", action="store_true",
-                   help="pack the rest when a file cannot be read, and list it (default: stop)")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at DEST")
+    p.add_argument("--files-from", metavar="LIST",
+                   help="pack only the paths in LIST (relative to SOURCE; newline- or NUL-separated; - for stdin)")
+    p.add_argument("--on-error", choices=[e.value for e in OnError], default=OnError.FAIL.value,
+                   help="on a bad input file: fail naming it (default), or skip it and list it in "
+                        "DEST/pack-report.jsonl")
+    p.add_argument("--skip-unreadable", action="store_true", help="the same as --on-error skip")
+    p.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
+                   help=f"processes writing shards (default: the CPU count, {os.cpu_count()})")
+    p.add_argument("--part", type=_part_arg, default=None, metavar="I/N",
+                   help="pack part I of N of the input (default: RANK/WORLD_SIZE or a job array's index, "
+                        "else all); the last part to finish writes the index")
+    p.add_argument("--shuffle", action="store_true", help="spread samples over shards in a seeded random order")
+    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished pack) at DEST")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(p)
 
-    i = commands.add_parser("info", help="summarise a packed dataset")
+    i = commands.add_parser("info", help="totals and shard statistics of a packed dataset")
     i.add_argument("source", metavar="DATASET", help="local directory, s3://bucket/prefix, or its index.json")
     _add_s3_args(i)
+
+    v = commands.add_parser("verify", help="re-read every shard and check it against the index")
+    v.add_argument("dest", metavar="DATASET", help="local directory or s3://bucket/prefix")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_s3_args(v)
+
+    x = commands.add_parser("index", help="index commands")
+    x_commands = x.add_subparsers(dest="index_command", required=True)
+    m = x_commands.add_parser("merge", help="write DEST/index.json once every part of a split pack is done")
+    m.add_argument("dest", metavar="DEST")
+    _add_s3_args(m)
 
     d = commands.add_parser("demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch")
     d.add_argument("--num-images", type=_positive_int, default=3000)
@@ -108,21 +171,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             report = pack(
                 args.source, args.dest, name=args.name, max_shard_bytes=args.shard_size,
-                max_samples_per_shard=args.max_samples_per_shard, skip_unreadable=args.skip_unreadable,
+                max_samples_per_shard=args.max_samples_per_shard, files_from=args.files_from,
+                on_error=OnError.SKIP if args.skip_unreadable else OnError(args.on_error),
+                workers=args.workers, part=args.part, shuffle=args.shuffle, seed=args.seed,
                 overwrite=args.overwrite, s3=_s3_config(args), progress=not args.no_progress,
             )
+            shown = [p for p in report.problems if not p.packed][:20]
+            for problem in shown:
+                print(f"not packed: {problem.path}: {problem.reason}", file=sys.stderr)
+            if len(shown) < sum(not p.packed for p in report.problems):
+                print(f"... and more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
             print(report.summary())
         elif args.command == "info":
             from .dataset import ShardDataset
 
             ds = ShardDataset(args.source, s3=_s3_config(args))
-            index = ds.index
-            if index is None:
+            if ds.index is None:
                 raise ShardstreamError(f"{args.source}: shard URLs have no index to summarise")
-            print(
-                f"{args.source}: {index.num_shards} shards, {index.num_samples} samples, "
-                f"{index.num_members} members, {index.total_bytes / 1e6:.1f} MB"
-            )
+            print(_info(args.source, ds.index))
+        elif args.command == "verify":
+            return _verify(args)
+        elif args.command == "index":
+            from .journal import SPEC_NAME, PackSpec, merge
+            from .storage import open_store
+
+            store = open_store(args.dest, s3=_s3_config(args))
+            spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
+            totals, problems = merge(store, spec)
+            print(f"wrote {store.url_of('index.json')}: {totals['num_shards']} shards, "
+                  f"{totals['num_samples']} samples, {len(problems)} problems in pack-report.jsonl")
         elif args.command == "demo":
             from .demo import run_demo
 

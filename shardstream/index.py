@@ -1,12 +1,11 @@
 """The dataset index, ``index.json``: what `pack` wrote, read back and validated.
 
 Schema (version 1); all sizes and offsets are bytes, offsets count from the start of the
-shard file::
+shard file. ``totals`` follows ``shards`` so that the index can be written shard by shard::
 
     {
       "format": "shardstream-index",
       "version": 1,
-      "totals": {"num_shards": int, "num_samples": int, "num_members": int, "bytes": int},
       "shards": [
         {"name": "data-000000.tar",          # relative to the directory holding index.json
          "bytes": int,                       # size of the shard file
@@ -16,7 +15,8 @@ shard file::
            {"key": "cat/000001",
             "members": [{"name": "cat/000001.cls", "offset": int, "size": int}, ...]}
          ]}
-      ]
+      ],
+      "totals": {"num_shards": int, "num_samples": int, "num_members": int, "bytes": int}
     }
 
 ``offset`` is where the member's payload starts (its tar header ends there), ``size`` the
@@ -25,13 +25,18 @@ payload length, so ``shard[offset:offset + size]`` is the original file.
 
 from __future__ import annotations
 
+import io
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import IndexFormatError
 
 __all__ = [
+    "write_index",
+    "shard_from_json",
+    "shard_to_json",
     "INDEX_FORMAT",
     "INDEX_NAME",
     "INDEX_VERSION",
@@ -101,38 +106,9 @@ class Index:
 
     def to_json(self) -> bytes:
         """The index as UTF-8 JSON bytes (deterministic: no timestamps, fixed key order)."""
-        doc = {
-            "format": INDEX_FORMAT,
-            "version": INDEX_VERSION,
-            "totals": {
-                "num_shards": self.num_shards,
-                "num_samples": self.num_samples,
-                "num_members": self.num_members,
-                "bytes": self.total_bytes,
-            },
-            "shards": [
-                {
-                    "name": s.name,
-                    "bytes": s.bytes,
-                    "num_samples": s.num_samples,
-                    "sha256": s.sha256,
-                    "samples": [
-                        {
-                            "key": x.key,
-                            "members": [
-                                {"name": m.name, "offset": m.offset, "size": m.size}
-                                for m in x.members
-                            ],
-                        }
-                        for x in s.samples
-                    ],
-                }
-                for s in self.shards
-            ],
-        }
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode(
-            "utf-8", "surrogateescape"
-        )
+        out = io.BytesIO()
+        write_index(out.write, self.shards)
+        return out.getvalue()
 
     @classmethod
     def from_json(cls, data: bytes, *, url: str) -> Index:
@@ -172,6 +148,55 @@ class Index:
         if totals != expected:
             raise IndexFormatError(f"{url}: totals {totals} disagree with the shards ({expected})")
         return index
+
+
+def shard_to_json(shard: ShardEntry) -> dict[str, Any]:
+    """One shard's entry as the JSON object of the index."""
+    return {
+        "name": shard.name,
+        "bytes": shard.bytes,
+        "num_samples": shard.num_samples,
+        "sha256": shard.sha256,
+        "samples": [
+            {"key": x.key, "members": [{"name": m.name, "offset": m.offset, "size": m.size} for m in x.members]}
+            for x in shard.samples
+        ],
+    }
+
+
+def shard_from_json(doc: dict[str, Any]) -> ShardEntry:
+    """Inverse of :func:`shard_to_json`.
+
+    Raises:
+        KeyError, TypeError, ValueError: a field is missing or mistyped.
+    """
+    return _shard(doc)
+
+
+def write_index(write: Callable[[bytes], Any], shards: Iterable[ShardEntry]) -> dict[str, int]:
+    """Write an index shard by shard, holding one shard's entry in memory at a time.
+
+    Args:
+        write: receives the UTF-8 JSON bytes in pieces.
+        shards: the shards in dataset order.
+
+    Returns:
+        The totals written.
+    """
+    totals = {"num_shards": 0, "num_samples": 0, "num_members": 0, "bytes": 0}
+    write(f'{{"format":"{INDEX_FORMAT}","version":{INDEX_VERSION},"shards":['.encode())
+    for shard in shards:
+        write((b"," if totals["num_shards"] else b"") + _dumps(shard_to_json(shard)))
+        totals["num_shards"] += 1
+        totals["num_samples"] += shard.num_samples
+        totals["num_members"] += sum(len(x.members) for x in shard.samples)
+        totals["bytes"] += shard.bytes
+    write(b'],"totals":' + _dumps(totals) + b"}")
+    return totals
+
+
+def _dumps(doc: Any) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _shard(s: dict[str, Any]) -> ShardEntry:

@@ -1,27 +1,76 @@
-"""``pack(source, dest)``: a directory of small files -> tar shards plus ``index.json``."""
+"""``pack(source, dest)``: small files -> tar shards plus ``index.json``, in parallel,
+resumable after a crash, and split across machines (see :mod:`shardstream.journal`)."""
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import enum
+import itertools
+import multiprocessing
 import os
+import queue
+import random
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from dataclasses import dataclass
+from typing import Any
 
 from tqdm import tqdm
 
 from .config import FetchConfig, S3Config
-from .errors import DestinationError, IndexFormatError, MemberNameError, SourceError, UnreadableFileError
-from .format import check_member_name, split_key
+from .errors import (
+    DestinationError,
+    IndexFormatError,
+    MemberNameError,
+    ShardNotFoundError,
+    ShardstreamError,
+    SourceError,
+    UnreadableFileError,
+)
 from .index import INDEX_NAME, Index
-from .sources import Problem, ProblemKind, Sample, check_source, walk_samples
-from .storage import LocalStore, Store, open_store
+from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec, StreamRecord, merge, read_stream_state, unfinished_streams
+from .shuffle import shuffle_buffer
+from .sources import Problem, ProblemKind, Sample, SourceFile, check_source, iter_list_samples, iter_s3_samples, walk_samples
+from .storage import LocalStore, Store, is_s3_url, open_store
 from .writer import ShardWriter
 
-__all__ = ["PackReport", "pack"]
+__all__ = ["OnError", "PackReport", "Part", "pack"]
 
 DEFAULT_MAX_SHARD_BYTES = 256 << 20
+DEFAULT_SHUFFLE_BUFFER = 100_000
+
+
+class OnError(enum.Enum):
+    """What pack does with a bad input file: stop naming it, or skip and report it."""
+
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` of ``count`` (0-based): this run packs every ``count``-th stream."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"part {self.index}/{self.count} must satisfy 0 <= I < N")
+
+    @classmethod
+    def parse(cls, text: str) -> Part:
+        """``"1/4"`` -> ``Part(1, 4)``."""
+        index, sep, count = text.partition("/")
+        try:
+            return cls(int(index), int(count))
+        except ValueError:
+            raise ValueError(f"part {text!r} must be I/N with 0 <= I < N, e.g. 0/2") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,35 +78,73 @@ class PackReport:
     """What :func:`pack` did. Sizes are bytes, times seconds.
 
     Attributes:
-        index_url: where the index was written.
-        num_files, num_samples, num_shards: counts packed.
-        payload_bytes: bytes of the packed files; shard_bytes: bytes of the shards written.
+        dest: the destination URL.
+        index_url: where the index is, or None while other parts are unfinished.
+        num_files, num_samples, payload_bytes: what this run read and packed.
+        num_shards: shards this run published.
+        resumed: True when this run continued an earlier, interrupted one.
         seconds: wall time.
-        problems: every entry under the source that was not packed, and why.
+        problems: entries this run did not pack (or packed with a warning), and why.
+        dataset_totals: the index totals when this run wrote the index.
     """
 
-    index_url: str
+    dest: str
+    index_url: str | None
     num_files: int
     num_samples: int
     num_shards: int
     payload_bytes: int
-    shard_bytes: int
+    resumed: bool
     seconds: float
     problems: tuple[Problem, ...]
+    dataset_totals: dict[str, int] | None = None
+    already_complete: bool = False
 
     def summary(self) -> str:
-        """One line: counts, sizes and speed."""
+        """One line: counts, sizes, speed, and where the index is."""
+        if self.already_complete and self.dataset_totals is not None:
+            t = self.dataset_totals
+            return (f"nothing to do: {self.dest} already holds this pack; index {self.index_url}: "
+                    f"{t['num_shards']} shards, {t['num_samples']} samples")
         seconds = max(self.seconds, 1e-9)
         line = (
-            f"packed {self.num_files} files ({self.num_samples} samples, "
-            f"{self.payload_bytes / 1e6:.1f} MB) into {self.num_shards} shards "
-            f"({self.shard_bytes / 1e6:.1f} MB) in {self.seconds:.1f} s: "
-            f"{self.num_files / seconds:.0f} files/s, {self.payload_bytes / 1e6 / seconds:.1f} MB/s; "
-            f"index {self.index_url}"
+            f"packed {self.num_files} files ({self.num_samples} samples, {self.payload_bytes / 1e6:.1f} MB) "
+            f"into {self.num_shards} shards in {self.seconds:.1f} s: {self.num_files / seconds:.0f} files/s, "
+            f"{self.payload_bytes / 1e6 / seconds:.1f} MB/s"
         )
+        if self.resumed:
+            line += " (resumed)"
+        skipped = sum(not p.packed for p in self.problems)
         if self.problems:
-            line += f"; {len(self.problems)} entries not packed (listed above)"
+            line += f"; {skipped} skipped, {len(self.problems) - skipped} warnings (see {self.dest}/{REPORT_NAME})"
+        if self.dataset_totals is not None:
+            t = self.dataset_totals
+            line += f"; index {self.index_url}: {t['num_shards']} shards, {t['num_samples']} samples"
+        else:
+            line += "; other parts unfinished, index not written yet"
         return line
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StreamJob:
+    spec: PackSpec
+    stream: int
+    dest: str
+    list_path: str | None
+    on_error: OnError
+    shuffle_buffer: int
+    s3: S3Config | None
+    fetch: FetchConfig | None
+
+
+@dataclass
+class _StreamResult:
+    num_files: int = 0
+    num_samples: int = 0
+    payload_bytes: int = 0
+    num_shards: int = 0
+    resumed: bool = False
+    problems: list[Problem] = field(default_factory=list)
 
 
 def pack(
@@ -67,162 +154,389 @@ def pack(
     name: str = "data",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     max_samples_per_shard: int | None = None,
-    skip_unreadable: bool = False,
+    files_from: str | os.PathLike[str] | None = None,
+    on_error: OnError | str = OnError.FAIL,
+    workers: int | None = 1,
+    part: Part | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     overwrite: bool = False,
     s3: S3Config | None = None,
     fetch: FetchConfig | None = None,
     progress: bool = True,
 ) -> PackReport:
-    """Pack every regular file under ``source`` into tar shards and an index at ``dest``.
+    """Pack every file of ``source`` into tar shards and an index at ``dest``.
 
     Members are named by their path relative to ``source`` and grouped into samples by key
-    (:mod:`shardstream.format`). Shards go to ``dest/<name>-NNNNNN.tar``; ``dest/index.json``
-    (:mod:`shardstream.index`) is written last. If pack fails, the shards it wrote are
-    deleted and no index is written.
+    (:mod:`shardstream.format`). Shards are published one by one as they complete;
+    ``dest/index.json`` (:mod:`shardstream.index`) is written last, once every part is done.
+    Run the same call again after a crash (or a failure on a bad file) and it continues where
+    it stopped (:mod:`shardstream.journal`).
 
     Args:
-        source: a local directory.
+        source: a local directory, or an ``s3://bucket/prefix`` of files.
         dest: a local directory (created if needed) or ``s3://bucket/prefix``.
-        name: shard name prefix.
+        name: shard name prefix: ``<name>-NNNNNN.tar``.
         max_shard_bytes: shard size limit in bytes (exceeded only by a single larger sample).
         max_samples_per_shard: sample limit per shard, or None.
-        skip_unreadable: pack the rest when a file cannot be read, and report it; by
-            default the first unreadable file stops the pack.
-        overwrite: replace a dataset already at ``dest``: its index is deleted first and its
-            shards are replaced or deleted; if this pack fails, ``dest`` holds no dataset.
-        s3: endpoint and credentials for ``s3://`` destinations.
+        files_from: a file listing the paths to pack, relative to ``source`` (newline- or
+            NUL-separated; ``"-"`` reads standard input); the list's order is kept.
+        on_error: ``"fail"`` stops at the first bad input file, naming it; ``"skip"`` packs
+            the rest and lists each skipped file in ``dest/pack-report.jsonl``.
+        workers: processes writing shards in parallel (None: the CPU count). All parts of one
+            pack must use the same number.
+        part: pack only this part of the input (another machine packs the others); default
+            from ``RANK`` / ``WORLD_SIZE`` (torchrun) or a job array, else the whole input.
+        shuffle: spread samples over shards in a random order seeded by ``seed``, through a
+            buffer of ``shuffle_buffer`` samples' names (not contents).
+        overwrite: replace a dataset already at ``dest``.
+        s3: endpoint and credentials for ``s3://`` sources and destinations.
         fetch: multipart part size and concurrency for ``s3://`` destinations.
         progress: show a tqdm bar on stderr.
 
     Returns:
-        A :class:`PackReport`; ``report.problems`` lists entries not packed (FIFOs, sockets,
-        devices, symlinks to directories, and with ``skip_unreadable`` unreadable files).
+        A :class:`PackReport`.
 
     Raises:
-        SourceNotFoundError, SourceError: ``source`` is missing, not a directory, or holds
-            no regular file.
-        UnreadableFileError: a file cannot be read (without ``skip_unreadable``).
-        MemberNameError: a file name cannot be a member name (not UTF-8, a line break, a
-            reserved extension, or two files of one sample with the same extension).
-        DestinationError: ``dest`` cannot be written, lies inside ``source``, or holds a
-            dataset and not ``overwrite``.
+        SourceNotFoundError, SourceError: ``source`` is missing, not a directory, or holds no file.
+        UnreadableFileError, MemberNameError: a bad input file with ``on_error="fail"``.
+        DestinationError: ``dest`` cannot be written, lies inside ``source``, holds a dataset
+            and not ``overwrite``, or holds an unfinished pack made with other settings.
         BucketNotFoundError, StorageAccessError, StorageConnectionError: S3 problems.
     """
+    from .assign import part_from_env
+
     started = time.perf_counter()
-    root = check_source(source)
+    on_error = OnError(on_error)
+    part = part or part_from_env() or Part(0, 1)
+    if overwrite and part.count > 1:
+        raise ValueError("--overwrite with several parts would let one part wipe another's work; "
+                         "empty DEST first, then run the parts")
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"{workers=} must be >= 1")
+    if shuffle_buffer < 1:
+        raise ValueError(f"{shuffle_buffer=} must be >= 1 (sample names)")
+    if not name or "/" in name:
+        raise ValueError(f"shard name prefix {name!r} must be a non-empty name without '/'")
+    if max_shard_bytes <= 0:
+        raise ValueError(f"{max_shard_bytes=} must be > 0")
+    if max_samples_per_shard is not None and max_samples_per_shard <= 0:
+        raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
+    source_url = os.fspath(source) if is_s3_url(os.fspath(source)) else check_source(source)
+    if files_from is not None and is_s3_url(source_url):
+        raise ValueError("--files-from takes a local SOURCE directory")
     store = open_store(dest, s3=s3, fetch=fetch)
-    writer = ShardWriter(store, name=name, max_shard_bytes=max_shard_bytes, max_samples_per_shard=max_samples_per_shard)
-    created_dir = None
-    if isinstance(store, LocalStore):
-        if store.root == Path(root) or Path(root) in store.root.parents:
+    if isinstance(store, LocalStore) and not is_s3_url(source_url):
+        if store.root == Path(source_url) or Path(source_url) in store.root.parents:
             raise DestinationError(
-                f"{store.root} is inside SOURCE {root}, so pack would pack its own shards; "
+                f"{store.root} is inside SOURCE {source_url}, so pack would pack its own shards; "
                 "pick a DEST outside SOURCE"
             )
-        created_dir = None if store.root.exists() else store.root
+    spec = PackSpec(
+        source=source_url, files_from=files_from is not None, name=name, max_shard_bytes=max_shard_bytes,
+        max_samples_per_shard=max_samples_per_shard, num_parts=part.count, workers=workers,
+        shuffle=shuffle, seed=seed,
+    )
     store.check_writable()
-    old_index = _take_existing_index(store, overwrite=overwrite)
-    problems: list[Problem] = []
+    if _prepare_state(store, spec, overwrite=overwrite):
+        index = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
+        totals = {"num_shards": index.num_shards, "num_samples": index.num_samples,
+                  "num_members": index.num_members, "bytes": index.total_bytes}
+        return PackReport(dest=store.url, index_url=store.url_of(INDEX_NAME), num_files=0, num_samples=0,
+                          num_shards=0, payload_bytes=0, resumed=True, seconds=time.perf_counter() - started,
+                          problems=(), dataset_totals=totals, already_complete=True)
 
-    def on_problem(problem: Problem) -> None:
-        if problem.kind is ProblemKind.UNREADABLE and not skip_unreadable:
-            raise UnreadableFileError(
-                f"{problem.path}: {problem.reason}; fix its permissions or remove it, or pass "
-                "--skip-unreadable to pack the rest"
-            )
-        problems.append(problem)
-        tqdm.write(f"not packed: {problem.path}: {problem.reason}", file=sys.stderr)
+    with _spooled_list(files_from) as list_path:
+        jobs = [
+            _StreamJob(spec=spec, stream=stream, dest=store.url, list_path=list_path, on_error=on_error,
+                       shuffle_buffer=shuffle_buffer, s3=s3, fetch=fetch)
+            for stream in spec.streams_of_part(part.index)
+        ]
+        results = _run_jobs(jobs, progress=progress)
 
-    num_files = payload_bytes = postfix_at = 0
-    bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr, mininterval=0.5)
-    try:
-        for sample in walk_samples(root, on_problem=on_problem):
-            members = _read_sample(sample, on_problem)
-            if not members:
-                continue
-            writer.write_sample(sample.key, members)
-            num_files += len(members)
-            payload_bytes += sum(len(p) for _, p in members)
-            bar.update(len(members))
-            if bar.n - postfix_at >= 256:
-                postfix_at = bar.n
-                bar.set_postfix_str(f"{payload_bytes / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.1f} MB/s", refresh=False)
-        shards = writer.close()
-        if not shards:
-            raise SourceError(f"{root}: holds no regular file to pack (check SOURCE)")
-        index = Index(shards=tuple(shards))
-        store.write_bytes(INDEX_NAME, index.to_json())
-    except BaseException:
-        writer.abort()
-        if old_index is not None:  # its index is gone already: leave no orphaned shards
-            for stale in old_index.shards:
-                store.delete(stale.name)
-        if created_dir is not None:
-            try:
-                created_dir.rmdir()  # only if empty
-            except OSError:
-                pass
-        raise
-    finally:
-        bar.close()
-    if old_index is not None:
-        written = {s.name for s in shards}
-        for stale in old_index.shards:
-            if stale.name not in written:
-                store.delete(stale.name)
+    problems = tuple(p for r in results for p in r.problems)
+    totals = None
+    if not unfinished_streams(store, spec):
+        totals, _ = merge(store, spec)
+        if totals["num_samples"] == 0:
+            for name_ in (INDEX_NAME, REPORT_NAME):
+                store.delete(name_)
+            raise SourceError(f"{source_url}: holds no file to pack (check SOURCE{' and --files-from' if files_from else ''})")
+        for name_ in store.list_names(f"{STATE_DIR}/s"):
+            store.delete(name_)
     return PackReport(
-        index_url=store.url_of(INDEX_NAME),
-        num_files=num_files,
-        num_samples=index.num_samples,
-        num_shards=index.num_shards,
-        payload_bytes=payload_bytes,
-        shard_bytes=index.total_bytes,
-        seconds=time.perf_counter() - started,
-        problems=tuple(problems),
+        dest=store.url, index_url=store.url_of(INDEX_NAME) if totals else None,
+        num_files=sum(r.num_files for r in results), num_samples=sum(r.num_samples for r in results),
+        num_shards=sum(r.num_shards for r in results), payload_bytes=sum(r.payload_bytes for r in results),
+        resumed=any(r.resumed for r in results), seconds=time.perf_counter() - started,
+        problems=problems, dataset_totals=totals,
     )
 
 
-def _take_existing_index(store: Store, *, overwrite: bool) -> Index | None:
-    """Refuse to pack over a dataset unless ``overwrite``; then delete its index (its shards
-    are about to be replaced, so it must not outlive them) and return it, if it parses."""
-    if not store.exists(INDEX_NAME):
-        return None
+def _prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
+    """Check what ``dest`` holds; wipe it for ``overwrite``; record ``spec``.
+
+    Returns:
+        True when ``dest`` already holds the finished result of this very pack.
+    """
+    old_spec = None
+    if store.exists(SPEC_NAME):
+        old_spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
+    has_index = store.exists(INDEX_NAME)
     if not overwrite:
-        raise DestinationError(
-            f"{store.url_of(INDEX_NAME)} exists: DEST already holds a dataset; pass --overwrite "
-            "to replace it, or pick another DEST"
-        )
-    try:
-        old = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
-    except IndexFormatError:
-        old = None
-    store.delete(INDEX_NAME)
-    return old
-
-
-def _read_sample(sample: Sample, on_problem: Callable[[Problem], None]) -> list[tuple[str, bytes]]:
-    """The sample's ``(member_name, payload)`` pairs; unreadable files go to ``on_problem``."""
-    members = []
-    paths_by_ext: dict[str, str] = {}
-    for file in sample.files:
-        check_member_name(file.member_name, where=file.path)
-        ext = split_key(file.member_name)[1]
-        if ext in paths_by_ext:  # "a" and "a." both give key "a", extension ""
-            raise MemberNameError(
-                f"{paths_by_ext[ext]!r} and {file.path!r} would both be extension {ext!r} of "
-                f"sample {sample.key!r}; rename one of them"
+        if old_spec == spec:
+            return has_index
+        if has_index or old_spec is not None:
+            what = "a dataset" if has_index else "an unfinished pack made with other settings"
+            raise DestinationError(
+                f"{store.url} already holds {what}; run the same command as before to finish it, "
+                "pass --overwrite to replace it, or pick another DEST"
             )
-        paths_by_ext[ext] = file.path
+    else:
+        _wipe(store, old_spec)
+    store.write_bytes(SPEC_NAME, spec.to_json())
+    return False
+
+
+def _wipe(store: Store, old_spec: PackSpec | None) -> None:
+    """Delete a dataset (index first, so it never outlives its shards) and any pack state."""
+    old_names: set[str] = set()
+    if store.exists(INDEX_NAME):
         try:
+            old_names = {s.name for s in Index.from_json(store.read_bytes(INDEX_NAME), url=store.url).shards}
+        except IndexFormatError:
+            pass
+        store.delete(INDEX_NAME)
+    for name in store.list_names(f"{STATE_DIR}/"):
+        if name != SPEC_NAME:
+            store.delete(name)
+    if old_spec is not None:
+        old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.stream_of_shard(n) is not None)
+        store.remove_partials(lambda n: old_spec.stream_of_shard(n) is not None)
+    for name in sorted(old_names) + [REPORT_NAME, SPEC_NAME]:
+        store.delete(name)
+
+
+class _spooled_list:
+    """``--files-from -``: copy standard input to a temporary file every worker can read."""
+
+    def __init__(self, files_from: str | os.PathLike[str] | None) -> None:
+        self.files_from = None if files_from is None else os.fspath(files_from)
+        self.tmp: str | None = None
+
+    def __enter__(self) -> str | None:
+        if self.files_from != "-":
+            return self.files_from
+        fd, self.tmp = tempfile.mkstemp(prefix="shardstream-files-from-")
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(sys.stdin.buffer, out)
+        return self.tmp
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tmp is not None:
+            os.unlink(self.tmp)
+
+
+def _run_jobs(jobs: list[_StreamJob], *, progress: bool) -> list[_StreamResult]:
+    """Run streams inline (one) or in spawned worker processes, driving one progress bar."""
+    bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr, mininterval=0.5)
+    payload = 0
+
+    def advance(files: int, nbytes: int) -> None:
+        nonlocal payload
+        payload += nbytes
+        bar.update(files)
+        bar.set_postfix_str(f"{payload / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.1f} MB/s", refresh=False)
+
+    try:
+        if len(jobs) == 1:
+            return [_run_stream(jobs[0], advance)]
+        context = multiprocessing.get_context("spawn")
+        messages = context.Queue()
+        processes = [context.Process(target=_stream_process, args=(job, messages), daemon=True) for job in jobs]
+        for process in processes:
+            process.start()
+        results: dict[int, _StreamResult] = {}
+        error: BaseException | None = None
+        while len(results) < len(jobs) and error is None:
+            try:
+                kind, stream, value = messages.get(timeout=0.5)
+            except queue.Empty:
+                dead = [j.stream for j, p in zip(jobs, processes) if p.exitcode not in (None, 0) and j.stream not in results]
+                if dead:
+                    error = ShardstreamError(f"pack worker for stream {dead[0]} died; run the same command again to resume")
+                continue
+            if kind == "progress":
+                advance(*value)
+            elif kind == "done":
+                results[stream] = value
+            else:
+                error = value
+        if error is not None:
+            for process in processes:
+                process.kill()
+            raise error
+        for process in processes:
+            process.join()
+        return [results[job.stream] for job in jobs]
+    finally:
+        bar.close()
+
+
+def _stream_process(job: _StreamJob, messages: Any) -> None:
+    _die_with_parent()
+    pending = [0, 0, time.monotonic()]
+
+    def advance(files: int, nbytes: int) -> None:
+        pending[0] += files
+        pending[1] += nbytes
+        if time.monotonic() - pending[2] > 0.2:
+            messages.put(("progress", job.stream, (pending[0], pending[1])))
+            pending[:] = [0, 0, time.monotonic()]
+
+    try:
+        result = _run_stream(job, advance)
+        messages.put(("progress", job.stream, (pending[0], pending[1])))
+        messages.put(("done", job.stream, result))
+    except BaseException as exc:  # handed to the parent, raised there
+        messages.put(("error", job.stream, exc if isinstance(exc, ShardstreamError) else ShardstreamError(f"stream {job.stream}: {exc!r}")))
+
+
+def _die_with_parent() -> None:
+    """A worker must not outlive a killed pack (a rerun would race with it)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _StreamResult:
+    """Pack one stream, resuming after its last record."""
+    spec, stream = job.spec, job.stream
+    store = open_store(job.dest, s3=job.s3, fetch=job.fetch)
+    state = read_stream_state(store, stream)
+    result = _StreamResult(resumed=state.num_shards > 0 or state.done is not None)
+    if state.done is not None:
+        return result
+    store.remove_partials(lambda name: spec.stream_of_shard(name) == stream)
+    walk_problems: list[Problem] = []
+
+    def on_walk_problem(problem: Problem) -> None:
+        _check(problem, job.on_error)
+        if stream == 0:  # every stream walks the whole source; one reports what it found
+            walk_problems.append(problem)
+
+    source_store, samples = _source_samples(job, on_walk_problem)
+    mine: Iterator[Sample] = itertools.islice(samples, stream, None, spec.num_streams)
+    if spec.shuffle:
+        mine = shuffle_buffer(mine, capacity_samples=job.shuffle_buffer, rng=random.Random(f"{spec.seed}/{stream}"))
+    mine = itertools.islice(mine, state.consumed, None)
+    pending: list[Problem] = []
+    consumed = state.consumed
+
+    def on_commit(entry: Any) -> None:
+        record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, shard=entry, problems=tuple(pending))
+        store.write_bytes(StreamRecord.name(stream, record.seq), record.to_json())
+        pending.clear()
+        result.num_shards += 1
+
+    writer = ShardWriter(store, shard_names=lambda seq: spec.shard_name(stream, seq), max_shard_bytes=spec.max_shard_bytes,
+                         max_samples_per_shard=spec.max_samples_per_shard, first_seq=state.num_shards, on_commit=on_commit)
+    try:
+        for sample, members, problems in _read_ahead(mine, source_store):
+            if members:
+                writer.write_sample(sample.key, members)
+                size = sum(len(p) for _, p in members)
+                result.num_files += len(members)
+                result.num_samples += 1
+                result.payload_bytes += size
+                advance(len(members), size)
+            for problem in problems:
+                _check(problem, job.on_error)
+            pending.extend(problems)
+            result.problems.extend(problems)
+            consumed += 1
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    done = StreamRecord(stream=stream, seq=writer.seq, consumed=consumed, shard=None,
+                        problems=tuple(pending + walk_problems))
+    store.write_bytes(StreamRecord.name(stream, None), done.to_json())
+    result.problems.extend(walk_problems)
+    return result
+
+
+def _check(problem: Problem, on_error: OnError) -> None:
+    """Raise for a problem that stops the pack under ``on_error="fail"``."""
+    if problem.packed or on_error is OnError.SKIP:
+        return
+    cls = MemberNameError if problem.kind in (ProblemKind.BAD_NAME, ProblemKind.COLLISION) else UnreadableFileError
+    raise cls(f"{problem.path!r}: {problem.reason}; fix it and run the same command again to resume, "
+              "or pass --on-error skip to pack the rest and report it")
+
+
+def _source_samples(job: _StreamJob, on_problem: Callable[[Problem], None]) -> tuple[Store | None, Iterator[Sample]]:
+    spec = job.spec
+    if is_s3_url(spec.source):
+        source_store = open_store(spec.source, s3=job.s3)
+        return source_store, iter_s3_samples(source_store, on_problem=on_problem)
+    if job.list_path is not None:
+        return None, iter_list_samples(spec.source, job.list_path, on_problem=on_problem)
+    return None, walk_samples(spec.source, on_problem=on_problem)
+
+
+def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | None, Problem | None]:
+    try:
+        if source_store is not None:
+            data = source_store.read_bytes(file.path[len(source_store.url) + 1 :])
+        else:
             with open(file.path, "rb") as f:
-                payload = f.read()
-        except OSError as exc:
-            on_problem(Problem(file.path, ProblemKind.UNREADABLE, f"cannot read: {exc.strerror or exc}"))
-            continue
-        if len(payload) != file.size:
-            on_problem(
-                Problem(file.path, ProblemKind.UNREADABLE, f"changed size while packing ({file.size} -> {len(payload)} bytes)")
-            )
-            continue
-        members.append((file.member_name, payload))
-    return members
+                data = f.read()
+    except (FileNotFoundError, ShardNotFoundError):
+        return None, Problem(file.path, ProblemKind.VANISHED, "vanished before it was read")
+    except OSError as exc:
+        return None, Problem(file.path, ProblemKind.UNREADABLE, f"cannot read: {exc.strerror or exc}")
+    if len(data) != file.size:
+        return None, Problem(file.path, ProblemKind.CHANGED, f"changed size while packing ({file.size} -> {len(data)} bytes)")
+    return data, None
+
+
+def _read_sample(sample: Sample, source_store: Store | None) -> tuple[list[tuple[str, bytes]], list[Problem]]:
+    members, problems = [], []
+    for file in sample.files:
+        data, problem = _read_file(file, source_store)
+        if problem is not None:
+            problems.append(problem)
+        else:
+            members.append((file.member_name, data))
+    return members, problems
+
+
+def _read_ahead(
+    samples: Iterator[Sample], source_store: Store | None, *, max_inflight_bytes: int = 64 << 20
+) -> Iterator[tuple[Sample, list[tuple[str, bytes]], list[Problem]]]:
+    """Read samples' files on a thread pool, ahead of the writer, in order; at most
+    ``max_inflight_bytes`` of file data (by listed size) are read ahead."""
+    threads = 32 if source_store is not None else 4
+    ahead: collections.deque[tuple[Sample, int, concurrent.futures.Future[Any]]] = collections.deque()
+    inflight = 0
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-read") as pool:
+        try:
+            for sample in samples:
+                size = sum(f.size for f in sample.files)
+                ahead.append((sample, size, pool.submit(_read_sample, sample, source_store)))
+                inflight += size
+                while ahead and (inflight > max_inflight_bytes or len(ahead) > 4 * threads):
+                    done, done_size, future = ahead.popleft()
+                    inflight -= done_size
+                    yield (done, *future.result())
+            while ahead:
+                done, _, future = ahead.popleft()
+                yield (done, *future.result())
+        finally:
+            for _, _, future in ahead:
+                future.cancel()

@@ -13,7 +13,7 @@ from typing import Protocol
 from .errors import CorruptShardError
 from .format import BLOCK_BYTES, RESERVED_FIELDS, padded_size, split_key
 
-__all__ = ["ReadStream", "iter_members", "iter_samples"]
+__all__ = ["ReadStream", "iter_members", "iter_members_at", "iter_samples"]
 
 _FILE_TYPES = frozenset({b"0", b"\0", b"7"})
 
@@ -55,6 +55,17 @@ def _pax_records(data: bytes, *, url: str, offset: int) -> dict[str, str]:
 
 def iter_members(stream: ReadStream, *, url: str) -> Iterator[tuple[str, bytes]]:
     """Yield ``(member_name, payload)`` for each regular file in a tar stream, in order.
+
+    Raises:
+        CorruptShardError: as :func:`iter_members_at`.
+    """
+    for name, _, payload in iter_members_at(stream, url=url):
+        yield name, payload
+
+
+def iter_members_at(stream: ReadStream, *, url: str) -> Iterator[tuple[str, int, bytes]]:
+    """Yield ``(member_name, payload_offset, payload)`` for each regular file, in order;
+    ``payload_offset`` is the byte where the payload starts in the tar stream.
 
     Args:
         stream: the shard's bytes, read front to back.
@@ -113,7 +124,7 @@ def iter_members(stream: ReadStream, *, url: str) -> Iterator[tuple[str, bytes]]
                     f"{url}: member {name!r} ends early (expected {size} bytes from byte "
                     f"{data_offset}); the shard is truncated, re-pack or re-upload it"
                 )
-            yield name, payload
+            yield name, data_offset, payload
             continue
         body = stream.read(padded_size(size))
         if len(body) < padded_size(size):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .format import END_OF_ARCHIVE, member_header, padded_size
 from .index import MemberEntry, SampleEntry, ShardEntry
@@ -18,41 +18,52 @@ def shard_name(name: str, number: int) -> str:
 
 
 class ShardWriter:
-    """Writes samples into ``<name>-NNNNNN.tar`` shards of a store.
+    """Writes samples into tar shards of a store, publishing each when it is complete.
 
     A shard is closed before a sample that would push it past ``max_shard_bytes`` (headers,
     padding and the end-of-archive blocks included) or past ``max_samples_per_shard``; so a
     shard exceeds ``max_shard_bytes`` only when it holds a single sample that alone does.
-    Each shard is published (renamed / upload completed) only when it is complete.
 
     Args:
         store: where shards go.
-        name: shard name prefix.
+        shard_names: the name of the shard with sequence number ``seq`` (0, 1, ...).
         max_shard_bytes: size limit of one shard file, in bytes (> 0).
         max_samples_per_shard: sample limit of one shard (> 0), or None for no limit.
+        first_seq: sequence number of the first shard (> 0 when resuming).
+        on_commit: called with each shard's index entry right after it is published.
     """
 
     def __init__(
-        self, store: Store, *, name: str, max_shard_bytes: int, max_samples_per_shard: int | None = None
+        self,
+        store: Store,
+        *,
+        shard_names: Callable[[int], str],
+        max_shard_bytes: int,
+        max_samples_per_shard: int | None = None,
+        first_seq: int = 0,
+        on_commit: Callable[[ShardEntry], None] | None = None,
     ) -> None:
         if max_shard_bytes <= 0:
             raise ValueError(f"{max_shard_bytes=} must be > 0")
         if max_samples_per_shard is not None and max_samples_per_shard <= 0:
             raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
-        if not name or "/" in name:
-            raise ValueError(f"shard name prefix {name!r} must be a non-empty name without '/'")
         self.store = store
-        self.name = name
+        self.shard_names = shard_names
         self.max_shard_bytes = max_shard_bytes
         self.max_samples_per_shard = max_samples_per_shard
-        self.shards: list[ShardEntry] = []
+        self.seq = first_seq
+        self.on_commit = on_commit
         self._sink: ShardSink | None = None
         self._hash = hashlib.sha256()
         self._bytes = 0
         self._samples: list[SampleEntry] = []
 
     def write_sample(self, key: str, members: Sequence[tuple[str, bytes]]) -> None:
-        """Append one sample: ``members`` are ``(member_name, payload)`` sorted by name."""
+        """Append one sample: ``members`` are ``(member_name, payload)`` sorted by name.
+
+        May first publish the shard in progress (calling ``on_commit``) if the sample does
+        not fit in it.
+        """
         headers = [member_header(member_name, len(payload)) for member_name, payload in members]
         size = sum(len(h) + padded_size(len(p)) for h, (_, p) in zip(headers, members))
         if self._sink is not None and (
@@ -61,7 +72,7 @@ class ShardWriter:
         ):
             self._finish_shard()
         if self._sink is None:
-            self._sink = self.store.open_writer(shard_name(self.name, len(self.shards)))
+            self._sink = self.store.open_writer(self.shard_names(self.seq))
         entries = []
         for header, (member_name, payload) in zip(headers, members):
             self._write(header)
@@ -72,20 +83,16 @@ class ShardWriter:
                 self._write(bytes(pad))
         self._samples.append(SampleEntry(key, tuple(entries)))
 
-    def close(self) -> list[ShardEntry]:
-        """Publish the last shard; returns every shard written, in order."""
+    def close(self) -> None:
+        """Publish the shard in progress, if any."""
         if self._sink is not None:
             self._finish_shard()
-        return self.shards
 
     def abort(self) -> None:
-        """Drop the shard in progress and delete the shards this writer published."""
+        """Drop the shard in progress (published shards stay)."""
         if self._sink is not None:
             self._sink.abort()
             self._sink = None
-        for shard in self.shards:
-            self.store.delete(shard.name)
-        self.shards = []
 
     def _write(self, data: bytes) -> None:
         assert self._sink is not None  # internal: write_sample opened it
@@ -97,15 +104,16 @@ class ShardWriter:
         self._write(END_OF_ARCHIVE)
         assert self._sink is not None
         self._sink.commit()
-        self.shards.append(
-            ShardEntry(
-                name=shard_name(self.name, len(self.shards)),
-                bytes=self._bytes,
-                sha256=self._hash.hexdigest(),
-                samples=tuple(self._samples),
-            )
+        entry = ShardEntry(
+            name=self.shard_names(self.seq),
+            bytes=self._bytes,
+            sha256=self._hash.hexdigest(),
+            samples=tuple(self._samples),
         )
         self._sink = None
         self._hash = hashlib.sha256()
         self._bytes = 0
         self._samples = []
+        self.seq += 1
+        if self.on_commit is not None:
+            self.on_commit(entry)

@@ -50,7 +50,8 @@ def test_pack_to_s3_and_read_back_byte_for_byte(stdlib_tree, s3_bucket, s3_confi
     pack(stdlib_tree, tmp_path, max_shard_bytes=256 << 10, progress=False)
     store = open_store(url, s3=s3_config)
     for path in tmp_path.iterdir():
-        assert store.read_bytes(path.name) == path.read_bytes(), path.name
+        if path.is_file():
+            assert store.read_bytes(path.name) == path.read_bytes(), path.name
 
 
 def test_shards_are_uploaded_with_multipart_upload(stdlib_tree, s3_bucket, s3_config):

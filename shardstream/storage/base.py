@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 __all__ = ["ShardSink", "Store", "is_s3_url", "join_url", "split_url"]
@@ -43,6 +44,12 @@ class Store(Protocol):
     def delete(self, name: str) -> None: ...
 
     def open_writer(self, name: str) -> ShardSink: ...
+
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Sorted names starting with ``prefix``."""
+
+    def remove_partials(self, is_mine: Callable[[str], bool]) -> int:
+        """Drop what killed writers of the names ``is_mine`` accepts left behind; returns a count."""
 
 
 def is_s3_url(url: str) -> bool:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import DestinationError, ShardNotFoundError
 
 __all__ = ["LocalStore"]
+
+_PARTIAL = ".partial-"
 
 
 class LocalStore:
@@ -79,8 +82,31 @@ class LocalStore:
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
 
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Sorted names of the files under ``prefix`` (``"dir/"`` lists that subdirectory)."""
+        folder, _, start = prefix.rpartition("/")
+        base = self.root / folder if folder else self.root
+        try:
+            entries = [e.name for e in os.scandir(base) if e.is_file() and e.name.startswith(start)]
+        except FileNotFoundError:
+            return []
+        return sorted(f"{folder}/{e}" if folder else e for e in entries)
+
+    def remove_partials(self, is_mine: Callable[[str], bool]) -> int:
+        """Delete temporary files left by killed writers of the names ``is_mine`` accepts."""
+        removed = 0
+        for entry in os.scandir(self.root):
+            name, marker, _ = entry.name[1:].rpartition(_PARTIAL)
+            if entry.name.startswith(".") and marker and is_mine(name):
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+        return removed
+
     def open_writer(self, name: str) -> _LocalSink:
-        return _LocalSink(self.root / name)
+        path = self.root / name
+        if path.parent != self.root:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return _LocalSink(path)
 
 
 class _LocalSink:
@@ -88,7 +114,7 @@ class _LocalSink:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.tmp_path = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        self.tmp_path = path.with_name(f".{path.name}{_PARTIAL}{os.getpid()}")
         try:
             self._file: BinaryIO | None = open(self.tmp_path, "wb")
         except OSError as exc:

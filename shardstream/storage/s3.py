@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from ..config import FetchConfig, S3Config
@@ -236,6 +236,64 @@ class S3Store:
 
     def open_writer(self, name: str) -> _S3Sink:
         return _S3Sink(self, name)
+
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Sorted names of the objects whose name starts with ``prefix``, page by page."""
+        root = self.key_of("")
+
+        async def list_all() -> list[str]:
+            names: list[str] = []
+            token: dict[str, str] = {}
+            while True:
+                page = await self.call(
+                    "list_objects_v2", url=self.url, not_found=BucketNotFoundError,
+                    Bucket=self.bucket, Prefix=root + prefix, **token,
+                )
+                names.extend(obj["Key"][len(root):] for obj in page.get("Contents", []))
+                if not page.get("IsTruncated"):
+                    return sorted(names)
+                token = {"ContinuationToken": page["NextContinuationToken"]}
+
+        return loop.run(list_all())
+
+    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
+        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
+        ``(name, size_bytes, is_dir)`` with names relative to this store's prefix."""
+        root = self.key_of("")
+        token: dict[str, str] = {}
+        while True:
+            page = loop.run(self.call(
+                "list_objects_v2", url=self.url_of(prefix), not_found=BucketNotFoundError,
+                Bucket=self.bucket, Prefix=root + prefix, Delimiter="/", **token,
+            ))
+            for common in page.get("CommonPrefixes", []):
+                yield common["Prefix"][len(root):], 0, True
+            for obj in page.get("Contents", []):
+                yield obj["Key"][len(root):], obj["Size"], False
+            if not page.get("IsTruncated"):
+                return
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def remove_partials(self, is_mine: Callable[[str], bool]) -> int:
+        """Abort unfinished multipart uploads (left by killed writers) of names ``is_mine`` accepts."""
+        root = self.key_of("")
+
+        async def abort_all() -> int:
+            page = await self.call(
+                "list_multipart_uploads", url=self.url, not_found=BucketNotFoundError,
+                Bucket=self.bucket, Prefix=root,
+            )
+            aborted = 0
+            for upload in page.get("Uploads", []):
+                if is_mine(upload["Key"][len(root):]):
+                    await self.call(
+                        "abort_multipart_upload", url=self.url, Bucket=self.bucket,
+                        Key=upload["Key"], UploadId=upload["UploadId"],
+                    )
+                    aborted += 1
+            return aborted
+
+        return loop.run(abort_all())
 
     async def iter_chunks(self, name: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         """The object's bytes in order, in chunks of ``chunk_bytes`` (the last may be shorter).

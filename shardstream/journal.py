@@ -1,0 +1,212 @@
+"""The pack journal: what makes `pack` resumable, parallel and splittable across machines.
+
+A pack divides its input into ``num_streams = num_parts * workers`` *streams*: sample number
+``k`` of the source (in its deterministic order) belongs to stream ``k % num_streams``;
+stream ``s`` belongs to part ``s % num_parts`` and is written by one worker process. Stream
+``s`` writes shards ``seq = 0, 1, ...`` named by the global number ``seq * num_streams + s``,
+so names never clash and one stream writes what it wrote before.
+
+State lives in ``DEST/.shardstream/``:
+
+- ``pack.json``: the :class:`PackSpec`; a resumed or parallel part must use the same one;
+- ``sSSSSS-QQQQQQQ.json``: written right after shard ``QQQQQQQ`` of stream ``SSSSS`` is
+  published: its index entry, how many source samples the stream had consumed by then, and
+  the problems met among those samples;
+- ``sSSSSS-done.json``: the stream finished, with its remaining problems.
+
+A killed stream resumes after its last record: it skips the samples it had consumed (without
+reading them) and writes the next shard number; the shard that was in progress is written
+again, so no work beyond it is redone. When every stream is done, :func:`merge` writes
+``index.json`` (and ``pack-report.jsonl`` listing each problem), one shard at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import DestinationError, IndexFormatError
+from .index import INDEX_NAME, ShardEntry, shard_from_json, shard_to_json, write_index
+from .sources import Problem
+from .storage import Store
+
+__all__ = ["PackSpec", "StreamRecord", "merge", "read_stream_state"]
+
+STATE_DIR = ".shardstream"
+SPEC_NAME = f"{STATE_DIR}/pack.json"
+REPORT_NAME = "pack-report.jsonl"
+_RECORD = re.compile(r"^\.shardstream/s(\d{5})-(\d{7}|done)\.json$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackSpec:
+    """Everything that decides which samples go into which shard. Sizes are bytes."""
+
+    source: str
+    files_from: bool
+    name: str
+    max_shard_bytes: int
+    max_samples_per_shard: int | None
+    num_parts: int
+    workers: int
+    shuffle: bool
+    seed: int
+
+    @property
+    def num_streams(self) -> int:
+        return self.num_parts * self.workers
+
+    def streams_of_part(self, part: int) -> list[int]:
+        return list(range(part, self.num_streams, self.num_parts))
+
+    def shard_name(self, stream: int, seq: int) -> str:
+        return f"{self.name}-{seq * self.num_streams + stream:06d}.tar"
+
+    def stream_of_shard(self, name: str) -> int | None:
+        """The stream that writes shard ``name``, or None if it is not one of this pack's."""
+        match = re.fullmatch(re.escape(self.name) + r"-(\d{6,})\.tar", name)
+        return int(match.group(1)) % self.num_streams if match else None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, url: str) -> PackSpec:
+        try:
+            doc = json.loads(data)
+            doc.pop("version")
+            return cls(**doc)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise IndexFormatError(f"{url}: unreadable pack state ({exc!r}); pack again with --overwrite") from exc
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamRecord:
+    """What a stream recorded after publishing one shard (or, with ``shard=None``, when done)."""
+
+    stream: int
+    seq: int
+    consumed: int
+    shard: ShardEntry | None
+    problems: tuple[Problem, ...]
+
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {
+            "stream": self.stream,
+            "seq": self.seq,
+            "consumed": self.consumed,
+            "problems": [p.to_json() for p in self.problems],
+        }
+        if self.shard is not None:
+            doc["shard"] = shard_to_json(self.shard)
+        return json.dumps(doc).encode()  # ASCII: problem paths may hold undecodable bytes
+
+    @classmethod
+    def from_json(cls, data: bytes) -> StreamRecord:
+        doc = json.loads(data)
+        return cls(
+            stream=doc["stream"],
+            seq=doc["seq"],
+            consumed=doc["consumed"],
+            shard=shard_from_json(doc["shard"]) if "shard" in doc else None,
+            problems=tuple(Problem.from_json(p) for p in doc["problems"]),
+        )
+
+    @staticmethod
+    def name(stream: int, seq: int | None) -> str:
+        """Record name; ``seq=None`` names the stream's done marker."""
+        return f"{STATE_DIR}/s{stream:05d}-{'done' if seq is None else f'{seq:07d}'}.json"
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Where a stream stands: shards published, samples consumed, and whether it is done."""
+
+    num_shards: int
+    consumed: int
+    done: StreamRecord | None
+
+
+def _record_names(store: Store) -> dict[int, tuple[list[int], bool]]:
+    """Per stream: the sequence numbers recorded and whether it is done."""
+    streams: dict[int, tuple[list[int], bool]] = {}
+    for name in store.list_names(f"{STATE_DIR}/s"):
+        match = _RECORD.match(name)
+        if match:
+            seqs, done = streams.get(int(match.group(1)), ([], False))
+            if match.group(2) == "done":
+                done = True
+            else:
+                seqs.append(int(match.group(2)))
+            streams[int(match.group(1))] = (seqs, done)
+    return streams
+
+
+def read_stream_state(store: Store, stream: int) -> StreamState:
+    """Read where ``stream`` stopped (reads only its last record).
+
+    Raises:
+        DestinationError: its records have a gap (the state was edited or damaged).
+    """
+    seqs, done = _record_names(store).get(stream, ([], False))
+    if seqs != list(range(len(seqs))):
+        raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
+    if done:
+        record = StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, None)))
+        return StreamState(len(seqs), record.consumed, record)
+    if not seqs:
+        return StreamState(0, 0, None)
+    last = StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, seqs[-1])))
+    return StreamState(len(seqs), last.consumed, None)
+
+
+def unfinished_streams(store: Store, spec: PackSpec) -> list[int]:
+    names = _record_names(store)
+    return [s for s in range(spec.num_streams) if not names.get(s, ([], False))[1]]
+
+
+def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
+    """Write ``index.json`` and ``pack-report.jsonl`` from the records of a finished pack.
+
+    Shards are listed by global number; one record is held in memory at a time.
+
+    Returns:
+        The index totals, and every problem recorded.
+
+    Raises:
+        DestinationError: some streams (hence parts) have not finished.
+    """
+    names = _record_names(store)
+    missing = unfinished_streams(store, spec)
+    if missing:
+        parts = sorted({s % spec.num_parts for s in missing})
+        raise DestinationError(
+            f"{store.url}: cannot write the index yet, parts {parts} of {spec.num_parts} have not "
+            "finished; run them (the same command with --part I/N), then `shardstream index merge`"
+        )
+    problems: list[Problem] = []
+    seqs_of = {s: len(names[s][0]) for s in range(spec.num_streams)}
+
+    def shards() -> Iterator[ShardEntry]:
+        for seq in range(max(seqs_of.values(), default=0)):
+            for stream in range(spec.num_streams):
+                if seq < seqs_of[stream]:
+                    record = StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, seq)))
+                    problems.extend(record.problems)
+                    assert record.shard is not None  # internal: shard records carry one
+                    yield record.shard
+
+    sink = store.open_writer(INDEX_NAME)
+    try:
+        totals = write_index(sink.write, shards())
+        for stream in range(spec.num_streams):
+            problems.extend(StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, None))).problems)
+        report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
+        store.write_bytes(REPORT_NAME, report)
+        sink.commit()
+    finally:
+        sink.abort()
+    return totals, problems
