@@ -17,7 +17,8 @@ State lives in ``DEST/.shardstream/``:
 A killed stream resumes after its last record: it skips the samples it had consumed (without
 reading them) and writes the next shard number; the shard that was in progress is written
 again, so no work beyond it is redone. When every stream is done, :func:`merge` writes
-``index.json`` (and ``pack-report.jsonl`` listing each problem), one shard at a time.
+``index.json`` (and ``pack-report.jsonl`` listing each problem), one shard at a time. The
+records stay, so ``shardstream index merge`` can be run again; ``--overwrite`` clears them.
 """
 
 from __future__ import annotations

@@ -264,8 +264,6 @@ def pack(
             for name_ in (INDEX_NAME, REPORT_NAME):
                 store.delete(name_)
             raise SourceError(f"{source_url}: holds no file to pack (check SOURCE{' and --files-from' if files_from else ''})")
-        for name_ in store.list_names(f"{STATE_DIR}/s"):
-            store.delete(name_)
     return PackReport(
         dest=store.url, index_url=store.url_of(INDEX_NAME) if totals else None,
         num_files=sum(r.num_files for r in results), num_samples=sum(r.num_samples for r in results),

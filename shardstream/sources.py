@@ -263,5 +263,5 @@ def _s3_dir(store, rel: str, on_problem: OnProblem) -> Iterator[Sample]:
         elif not name.endswith("/"):  # "folder" marker objects hold no file
             files.append(SourceFile(name, store.url_of(name), size))
     yield from _samples(files, on_problem)
-    for name in sorted(subdirs):
+    for name in sorted(subdirs, key=lambda n: n.rstrip("/")):  # the local walk's order
         yield from _s3_dir(store, name, on_problem)
