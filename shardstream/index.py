@@ -34,9 +34,11 @@ from typing import Any
 from .errors import IndexFormatError
 
 __all__ = [
-    "write_index",
+    "ShardJson",
+    "sample_json",
     "shard_from_json",
-    "shard_to_json",
+    "shard_json_head",
+    "write_index",
     "INDEX_FORMAT",
     "INDEX_NAME",
     "INDEX_VERSION",
@@ -107,7 +109,15 @@ class Index:
     def to_json(self) -> bytes:
         """The index as UTF-8 JSON bytes (deterministic: no timestamps, fixed key order)."""
         out = io.BytesIO()
-        write_index(out.write, self.shards)
+        write_index(out.write, (
+            ShardJson(
+                shard_json_head(name=s.name, bytes_=s.bytes, num_samples=s.num_samples, sha256=s.sha256)
+                + b",".join(sample_json(x.key, ((m.name, m.offset, m.size) for m in x.members)) for x in s.samples)
+                + b"]}",
+                s.num_samples, sum(len(x.members) for x in s.samples), s.bytes,
+            )
+            for s in self.shards
+        ))
         return out.getvalue()
 
     @classmethod
@@ -150,22 +160,20 @@ class Index:
         return index
 
 
-def shard_to_json(shard: ShardEntry) -> dict[str, Any]:
-    """One shard's entry as the JSON object of the index."""
-    return {
-        "name": shard.name,
-        "bytes": shard.bytes,
-        "num_samples": shard.num_samples,
-        "sha256": shard.sha256,
-        "samples": [
-            {"key": x.key, "members": [{"name": m.name, "offset": m.offset, "size": m.size} for m in x.members]}
-            for x in shard.samples
-        ],
-    }
+def sample_json(key: str, members: Iterable[tuple[str, int, int]]) -> bytes:
+    """One sample's index entry as JSON bytes; members are ``(name, offset, size)``."""
+    return _dumps({"key": key, "members": [{"name": n, "offset": o, "size": z} for n, o, z in members]})
+
+
+def shard_json_head(*, name: str, bytes_: int, num_samples: int, sha256: str) -> bytes:
+    """A shard entry's JSON up to the opening ``[`` of its samples (the same key order as
+    :meth:`Index.to_json`); the samples and ``"]}"`` follow."""
+    head = _dumps({"name": name, "bytes": bytes_, "num_samples": num_samples, "sha256": sha256, "samples": []})
+    return head[: -len(b"]}")]
 
 
 def shard_from_json(doc: dict[str, Any]) -> ShardEntry:
-    """Inverse of :func:`shard_to_json`.
+    """A shard entry from its index JSON object.
 
     Raises:
         KeyError, TypeError, ValueError: a field is missing or mistyped.
@@ -173,12 +181,22 @@ def shard_from_json(doc: dict[str, Any]) -> ShardEntry:
     return _shard(doc)
 
 
-def write_index(write: Callable[[bytes], Any], shards: Iterable[ShardEntry]) -> dict[str, int]:
+@dataclass(frozen=True)
+class ShardJson:
+    """A shard entry as the JSON text of the index, with the counts the totals need."""
+
+    text: bytes
+    num_samples: int
+    num_members: int
+    bytes: int
+
+
+def write_index(write: Callable[[bytes], Any], shards: Iterable[ShardJson]) -> dict[str, int]:
     """Write an index shard by shard, holding one shard's entry in memory at a time.
 
     Args:
         write: receives the UTF-8 JSON bytes in pieces.
-        shards: the shards in dataset order.
+        shards: the shards' entries in dataset order.
 
     Returns:
         The totals written.
@@ -186,10 +204,10 @@ def write_index(write: Callable[[bytes], Any], shards: Iterable[ShardEntry]) -> 
     totals = {"num_shards": 0, "num_samples": 0, "num_members": 0, "bytes": 0}
     write(f'{{"format":"{INDEX_FORMAT}","version":{INDEX_VERSION},"shards":['.encode())
     for shard in shards:
-        write((b"," if totals["num_shards"] else b"") + _dumps(shard_to_json(shard)))
+        write((b"," if totals["num_shards"] else b"") + shard.text)
         totals["num_shards"] += 1
         totals["num_samples"] += shard.num_samples
-        totals["num_members"] += sum(len(x.members) for x in shard.samples)
+        totals["num_members"] += shard.num_members
         totals["bytes"] += shard.bytes
     write(b'],"totals":' + _dumps(totals) + b"}")
     return totals

@@ -30,11 +30,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import DestinationError, IndexFormatError
-from .index import INDEX_NAME, ShardEntry, shard_from_json, shard_to_json, write_index
+from .index import INDEX_NAME, ShardJson, shard_json_head, write_index
 from .sources import Problem
 from .storage import Store
+from .writer import PublishedShard
 
-__all__ = ["PackSpec", "StreamRecord", "merge", "read_stream_state"]
+__all__ = ["PackSpec", "StreamRecord", "merge", "read_stream_state", "write_shard_record"]
 
 STATE_DIR = ".shardstream"
 SPEC_NAME = f"{STATE_DIR}/pack.json"
@@ -86,40 +87,56 @@ class PackSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class StreamRecord:
-    """What a stream recorded after publishing one shard (or, with ``shard=None``, when done)."""
+    """What a stream recorded after publishing one shard (or, with ``shard=None``, when done).
+
+    Stored as one JSON line (this header) followed, for shard records, by the shard's index
+    entry exactly as it goes into ``index.json``, so merging copies it without parsing.
+    """
 
     stream: int
     seq: int
     consumed: int
-    shard: ShardEntry | None
     problems: tuple[Problem, ...]
+    shard: dict[str, Any] | None = None  # name, bytes, num_samples, num_members
 
-    def to_json(self) -> bytes:
+    def header(self) -> bytes:
         doc: dict[str, Any] = {
             "stream": self.stream,
             "seq": self.seq,
             "consumed": self.consumed,
             "problems": [p.to_json() for p in self.problems],
+            "shard": self.shard,
         }
-        if self.shard is not None:
-            doc["shard"] = shard_to_json(self.shard)
-        return json.dumps(doc).encode()  # ASCII: problem paths may hold undecodable bytes
+        return json.dumps(doc).encode() + b"\n"  # ASCII: problem paths may hold undecodable bytes
 
     @classmethod
-    def from_json(cls, data: bytes) -> StreamRecord:
-        doc = json.loads(data)
-        return cls(
-            stream=doc["stream"],
-            seq=doc["seq"],
-            consumed=doc["consumed"],
-            shard=shard_from_json(doc["shard"]) if "shard" in doc else None,
-            problems=tuple(Problem.from_json(p) for p in doc["problems"]),
-        )
+    def parse(cls, data: bytes) -> tuple[StreamRecord, bytes]:
+        """The record and the shard entry's JSON text (empty for a done marker)."""
+        head, _, text = data.partition(b"\n")
+        doc = json.loads(head)
+        record = cls(stream=doc["stream"], seq=doc["seq"], consumed=doc["consumed"], shard=doc["shard"],
+                     problems=tuple(Problem.from_json(p) for p in doc["problems"]))
+        return record, text
 
     @staticmethod
     def name(stream: int, seq: int | None) -> str:
         """Record name; ``seq=None`` names the stream's done marker."""
         return f"{STATE_DIR}/s{stream:05d}-{'done' if seq is None else f'{seq:07d}'}.json"
+
+
+def write_shard_record(store: Store, record: StreamRecord, published: PublishedShard) -> None:
+    """Store ``record`` with the published shard's entry, streamed from its spool file."""
+    sink = store.open_writer(StreamRecord.name(record.stream, record.seq))
+    try:
+        sink.write(record.header())
+        sink.write(shard_json_head(name=published.name, bytes_=published.bytes,
+                                   num_samples=published.num_samples, sha256=published.sha256))
+        while chunk := published.samples_json.read(1 << 20):
+            sink.write(chunk)
+        sink.write(b"]}")
+        sink.commit()
+    finally:
+        sink.abort()
 
 
 @dataclass(frozen=True)
@@ -156,11 +173,11 @@ def read_stream_state(store: Store, stream: int) -> StreamState:
     if seqs != list(range(len(seqs))):
         raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
     if done:
-        record = StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, None)))
+        record, _ = StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, None)))
         return StreamState(len(seqs), record.consumed, record)
     if not seqs:
         return StreamState(0, 0, None)
-    last = StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, seqs[-1])))
+    last, _ = StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, seqs[-1])))
     return StreamState(len(seqs), last.consumed, None)
 
 
@@ -191,20 +208,20 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
     problems: list[Problem] = []
     seqs_of = {s: len(names[s][0]) for s in range(spec.num_streams)}
 
-    def shards() -> Iterator[ShardEntry]:
+    def shards() -> Iterator[ShardJson]:
         for seq in range(max(seqs_of.values(), default=0)):
             for stream in range(spec.num_streams):
                 if seq < seqs_of[stream]:
-                    record = StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, seq)))
+                    record, text = StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, seq)))
                     problems.extend(record.problems)
-                    assert record.shard is not None  # internal: shard records carry one
-                    yield record.shard
+                    meta = record.shard or {}
+                    yield ShardJson(text, meta["num_samples"], meta["num_members"], meta["bytes"])
 
     sink = store.open_writer(INDEX_NAME)
     try:
         totals = write_index(sink.write, shards())
         for stream in range(spec.num_streams):
-            problems.extend(StreamRecord.from_json(store.read_bytes(StreamRecord.name(stream, None))).problems)
+            problems.extend(StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, None)))[0].problems)
         report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
         store.write_bytes(REPORT_NAME, report)
         sink.commit()

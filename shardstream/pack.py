@@ -33,11 +33,21 @@ from .errors import (
     UnreadableFileError,
 )
 from .index import INDEX_NAME, Index
-from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec, StreamRecord, merge, read_stream_state, unfinished_streams
+from .journal import (
+    REPORT_NAME,
+    SPEC_NAME,
+    STATE_DIR,
+    PackSpec,
+    StreamRecord,
+    merge,
+    read_stream_state,
+    unfinished_streams,
+    write_shard_record,
+)
 from .shuffle import shuffle_buffer
 from .sources import Problem, ProblemKind, Sample, SourceFile, check_source, iter_list_samples, iter_s3_samples, walk_samples
 from .storage import LocalStore, Store, is_s3_url, open_store
-from .writer import ShardWriter
+from .writer import PublishedShard, ShardWriter
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
@@ -435,9 +445,11 @@ def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _Stream
     pending: list[Problem] = []
     consumed = state.consumed
 
-    def on_commit(entry: Any) -> None:
-        record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, shard=entry, problems=tuple(pending))
-        store.write_bytes(StreamRecord.name(stream, record.seq), record.to_json())
+    def on_commit(published: PublishedShard) -> None:
+        meta = {"name": published.name, "bytes": published.bytes, "num_samples": published.num_samples,
+                "num_members": published.num_members}
+        record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, shard=meta, problems=tuple(pending))
+        write_shard_record(store, record, published)
         pending.clear()
         result.num_shards += 1
 
@@ -461,9 +473,8 @@ def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _Stream
     except BaseException:
         writer.abort()
         raise
-    done = StreamRecord(stream=stream, seq=writer.seq, consumed=consumed, shard=None,
-                        problems=tuple(pending + walk_problems))
-    store.write_bytes(StreamRecord.name(stream, None), done.to_json())
+    done = StreamRecord(stream=stream, seq=writer.seq, consumed=consumed, problems=tuple(pending + walk_problems))
+    store.write_bytes(StreamRecord.name(stream, None), done.header())
     result.problems.extend(walk_problems)
     return result
 

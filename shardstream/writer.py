@@ -3,13 +3,32 @@
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
 
 from .format import END_OF_ARCHIVE, member_header, padded_size
-from .index import MemberEntry, SampleEntry, ShardEntry
+from .index import sample_json
 from .storage import ShardSink, Store
 
-__all__ = ["ShardWriter", "shard_name"]
+__all__ = ["PublishedShard", "ShardWriter", "shard_name"]
+
+
+@dataclass(frozen=True)
+class PublishedShard:
+    """A shard just published: its index entry as JSON text, without holding it as objects.
+
+    ``samples_json`` is a readable binary file at position 0 holding the JSON array items of
+    its samples, comma-separated (what goes between ``[`` and ``]`` of ``"samples"``).
+    """
+
+    name: str
+    bytes: int
+    sha256: str
+    num_samples: int
+    num_members: int
+    samples_json: BinaryIO
 
 
 def shard_name(name: str, number: int) -> str:
@@ -30,7 +49,9 @@ class ShardWriter:
         max_shard_bytes: size limit of one shard file, in bytes (> 0).
         max_samples_per_shard: sample limit of one shard (> 0), or None for no limit.
         first_seq: sequence number of the first shard (> 0 when resuming).
-        on_commit: called with each shard's index entry right after it is published.
+        on_commit: called with each :class:`PublishedShard` right after it is published. The
+            index entries of the shard in progress are spooled to a temporary file, so memory
+            does not grow with the samples per shard.
     """
 
     def __init__(
@@ -41,7 +62,7 @@ class ShardWriter:
         max_shard_bytes: int,
         max_samples_per_shard: int | None = None,
         first_seq: int = 0,
-        on_commit: Callable[[ShardEntry], None] | None = None,
+        on_commit: Callable[[PublishedShard], None] | None = None,
     ) -> None:
         if max_shard_bytes <= 0:
             raise ValueError(f"{max_shard_bytes=} must be > 0")
@@ -56,7 +77,9 @@ class ShardWriter:
         self._sink: ShardSink | None = None
         self._hash = hashlib.sha256()
         self._bytes = 0
-        self._samples: list[SampleEntry] = []
+        self._num_samples = 0
+        self._num_members = 0
+        self._spool = self._new_spool()
 
     def write_sample(self, key: str, members: Sequence[tuple[str, bytes]]) -> None:
         """Append one sample: ``members`` are ``(member_name, payload)`` sorted by name.
@@ -68,7 +91,7 @@ class ShardWriter:
         size = sum(len(h) + padded_size(len(p)) for h, (_, p) in zip(headers, members))
         if self._sink is not None and (
             self._bytes + size + len(END_OF_ARCHIVE) > self.max_shard_bytes
-            or len(self._samples) == self.max_samples_per_shard
+            or self._num_samples == self.max_samples_per_shard
         ):
             self._finish_shard()
         if self._sink is None:
@@ -76,12 +99,14 @@ class ShardWriter:
         entries = []
         for header, (member_name, payload) in zip(headers, members):
             self._write(header)
-            entries.append(MemberEntry(member_name, self._bytes, len(payload)))
+            entries.append((member_name, self._bytes, len(payload)))
             self._write(payload)
             pad = padded_size(len(payload)) - len(payload)
             if pad:
                 self._write(bytes(pad))
-        self._samples.append(SampleEntry(key, tuple(entries)))
+        self._spool.write((b"," if self._num_samples else b"") + sample_json(key, entries))
+        self._num_samples += 1
+        self._num_members += len(entries)
 
     def close(self) -> None:
         """Publish the shard in progress, if any."""
@@ -104,16 +129,25 @@ class ShardWriter:
         self._write(END_OF_ARCHIVE)
         assert self._sink is not None
         self._sink.commit()
-        entry = ShardEntry(
+        self._spool.seek(0)
+        published = PublishedShard(
             name=self.shard_names(self.seq),
             bytes=self._bytes,
             sha256=self._hash.hexdigest(),
-            samples=tuple(self._samples),
+            num_samples=self._num_samples,
+            num_members=self._num_members,
+            samples_json=self._spool,
         )
         self._sink = None
         self._hash = hashlib.sha256()
         self._bytes = 0
-        self._samples = []
+        self._num_samples = self._num_members = 0
+        self._spool = self._new_spool()
         self.seq += 1
         if self.on_commit is not None:
-            self.on_commit(entry)
+            self.on_commit(published)
+        published.samples_json.close()
+
+    @staticmethod
+    def _new_spool() -> BinaryIO:
+        return tempfile.SpooledTemporaryFile(max_size=8 << 20, prefix="shardstream-entries-")  # type: ignore[return-value]

@@ -1,0 +1,106 @@
+"""Benchmark corpora, generated once and cached.
+
+- :func:`photo_corpus`: JPEGs of 60-150 KB cut from real photographs: the colour photos that
+  scikit-image ships in its wheel (astronaut, chelsea, coffee, rocket, motorcycles, ...).
+  The wheel is fetched with ``pip download`` (no install) and only its images are read.
+  Each JPEG is a random crop, scale, flip and quality of one photo, one class per source
+  photo and directory, so neighbouring files are alike, as in real datasets.
+- :func:`tiny_corpus`: many 100-byte files, 1,000 per directory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import subprocess
+import sys
+import zipfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+CACHE = Path(os.environ.get("SHARDSTREAM_BENCH_CACHE", Path.home() / ".cache" / "shardstream-bench"))
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
+          "motorcycle_right.png", "hubble_deep_field.jpg", "retina.jpg", "grass.png", "gravel.png",
+          "brick.png", "color.png", "ihc.png", "logo.png")
+
+
+def source_photos() -> list[Path]:
+    """The real photographs, extracted from the scikit-image wheel into the cache."""
+    folder = CACHE / "photos"
+    if not all((folder / name).exists() for name in PHOTOS):
+        wheels = CACHE / "wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        if not list(wheels.glob("scikit_image-*.whl")):
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                            "-d", str(wheels), "scikit-image==0.26.0"], check=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(next(wheels.glob("scikit_image-*.whl"))) as wheel:
+            for name in PHOTOS:
+                (folder / name).write_bytes(wheel.read(f"skimage/data/{name}"))
+    return [folder / name for name in PHOTOS]
+
+
+def _make_chunk(args: tuple[Path, int, int, int]) -> int:
+    root, first, count, seed = args
+    photos = [Image.open(p).convert("RGB") for p in source_photos()]
+    grain = np.random.default_rng(seed).integers(-12, 13, (1024, 1024, 3), dtype=np.int16)
+    total = 0
+    for i in range(first, first + count):
+        rng = random.Random(seed * 1_000_003 + i)
+        label = i % len(photos)
+        photo = photos[label]
+        cw, ch = rng.randint(460, 700), rng.randint(380, 580)
+        scale = max(rng.uniform(1.0, 2.0), cw / photo.width, ch / photo.height)
+        sw, sh = min(cw / scale, photo.width), min(ch / scale, photo.height)  # the crop, in source pixels
+        left, top = rng.uniform(0, max(0.0, photo.width - sw)), rng.uniform(0, max(0.0, photo.height - sh))
+        image = photo.resize((cw, ch), Image.Resampling.BILINEAR, box=(left, top, left + sw, top + sh))
+        if rng.random() < 0.5:
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        gy, gx = rng.randint(0, 1024 - ch), rng.randint(0, 1024 - cw)
+        noisy = np.asarray(image, dtype=np.int16) + grain[gy : gy + ch, gx : gx + cw]
+        image = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+        buf = io.BytesIO()
+        image.save(buf, format="JPEG", quality=rng.randint(85, 94))
+        data = buf.getvalue()
+        folder = root / f"class{label:02d}"
+        (folder / f"{i:07d}.jpg").write_bytes(data)
+        (folder / f"{i:07d}.cls").write_bytes(str(label).encode())
+        total += len(data)
+    return total
+
+
+def photo_corpus(num_images: int, *, seed: int = 0, processes: int = 2) -> Path:
+    """``num_images`` JPEGs (+ a ``.cls`` label each) under the cache; made once."""
+    root = CACHE / f"photos-{num_images}-{seed}"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    for label in range(len(source_photos())):
+        (root / f"class{label:02d}").mkdir(parents=True, exist_ok=True)
+    step = 500
+    chunks = [(root, first, min(step, num_images - first), seed) for first in range(0, num_images, step)]
+    with ProcessPoolExecutor(processes) as pool:
+        total = sum(pool.map(_make_chunk, chunks))
+    done.write_text(str(total))
+    return root
+
+
+def tiny_corpus(num_files: int, *, size_bytes: int = 100) -> Path:
+    """``num_files`` files of ``size_bytes`` random bytes, 1,000 per directory; made once."""
+    root = CACHE / f"tiny-{num_files}-{size_bytes}"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    payload = os.urandom(size_bytes)
+    for first in range(0, num_files, 1000):
+        folder = root / f"d{first // 1000:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(first, min(first + 1000, num_files)):
+            with open(folder / f"{i:07d}.bin", "wb") as f:
+                f.write(payload)
+    done.write_text(str(num_files))
+    return root

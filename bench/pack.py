@@ -1,0 +1,172 @@
+"""Packing speed: shardstream against GNU tar and webdataset's ShardWriter, in one run.
+
+    python bench/pack.py                      # 50,000 JPEGs cut from real photos (made once, cached)
+    python bench/pack.py --dir DIR            # or your own directory
+    python bench/pack.py --tiny 1000000       # a million 100-byte files: speed and peak RSS
+
+All tools read the same files from a warm page cache and write to the same disk; the S3
+runs go to a local SeaweedFS started here. Printed: seconds, files/s, MB/s and the ratios
+against the targets (shardstream to local disk >= 0.8x GNU tar and >= 2x ShardWriter; to
+S3 >= 0.7x its own local-disk speed; --tiny: peak RSS <= 300 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus import photo_corpus, tiny_corpus  # noqa: E402
+
+SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
+
+
+def tree_rss_bytes(pid: int) -> tuple[int, int]:
+    """(sum, max) of the resident memory of ``pid`` and its descendants, in bytes."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError):
+            continue
+    todo, total, largest = [pid], 0, 0
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        largest = max(largest, rss.get(p, 0))
+        todo.extend(children.get(p, []))
+    return total, largest
+
+
+def run_measured(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
+    """Run ``command``; returns (seconds, peak summed RSS, peak single-process RSS)."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_sum = peak_one = 0
+    while process.poll() is None:
+        total, largest = tree_rss_bytes(process.pid)
+        peak_sum, peak_one = max(peak_sum, total), max(peak_one, largest)
+        time.sleep(0.05)
+    seconds = time.perf_counter() - started
+    out, err = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"{command[:3]} failed ({process.returncode}):\n{err[-3000:]}")
+    return seconds, peak_sum, peak_one
+
+
+def corpus_stats(root: Path) -> tuple[int, int]:
+    files = total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if not name.startswith("."):
+                files += 1
+                total += os.path.getsize(os.path.join(folder, name))
+    return files, total
+
+
+def warm(root: Path) -> None:
+    subprocess.run(f"find {root} -type f -exec cat {{}} + > /dev/null", shell=True, check=True)
+
+
+def shardwriter_pack(root: Path, out: Path) -> None:
+    """webdataset's ShardWriter fed the same samples: the way its users pack."""
+    import webdataset as wds
+
+    from shardstream.sources import walk_samples
+
+    with wds.ShardWriter(str(out / "wds-%06d.tar"), maxsize=256 << 20, verbose=0) as sink:
+        for sample in walk_samples(str(root), on_problem=lambda p: None):
+            record = {"__key__": sample.key}
+            for file in sample.files:
+                with open(file.path, "rb") as f:
+                    record[file.member_name.rsplit("/", 1)[-1].split(".", 1)[1]] = f.read()
+            sink.write(record)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-images", type=int, default=50_000)
+    parser.add_argument("--dir", help="pack this directory instead of the generated photos")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--tiny", type=int, metavar="N", help="pack N 100-byte files and report peak RSS")
+    parser.add_argument("--out", default=None, help="scratch directory for outputs (default: a temp dir)")
+    args = parser.parse_args()
+    scratch = Path(args.out or tempfile.mkdtemp(prefix="shardstream-bench-pack-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.tiny:
+            tiny(args, scratch)
+        else:
+            speed(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def tiny(args: argparse.Namespace, scratch: Path) -> None:
+    print(f"making {args.tiny} files of 100 bytes (cached after the first run) ...", flush=True)
+    root = tiny_corpus(args.tiny)
+    warm(root)
+    seconds, peak_sum, peak_one = run_measured(
+        [SHARDSTREAM, "pack", str(root), str(scratch / "tiny"), "--workers", str(args.workers), "--no-progress"]
+    )
+    print(f"shardstream pack, {args.tiny} files of 100 bytes, {args.workers} workers: {seconds:.1f} s, "
+          f"{args.tiny / seconds:.0f} files/s")
+    print(f"peak RSS: {peak_sum / 2**20:.0f} MiB summed over the pack's processes, "
+          f"{peak_one / 2**20:.0f} MiB the largest one (target <= 300 MB: "
+          f"{'met' if peak_sum <= 300e6 else 'NOT met'})")
+
+
+def speed(args: argparse.Namespace, scratch: Path) -> None:
+    from shardstream.testing import SeaweedS3Server
+
+    root = Path(args.dir) if args.dir else photo_corpus(args.num_images)
+    files, payload = corpus_stats(root)
+    print(f"corpus {root}: {files} files, {payload / 1e6:.0f} MB; warming the page cache ...", flush=True)
+    warm(root)
+    results: dict[str, float] = {}
+
+    def measure(label: str, command: list[str] | None = None, call=None, env=None) -> None:
+        out = scratch / label.replace(" ", "-")
+        out.mkdir()
+        if command is not None:
+            seconds, _, _ = run_measured([c.replace("{out}", str(out)) for c in command], env=env)
+        else:
+            started = time.perf_counter()
+            call(out)
+            seconds = time.perf_counter() - started
+        results[label] = seconds
+        print(f"{label:28s} {seconds:7.1f} s {files / seconds:9.0f} files/s {payload / 1e6 / seconds:8.0f} MB/s", flush=True)
+        shutil.rmtree(out)
+
+    measure("GNU tar cf", ["tar", "-cf", "{out}/all.tar", "-C", str(root), "."])
+    measure("webdataset ShardWriter", call=lambda out: shardwriter_pack(root, out))
+    measure("shardstream -> disk", [SHARDSTREAM, "pack", str(root), "{out}", "--workers", str(args.workers), "--no-progress"])
+    with SeaweedS3Server() as server:
+        server.create_bucket("bench")
+        env = {**os.environ, **server.info.env()}
+        measure("shardstream -> S3", [SHARDSTREAM, "pack", str(root), "s3://bench/{out}", "--workers",
+                                      str(args.workers), "--no-progress"], env=env)
+    local = results["shardstream -> disk"]
+    ratios = [
+        ("shardstream disk / GNU tar", results["GNU tar cf"] / local, 0.8),
+        ("shardstream disk / ShardWriter", results["webdataset ShardWriter"] / local, 2.0),
+        ("shardstream S3 / shardstream disk", local / results["shardstream -> S3"], 0.7),
+    ]
+    for label, ratio, target in ratios:
+        print(f"{label:36s} {ratio:5.2f}x (target >= {target}x: {'met' if ratio >= target else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
