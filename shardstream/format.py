@@ -75,8 +75,27 @@ def padded_size(size: int) -> int:
     return (size + BLOCK_BYTES - 1) // BLOCK_BYTES * BLOCK_BYTES
 
 
+def _tarfile_header(member_name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(member_name)
+    info.size = size
+    info.mtime = FIXED_MTIME
+    info.mode = FIXED_MODE
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+
+
+_TEMPLATE = _tarfile_header("x", 0)
+_MAX_FAST_SIZE = 8**11  # what 11 octal digits hold; larger sizes take tarfile's base-256 path
+
+
 def member_header(member_name: str, size: int) -> bytes:
     """The deterministic tar header block(s) of a regular file member.
+
+    Common members (name of at most 100 UTF-8 bytes, size below 8 GiB) get a header patched
+    from a template made by :mod:`tarfile` (byte-identical to its output, about ten times
+    faster); others go through :mod:`tarfile` itself.
 
     Args:
         member_name: the member's path inside the archive (UTF-8; undecodable bytes kept via
@@ -86,14 +105,15 @@ def member_header(member_name: str, size: int) -> bytes:
     Returns:
         512 bytes, or more when a GNU long-name record is needed.
     """
-    info = tarfile.TarInfo(member_name)
-    info.size = size
-    info.mtime = FIXED_MTIME
-    info.mode = FIXED_MODE
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+    encoded = member_name.encode("utf-8", "surrogateescape")
+    if len(encoded) > 100 or size >= _MAX_FAST_SIZE:
+        return _tarfile_header(member_name, size)
+    header = bytearray(_TEMPLATE)
+    header[0 : len(encoded)] = encoded
+    header[124:136] = b"%011o\0" % size
+    header[148:156] = b"        "
+    header[148:156] = b"%06o\0 " % sum(header)
+    return bytes(header)
 
 
 def tar_member_bytes(member_name: str, size: int) -> int:

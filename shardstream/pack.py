@@ -351,12 +351,15 @@ def _run_jobs(jobs: list[_StreamJob], *, progress: bool) -> list[_StreamResult]:
     """Run streams inline (one) or in spawned worker processes, driving one progress bar."""
     bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr, mininterval=0.5)
     payload = 0
+    shown_at = 0.0
 
     def advance(files: int, nbytes: int) -> None:
-        nonlocal payload
+        nonlocal payload, shown_at
         payload += nbytes
         bar.update(files)
-        bar.set_postfix_str(f"{payload / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.1f} MB/s", refresh=False)
+        if time.monotonic() - shown_at > 0.5:
+            shown_at = time.monotonic()
+            bar.set_postfix_str(f"{payload / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.1f} MB/s", refresh=False)
 
     try:
         if len(jobs) == 1:

@@ -42,3 +42,18 @@ def test_names_that_cannot_be_members_are_rejected_with_the_file_named():
     with pytest.raises(MemberNameError, match="line break"):
         check_member_name("a\nb.txt", where="/src/a\nb.txt")
     check_member_name("a/b.jpg", where="ok")
+
+
+def test_fast_headers_are_byte_identical_to_tarfile():
+    import random
+
+    from shardstream.format import _tarfile_header
+
+    rng = random.Random(0)
+    alphabet = "abcXYZ019._-/ \u00e9\u4e2d"
+    names = ["x", "a" * 99, "a" * 100, "a" * 101, "d/" + "\u00e9" * 49, "d/" + "\u00e9" * 50, "caf\udce9.txt"]
+    names += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 120))) for _ in range(300)]
+    sizes = [0, 1, 511, 512, 513, 8**11 - 1, 8**11, 10**12]
+    for name in names:
+        for size in sizes:
+            assert member_header(name, size) == _tarfile_header(name, size), (name, size)
