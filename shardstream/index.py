@@ -10,7 +10,7 @@ shard file. ``totals`` follows ``shards`` so that the index can be written shard
         {"name": "data-000000.tar",          # relative to the directory holding index.json
          "bytes": int,                       # size of the shard file
          "num_samples": int,
-         "sha256": "<64 hex digits>",        # of the whole shard file
+         "crc32": "<8 hex digits>",          # CRC-32 (zlib, gzip, S3) of the whole shard file
          "samples": [
            {"key": "cat/000001",
             "members": [{"name": "cat/000001.cls", "offset": int, "size": int}, ...]}
@@ -72,11 +72,11 @@ class SampleEntry:
 
 @dataclass(frozen=True, slots=True)
 class ShardEntry:
-    """One shard file: name relative to the index, size in bytes, sha256 of its bytes."""
+    """One shard file: name relative to the index, size in bytes, CRC-32 of its bytes (hex)."""
 
     name: str
     bytes: int
-    sha256: str
+    crc32: str
     samples: tuple[SampleEntry, ...]
 
     @property
@@ -111,7 +111,7 @@ class Index:
         out = io.BytesIO()
         write_index(out.write, (
             ShardJson(
-                shard_json_head(name=s.name, bytes_=s.bytes, num_samples=s.num_samples, sha256=s.sha256)
+                shard_json_head(name=s.name, bytes_=s.bytes, num_samples=s.num_samples, crc32=s.crc32)
                 + b",".join(sample_json(x.key, ((m.name, m.offset, m.size) for m in x.members)) for x in s.samples)
                 + b"]}",
                 s.num_samples, sum(len(x.members) for x in s.samples), s.bytes,
@@ -165,10 +165,10 @@ def sample_json(key: str, members: Iterable[tuple[str, int, int]]) -> bytes:
     return _dumps({"key": key, "members": [{"name": n, "offset": o, "size": z} for n, o, z in members]})
 
 
-def shard_json_head(*, name: str, bytes_: int, num_samples: int, sha256: str) -> bytes:
+def shard_json_head(*, name: str, bytes_: int, num_samples: int, crc32: str) -> bytes:
     """A shard entry's JSON up to the opening ``[`` of its samples (the same key order as
     :meth:`Index.to_json`); the samples and ``"]}"`` follow."""
-    head = _dumps({"name": name, "bytes": bytes_, "num_samples": num_samples, "sha256": sha256, "samples": []})
+    head = _dumps({"name": name, "bytes": bytes_, "num_samples": num_samples, "crc32": crc32, "samples": []})
     return head[: -len(b"]}")]
 
 
@@ -231,7 +231,7 @@ def _shard(s: dict[str, Any]) -> ShardEntry:
     entry = ShardEntry(
         name=_typed(s["name"], str),
         bytes=_typed(s["bytes"], int),
-        sha256=_typed(s["sha256"], str),
+        crc32=_typed(s["crc32"], str),
         samples=samples,
     )
     if _typed(s["num_samples"], int) != entry.num_samples:

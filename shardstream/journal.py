@@ -130,7 +130,7 @@ def write_shard_record(store: Store, record: StreamRecord, published: PublishedS
     try:
         sink.write(record.header())
         sink.write(shard_json_head(name=published.name, bytes_=published.bytes,
-                                   num_samples=published.num_samples, sha256=published.sha256))
+                                   num_samples=published.num_samples, crc32=published.crc32))
         while chunk := published.samples_json.read(1 << 20):
             sink.write(chunk)
         sink.write(b"]}")

@@ -532,23 +532,38 @@ def _read_ahead(
     samples: Iterator[Sample], source_store: Store | None, *, max_inflight_bytes: int = 64 << 20
 ) -> Iterator[tuple[Sample, list[tuple[str, bytes]], list[Problem]]]:
     """Read samples' files on a thread pool, ahead of the writer, in order; at most
-    ``max_inflight_bytes`` of file data (by listed size) are read ahead."""
-    threads = 32 if source_store is not None else 4
-    ahead: collections.deque[tuple[Sample, int, concurrent.futures.Future[Any]]] = collections.deque()
+    ``max_inflight_bytes`` of file data (by listed size) are read ahead.
+
+    Local files are read in batches of up to 32 samples or 4 MiB per task (a task per small
+    file costs more than reading it from the page cache); S3 objects one per task, 32 at once.
+    """
+    threads, batch_samples = (32, 1) if source_store is not None else (4, 32)
+    ahead: collections.deque[tuple[int, concurrent.futures.Future[Any]]] = collections.deque()
     inflight = 0
+
+    def read_batch(batch: list[Sample]) -> list[tuple[Sample, list[tuple[str, bytes]], list[Problem]]]:
+        return [(sample, *_read_sample(sample, source_store)) for sample in batch]
+
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-read") as pool:
         try:
+            batch: list[Sample] = []
+            batch_bytes = 0
             for sample in samples:
-                size = sum(f.size for f in sample.files)
-                ahead.append((sample, size, pool.submit(_read_sample, sample, source_store)))
-                inflight += size
-                while ahead and (inflight > max_inflight_bytes or len(ahead) > 4 * threads):
-                    done, done_size, future = ahead.popleft()
-                    inflight -= done_size
-                    yield (done, *future.result())
+                batch.append(sample)
+                batch_bytes += sum(f.size for f in sample.files)
+                if len(batch) < batch_samples and batch_bytes < 4 << 20:
+                    continue
+                ahead.append((batch_bytes, pool.submit(read_batch, batch)))
+                inflight += batch_bytes
+                batch, batch_bytes = [], 0
+                while ahead and (inflight > max_inflight_bytes or len(ahead) > 2 * threads):
+                    done_bytes, future = ahead.popleft()
+                    inflight -= done_bytes
+                    yield from future.result()
+            if batch:
+                ahead.append((batch_bytes, pool.submit(read_batch, batch)))
             while ahead:
-                done, _, future = ahead.popleft()
-                yield (done, *future.result())
+                yield from ahead.popleft()[1].result()
         finally:
-            for _, _, future in ahead:
+            for _, future in ahead:
                 future.cancel()

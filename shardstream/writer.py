@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ class PublishedShard:
 
     name: str
     bytes: int
-    sha256: str
+    crc32: str
     num_samples: int
     num_members: int
     samples_json: BinaryIO
@@ -75,7 +75,7 @@ class ShardWriter:
         self.seq = first_seq
         self.on_commit = on_commit
         self._sink: ShardSink | None = None
-        self._hash = hashlib.sha256()
+        self._crc32 = 0
         self._bytes = 0
         self._num_samples = 0
         self._num_members = 0
@@ -122,7 +122,7 @@ class ShardWriter:
     def _write(self, data: bytes) -> None:
         assert self._sink is not None  # internal: write_sample opened it
         self._sink.write(data)
-        self._hash.update(data)
+        self._crc32 = zlib.crc32(data, self._crc32)
         self._bytes += len(data)
 
     def _finish_shard(self) -> None:
@@ -133,13 +133,13 @@ class ShardWriter:
         published = PublishedShard(
             name=self.shard_names(self.seq),
             bytes=self._bytes,
-            sha256=self._hash.hexdigest(),
+            crc32=f"{self._crc32:08x}",
             num_samples=self._num_samples,
             num_members=self._num_members,
             samples_json=self._spool,
         )
         self._sink = None
-        self._hash = hashlib.sha256()
+        self._crc32 = 0
         self._bytes = 0
         self._num_samples = self._num_members = 0
         self._spool = self._new_spool()

@@ -222,7 +222,7 @@ def test_verify_and_info(tmp_path, stdlib_tree):
     bad = subprocess.run([SHARDSTREAM, "verify", str(dest), "--no-progress"], capture_output=True, text=True)
     assert bad.returncode == 1
     lines = [line for line in bad.stdout.splitlines() if line.startswith("BAD ")]
-    assert any(shards[1].name in line and "sha256" in line for line in lines)
+    assert any(shards[1].name in line and "CRC-32" in line for line in lines)
     assert any(shards[2].name in line for line in lines)
     assert any(shards[3].name in line and "no such shard" in line for line in lines)
     assert bad.stdout.strip().endswith(f"{len(shards) - 3} of {len(shards)} shards match the index; 3 do not")
