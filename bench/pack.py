@@ -177,8 +177,9 @@ def speed(args: argparse.Namespace, scratch: Path) -> None:
     results: dict[str, float] = {}
 
     def measure(label: str, command: list[str] | None = None, call=None, env=None) -> None:
-        out = scratch / label.replace(" ", "-")
+        out = scratch / label.replace(" ", "-").replace(":", "")
         out.mkdir()
+        subprocess.run(["sync"], check=True)  # the previous run's writeback must not slow this one
         if command is not None:
             seconds, _, _ = run_measured([c.replace("{out}", str(out)) for c in command], env=env)
         else:

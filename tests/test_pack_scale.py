@@ -226,3 +226,31 @@ def test_verify_and_info(tmp_path, stdlib_tree):
     assert any(shards[2].name in line for line in lines)
     assert any(shards[3].name in line and "no such shard" in line for line in lines)
     assert bad.stdout.strip().endswith(f"{len(shards) - 3} of {len(shards)} shards match the index; 3 do not")
+
+
+def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(tmp_path, s3_server, s3_bucket, s3_config):
+    src = make_tree(tmp_path / "src", classes=4, per_class=60, size=120_000)  # ~29 MB
+    url = f"s3://{s3_bucket}/killed"
+    env = {**os.environ, **s3_server.info.env()}
+    command = [SHARDSTREAM, "pack", str(src), url, "--workers", "2", "--shard-size", "6MiB", "--no-progress"]
+    store = open_store(url, s3=s3_config)
+    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not [n for n in store.list_names(".shardstream/s") if "done" not in n] and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the first shard is published and recorded
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+    assert not store.exists("index.json")
+    final = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    assert "(resumed)" in final.stdout
+    assert read_back(url, s3=s3_config) == all_files(src)
+    from shardstream.storage import loop as io_loop
+
+    uploads = io_loop.run(store.call("list_multipart_uploads", url=url, Bucket=s3_bucket, Prefix="killed/"))
+    assert not uploads.get("Uploads"), uploads.get("Uploads")
+    index = Index.from_json(store.read_bytes("index.json"), url=url)
+    assert sorted(n for n in store.list_names() if n.endswith(".tar")) == sorted(s.name for s in index.shards)
