@@ -322,7 +322,8 @@ def _wipe(store: Store, old_spec: PackSpec | None) -> None:
             store.delete(name)
     if old_spec is not None:
         old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.stream_of_shard(n) is not None)
-        store.remove_partials(lambda n: old_spec.stream_of_shard(n) is not None)
+        store.remove_partials(lambda n: old_spec.stream_of_shard(n) is not None or n.startswith(f"{STATE_DIR}/"),
+                              folders=("", STATE_DIR))
     for name in sorted(old_names) + [REPORT_NAME, SPEC_NAME]:
         store.delete(name)
 
@@ -432,7 +433,9 @@ def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _Stream
     result = _StreamResult(resumed=state.num_shards > 0 or state.done is not None)
     if state.done is not None:
         return result
-    store.remove_partials(lambda name: spec.stream_of_shard(name) == stream)
+    own_records = f"{STATE_DIR}/s{stream:05d}-"
+    store.remove_partials(lambda name: spec.stream_of_shard(name) == stream or name.startswith(own_records),
+                          folders=("", STATE_DIR))
     walk_problems: list[Problem] = []
 
     def on_walk_problem(problem: Problem) -> None:

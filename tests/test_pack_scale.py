@@ -118,7 +118,7 @@ def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_pa
     assert written_now <= total_shards - before + 2 * 2  # at most the shards in progress again
     index = Index.from_json((dest / "index.json").read_bytes(), url="index")
     assert sorted(p.name for p in dest.glob("*.tar")) == sorted(s.name for s in index.shards)  # no orphans
-    assert not list(dest.glob(".*.partial-*"))
+    assert not list(dest.glob(".*.partial-*")) and not list((dest / ".shardstream").glob(".*.partial-*"))
     assert read_back(dest) == all_files(src)  # every sample exactly once, byte for byte
     clean = tmp_path / "clean"
     pack(src, clean, workers=2, max_samples_per_shard=2, progress=False)

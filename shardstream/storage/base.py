@@ -48,8 +48,9 @@ class Store(Protocol):
     def list_names(self, prefix: str = "") -> list[str]:
         """Sorted names starting with ``prefix``."""
 
-    def remove_partials(self, is_mine: Callable[[str], bool]) -> int:
-        """Drop what killed writers of the names ``is_mine`` accepts left behind; returns a count."""
+    def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
+        """Drop what killed writers of the names ``is_mine`` accepts left behind (in the top
+        directory and ``folders``); returns a count."""
 
 
 def is_s3_url(url: str) -> bool:

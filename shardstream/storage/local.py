@@ -92,14 +92,20 @@ class LocalStore:
             return []
         return sorted(f"{folder}/{e}" if folder else e for e in entries)
 
-    def remove_partials(self, is_mine: Callable[[str], bool]) -> int:
-        """Delete temporary files left by killed writers of the names ``is_mine`` accepts."""
+    def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
+        """Delete temporary files left by killed writers of the names ``is_mine`` accepts, in
+        the top directory and the given subdirectories (names are relative to the root)."""
         removed = 0
-        for entry in os.scandir(self.root):
-            name, marker, _ = entry.name[1:].rpartition(_PARTIAL)
-            if entry.name.startswith(".") and marker and is_mine(name):
-                Path(entry.path).unlink(missing_ok=True)
-                removed += 1
+        for folder in folders:
+            try:
+                entries = list(os.scandir(self.root / folder))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                name, marker, _ = entry.name[1:].rpartition(_PARTIAL)
+                if entry.name.startswith(".") and marker and is_mine(f"{folder}/{name}" if folder else name):
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed += 1
         return removed
 
     def open_writer(self, name: str) -> _LocalSink:

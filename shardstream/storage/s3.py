@@ -274,8 +274,9 @@ class S3Store:
                 return
             token = {"ContinuationToken": page["NextContinuationToken"]}
 
-    def remove_partials(self, is_mine: Callable[[str], bool]) -> int:
-        """Abort unfinished multipart uploads (left by killed writers) of names ``is_mine`` accepts."""
+    def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
+        """Abort unfinished multipart uploads (left by killed writers) of names ``is_mine``
+        accepts, anywhere under the prefix (``folders`` matters only to local stores)."""
         root = self.key_of("")
 
         async def abort_all() -> int:
