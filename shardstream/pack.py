@@ -45,7 +45,17 @@ from .journal import (
     write_shard_record,
 )
 from .shuffle import shuffle_buffer
-from .sources import Problem, ProblemKind, Sample, SourceFile, check_source, iter_list_samples, iter_s3_samples, walk_samples
+from .sources import (
+    Problem,
+    ProblemKind,
+    Sample,
+    SourceFile,
+    check_source,
+    iter_list_samples,
+    iter_s3_samples,
+    split_entries,
+    walk_samples,
+)
 from .storage import LocalStore, Store, is_s3_url, open_store
 from .writer import PublishedShard, ShardWriter
 
@@ -264,7 +274,11 @@ def pack(
                        shuffle_buffer=shuffle_buffer, s3=s3, fetch=fetch)
             for stream in spec.streams_of_part(part.index)
         ]
-        results = _run_jobs(jobs, progress=progress)
+        total_files = None
+        if list_path is not None and progress:  # a list's length is known up front: show an ETA
+            with open(list_path, "rb") as listed:
+                total_files = sum(1 for _ in split_entries(listed)) // part.count
+        results = _run_jobs(jobs, progress=progress, total_files=total_files)
 
     problems = tuple(p for r in results for p in r.problems)
     totals = None
@@ -348,9 +362,10 @@ class _spooled_list:
             os.unlink(self.tmp)
 
 
-def _run_jobs(jobs: list[_StreamJob], *, progress: bool) -> list[_StreamResult]:
+def _run_jobs(jobs: list[_StreamJob], *, progress: bool, total_files: int | None = None) -> list[_StreamResult]:
     """Run streams inline (one) or in spawned worker processes, driving one progress bar."""
-    bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr, mininterval=0.5)
+    bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr,
+               mininterval=0.5, total=total_files)
     payload = 0
     shown_at = 0.0
 

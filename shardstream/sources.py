@@ -192,7 +192,7 @@ def _walk_dir(path: str, rel: str, on_problem: OnProblem) -> Iterator[Sample]:
         yield from _walk_dir(os.path.join(path, name), f"{rel}{name}/", on_problem)
 
 
-def _split_entries(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
+def split_entries(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
     """Entries of a list file: NUL-separated if it holds a NUL byte, else one per line."""
     separator: bytes | None = None
     pending = b""
@@ -220,7 +220,7 @@ def iter_list_samples(root: str, list_path: str, *, on_problem: OnProblem) -> It
     with stream:
         group: list[SourceFile] = []
         group_key: str | None = None
-        for raw in _split_entries(stream):
+        for raw in split_entries(stream):
             rel = os.fsdecode(raw)
             norm = os.path.normpath(rel).replace(os.sep, "/")
             path = os.path.join(root, norm)
