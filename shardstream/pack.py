@@ -523,15 +523,19 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
     try:
         if source_store is not None:
             data = source_store.read_bytes(file.path[len(source_store.url) + 1 :])
+            expected = file.size
         else:
             with open(file.path, "rb") as f:
+                expected = os.fstat(f.fileno()).st_size if file.size is None else file.size
                 data = f.read()
     except (FileNotFoundError, ShardNotFoundError):
         return None, Problem(file.path, ProblemKind.VANISHED, "vanished before it was read")
     except OSError as exc:
         return None, Problem(file.path, ProblemKind.UNREADABLE, f"cannot read: {exc.strerror or exc}")
-    if len(data) != file.size:
-        return None, Problem(file.path, ProblemKind.CHANGED, f"changed size while packing ({file.size} -> {len(data)} bytes)")
+    if len(data) != expected:
+        return None, Problem(file.path, ProblemKind.CHANGED, f"changed size while packing ({expected} -> {len(data)} bytes)")
+    if not data:
+        return data, Problem(file.path, ProblemKind.EMPTY, "zero bytes (packed)")
     return data, None
 
 
@@ -541,7 +545,7 @@ def _read_sample(sample: Sample, source_store: Store | None) -> tuple[list[tuple
         data, problem = _read_file(file, source_store)
         if problem is not None:
             problems.append(problem)
-        else:
+        if data is not None:
             members.append((file.member_name, data))
     return members, problems
 
@@ -568,7 +572,7 @@ def _read_ahead(
             batch_bytes = 0
             for sample in samples:
                 batch.append(sample)
-                batch_bytes += sum(f.size for f in sample.files)
+                batch_bytes += sum(f.size or 0 for f in sample.files)
                 if len(batch) < batch_samples and batch_bytes < 4 << 20:
                     continue
                 ahead.append((batch_bytes, pool.submit(read_batch, batch)))

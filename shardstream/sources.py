@@ -38,11 +38,12 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class SourceFile:
     """A file to pack: its member name (relative, ``/``-separated), where to read it (a
-    local path, or a name relative to the S3 source prefix), and its size in bytes."""
+    local path, or an ``s3://`` URL), and its size in bytes when the listing gave it (None
+    for the local walk, which does not stat files that another stream will read)."""
 
     member_name: str
     path: str
-    size: int
+    size: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +138,6 @@ def _samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sample]
                                f"same member as {other.path!r} ({key!r}, extension {ext!r}); rename one"))
             continue
         members[ext.lower()] = file
-        if file.size == 0:
-            on_problem(Problem(file.path, ProblemKind.EMPTY, "zero bytes (packed)"))
     return [
         Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name)))
         for key in sorted(by_key)
@@ -170,7 +169,7 @@ def _walk_dir(path: str, rel: str, on_problem: OnProblem) -> Iterator[Sample]:
             if entry.is_dir(follow_symlinks=False):
                 subdirs.append(entry.name)
             elif entry.is_file():
-                files.append(SourceFile(rel + entry.name, entry.path, entry.stat().st_size))
+                files.append(SourceFile(rel + entry.name, entry.path, None))
             elif entry.is_symlink():
                 problem = (
                     Problem(entry.path, ProblemKind.NOT_REGULAR, "symlink to a directory (not followed)")
