@@ -14,6 +14,8 @@ from .storage import ShardSink, Store
 
 __all__ = ["PublishedShard", "ShardWriter", "shard_name"]
 
+_ZEROS = bytes(512)
+
 
 @dataclass(frozen=True)
 class PublishedShard:
@@ -97,13 +99,14 @@ class ShardWriter:
         if self._sink is None:
             self._sink = self.store.open_writer(self.shard_names(self.seq))
         entries = []
+        pieces: list[bytes] = []
+        offset = self._bytes
         for header, (member_name, payload) in zip(headers, members):
-            self._write(header)
-            entries.append((member_name, self._bytes, len(payload)))
-            self._write(payload)
+            entries.append((member_name, offset + len(header), len(payload)))
             pad = padded_size(len(payload)) - len(payload)
-            if pad:
-                self._write(bytes(pad))
+            pieces += (header, payload, _ZEROS[:pad]) if pad else (header, payload)
+            offset += len(header) + len(payload) + pad
+        self._write(pieces)
         self._spool.write((b"," if self._num_samples else b"") + sample_json(key, entries))
         self._num_samples += 1
         self._num_members += len(entries)
@@ -119,14 +122,21 @@ class ShardWriter:
             self._sink.abort()
             self._sink = None
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, pieces: Sequence[bytes]) -> None:
+        """Write ``pieces`` in order, with one system call for a local shard."""
         assert self._sink is not None  # internal: write_sample opened it
-        self._sink.write(data)
-        self._crc32 = zlib.crc32(data, self._crc32)
-        self._bytes += len(data)
+        write_many = getattr(self._sink, "write_many", None)
+        if write_many is not None:
+            write_many(pieces)
+        else:
+            for piece in pieces:
+                self._sink.write(piece)
+        for piece in pieces:
+            self._crc32 = zlib.crc32(piece, self._crc32)
+            self._bytes += len(piece)
 
     def _finish_shard(self) -> None:
-        self._write(END_OF_ARCHIVE)
+        self._write([END_OF_ARCHIVE])
         assert self._sink is not None
         self._sink.commit()
         self._spool.seek(0)
