@@ -23,6 +23,7 @@ records stay, so ``shardstream index merge`` can be run again; ``--overwrite`` c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -75,6 +76,18 @@ class PackSpec:
     def to_json(self) -> bytes:
         return json.dumps({"version": 1, **asdict(self)}, sort_keys=True).encode()
 
+    @property
+    def digest(self) -> str:
+        """Identifies these options in every record written under them."""
+        return hashlib.sha1(self.to_json()).hexdigest()[:16]
+
+    def differences(self, other: PackSpec) -> str:
+        """``"workers: 2 recorded, 4 given; ..."`` for the fields that differ."""
+        return "; ".join(
+            f"{k}: {getattr(self, k)!r} recorded, {getattr(other, k)!r} given"
+            for k in asdict(self) if getattr(self, k) != getattr(other, k)
+        )
+
     @classmethod
     def from_json(cls, data: bytes, *, url: str) -> PackSpec:
         try:
@@ -97,6 +110,8 @@ class StreamRecord:
     seq: int
     consumed: int
     problems: tuple[Problem, ...]
+    spec_digest: str
+    last_key: str | None = None  # key of the last source sample consumed, checked on resume
     shard: dict[str, Any] | None = None  # name, bytes, num_samples, num_members
 
     def header(self) -> bytes:
@@ -104,18 +119,35 @@ class StreamRecord:
             "stream": self.stream,
             "seq": self.seq,
             "consumed": self.consumed,
+            "last_key": self.last_key,
+            "spec": self.spec_digest,
             "problems": [p.to_json() for p in self.problems],
             "shard": self.shard,
         }
         return json.dumps(doc).encode() + b"\n"  # ASCII: problem paths may hold undecodable bytes
 
     @classmethod
-    def parse(cls, data: bytes) -> tuple[StreamRecord, bytes]:
-        """The record and the shard entry's JSON text (empty for a done marker)."""
-        head, _, text = data.partition(b"\n")
-        doc = json.loads(head)
-        record = cls(stream=doc["stream"], seq=doc["seq"], consumed=doc["consumed"], shard=doc["shard"],
-                     problems=tuple(Problem.from_json(p) for p in doc["problems"]))
+    def load(cls, store: Store, stream: int, seq: int | None, spec: PackSpec) -> tuple[StreamRecord, bytes]:
+        """Read a record: it and the shard entry's JSON text (empty for a done marker).
+
+        Raises:
+            IndexFormatError: the record is damaged, or was written by a pack with other
+                settings (two parts started with different options).
+        """
+        url = store.url_of(cls.name(stream, seq))
+        try:
+            head, _, text = store.read_bytes(cls.name(stream, seq)).partition(b"\n")
+            doc = json.loads(head)
+            record = cls(stream=doc["stream"], seq=doc["seq"], consumed=doc["consumed"], shard=doc["shard"],
+                         last_key=doc["last_key"], spec_digest=doc["spec"],
+                         problems=tuple(Problem.from_json(p) for p in doc["problems"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IndexFormatError(f"{url}: damaged pack record ({exc}); pack again with --overwrite") from exc
+        if record.spec_digest != spec.digest:
+            raise IndexFormatError(
+                f"{url}: written by a pack with other options than {store.url_of(SPEC_NAME)} (parts "
+                "started with different options?); pack again with --overwrite and the same options for every part"
+            )
         return record, text
 
     @staticmethod
@@ -145,6 +177,7 @@ class StreamState:
 
     num_shards: int
     consumed: int
+    last_key: str | None
     done: StreamRecord | None
 
 
@@ -163,7 +196,7 @@ def _record_names(store: Store) -> dict[int, tuple[list[int], bool]]:
     return streams
 
 
-def read_stream_state(store: Store, stream: int) -> StreamState:
+def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
     """Read where ``stream`` stopped (reads only its last record).
 
     Raises:
@@ -173,12 +206,12 @@ def read_stream_state(store: Store, stream: int) -> StreamState:
     if seqs != list(range(len(seqs))):
         raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
     if done:
-        record, _ = StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, None)))
-        return StreamState(len(seqs), record.consumed, record)
+        record, _ = StreamRecord.load(store, stream, None, spec)
+        return StreamState(len(seqs), record.consumed, record.last_key, record)
     if not seqs:
-        return StreamState(0, 0, None)
-    last, _ = StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, seqs[-1])))
-    return StreamState(len(seqs), last.consumed, None)
+        return StreamState(0, 0, None, None)
+    last, _ = StreamRecord.load(store, stream, seqs[-1], spec)
+    return StreamState(len(seqs), last.consumed, last.last_key, None)
 
 
 def unfinished_streams(store: Store, spec: PackSpec) -> list[int]:
@@ -212,7 +245,7 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
         for seq in range(max(seqs_of.values(), default=0)):
             for stream in range(spec.num_streams):
                 if seq < seqs_of[stream]:
-                    record, text = StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, seq)))
+                    record, text = StreamRecord.load(store, stream, seq, spec)
                     problems.extend(record.problems)
                     meta = record.shard or {}
                     yield ShardJson(text, meta["num_samples"], meta["num_members"], meta["bytes"])
@@ -221,7 +254,7 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
     try:
         totals = write_index(sink.write, shards())
         for stream in range(spec.num_streams):
-            problems.extend(StreamRecord.parse(store.read_bytes(StreamRecord.name(stream, None)))[0].problems)
+            problems.extend(StreamRecord.load(store, stream, None, spec)[0].problems)
         report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
         store.write_bytes(REPORT_NAME, report)
         sink.commit()

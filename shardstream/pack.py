@@ -30,6 +30,7 @@ from .errors import (
     ShardNotFoundError,
     ShardstreamError,
     SourceError,
+    StorageError,
     UnreadableFileError,
 )
 from .index import INDEX_NAME, Index
@@ -136,7 +137,8 @@ class PackReport:
             line += " (resumed)"
         skipped = sum(not p.packed for p in self.problems)
         if self.problems:
-            line += f"; {skipped} skipped, {len(self.problems) - skipped} warnings (see {self.dest}/{REPORT_NAME})"
+            where = f"see {self.dest}/{REPORT_NAME}" if self.dataset_totals is not None else "listed in the report once every part is done"
+            line += f"; {skipped} skipped, {len(self.problems) - skipped} warnings ({where})"
         if self.dataset_totals is not None:
             t = self.dataset_totals
             line += f"; index {self.index_url}: {t['num_shards']} shards, {t['num_samples']} samples"
@@ -204,8 +206,9 @@ def pack(
             NUL-separated; ``"-"`` reads standard input); the list's order is kept.
         on_error: ``"fail"`` stops at the first bad input file, naming it; ``"skip"`` packs
             the rest and lists each skipped file in ``dest/pack-report.jsonl``.
-        workers: processes writing shards in parallel (None: the CPU count). All parts of one
-            pack must use the same number.
+        workers: processes writing shards in parallel (None: the CPU count), started with
+            ``spawn``: a script calling ``pack(workers > 1)`` needs the usual
+            ``if __name__ == "__main__":`` guard. All parts of one pack must use the same number.
         part: pack only this part of the input (another machine packs the others); default
             from ``RANK`` / ``WORLD_SIZE`` (torchrun) or a job array, else the whole input.
         shuffle: spread samples over shards in a random order seeded by ``seed``, through a
@@ -244,16 +247,15 @@ def pack(
         raise ValueError(f"{max_shard_bytes=} must be > 0")
     if max_samples_per_shard is not None and max_samples_per_shard <= 0:
         raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
-    source_url = os.fspath(source) if is_s3_url(os.fspath(source)) else check_source(source)
+    source_url = os.fspath(source).rstrip("/") if is_s3_url(os.fspath(source)) else check_source(source)
     if files_from is not None and is_s3_url(source_url):
         raise ValueError("--files-from takes a local SOURCE directory")
     store = open_store(dest, s3=s3, fetch=fetch)
-    if isinstance(store, LocalStore) and not is_s3_url(source_url):
-        if store.root == Path(source_url) or Path(source_url) in store.root.parents:
-            raise DestinationError(
-                f"{store.root} is inside SOURCE {source_url}, so pack would pack its own shards; "
-                "pick a DEST outside SOURCE"
-            )
+    if _inside(store, source_url):
+        raise DestinationError(
+            f"{store.url} is inside SOURCE {source_url}, so pack would pack its own shards; "
+            "pick a DEST outside SOURCE"
+        )
     spec = PackSpec(
         source=source_url, files_from=files_from is not None, name=name, max_shard_bytes=max_shard_bytes,
         max_samples_per_shard=max_samples_per_shard, num_parts=part.count, workers=workers,
@@ -311,14 +313,21 @@ def _prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
         if old_spec == spec:
             return has_index
         if has_index or old_spec is not None:
-            what = "a dataset" if has_index else "an unfinished pack made with other settings"
+            what = "a dataset" if has_index else "an unfinished pack made with other options"
+            differences = f" ({old_spec.differences(spec)})" if old_spec is not None else ""
             raise DestinationError(
-                f"{store.url} already holds {what}; run the same command as before to finish it, "
-                "pass --overwrite to replace it, or pick another DEST"
+                f"{store.url} already holds {what}{differences}; run the same command as before to "
+                "finish it, pass --overwrite to replace it, or pick another DEST"
             )
     else:
         _wipe(store, old_spec)
-    store.write_bytes(SPEC_NAME, spec.to_json())
+    if not store.create_exclusive(SPEC_NAME, spec.to_json()):  # another part got there first
+        winner = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
+        if winner != spec:
+            raise DestinationError(
+                f"{store.url}: another part started with other options ({winner.differences(spec)}); "
+                "every part must use the same options"
+            )
     return False
 
 
@@ -338,6 +347,7 @@ def _wipe(store: Store, old_spec: PackSpec | None) -> None:
         old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.stream_of_shard(n) is not None)
         store.remove_partials(lambda n: old_spec.stream_of_shard(n) is not None or n.startswith(f"{STATE_DIR}/"),
                               folders=("", STATE_DIR))
+    store.remove_partials(lambda n: n in (INDEX_NAME, REPORT_NAME))
     for name in sorted(old_names) + [REPORT_NAME, SPEC_NAME]:
         store.delete(name)
 
@@ -444,7 +454,7 @@ def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _Stream
     """Pack one stream, resuming after its last record."""
     spec, stream = job.spec, job.stream
     store = open_store(job.dest, s3=job.s3, fetch=job.fetch)
-    state = read_stream_state(store, stream)
+    state = read_stream_state(store, spec, stream)
     result = _StreamResult(resumed=state.num_shards > 0 or state.done is not None)
     if state.done is not None:
         return result
@@ -462,14 +472,16 @@ def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _Stream
     mine: Iterator[Sample] = itertools.islice(samples, stream, None, spec.num_streams)
     if spec.shuffle:
         mine = shuffle_buffer(mine, capacity_samples=job.shuffle_buffer, rng=random.Random(f"{spec.seed}/{stream}"))
-    mine = itertools.islice(mine, state.consumed, None)
+    mine = _skip_consumed(mine, state, url=store.url_of(STATE_DIR))
     pending: list[Problem] = []
     consumed = state.consumed
+    last_key = state.last_key
 
     def on_commit(published: PublishedShard) -> None:
         meta = {"name": published.name, "bytes": published.bytes, "num_samples": published.num_samples,
                 "num_members": published.num_members}
-        record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, shard=meta, problems=tuple(pending))
+        record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, last_key=last_key,
+                              spec_digest=spec.digest, shard=meta, problems=tuple(pending))
         write_shard_record(store, record, published)
         pending.clear()
         result.num_shards += 1
@@ -490,14 +502,32 @@ def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _Stream
             pending.extend(problems)
             result.problems.extend(problems)
             consumed += 1
+            last_key = sample.key
         writer.close()
     except BaseException:
         writer.abort()
         raise
-    done = StreamRecord(stream=stream, seq=writer.seq, consumed=consumed, problems=tuple(pending + walk_problems))
+    done = StreamRecord(stream=stream, seq=writer.seq, consumed=consumed, last_key=last_key, spec_digest=spec.digest,
+                        problems=tuple(pending + walk_problems))
     store.write_bytes(StreamRecord.name(stream, None), done.header())
     result.problems.extend(walk_problems)
     return result
+
+
+def _skip_consumed(samples: Iterator[Sample], state: Any, *, url: str) -> Iterator[Sample]:
+    """Skip what the interrupted run consumed, checking that the input has not changed."""
+    last = None
+    for _ in range(state.consumed):
+        last = next(samples, None)
+        if last is None:
+            break
+    if state.consumed and (last is None or last.key != state.last_key):
+        found = "the input ends before it" if last is None else f"it is now {last.key!r}"
+        raise DestinationError(
+            f"{url}: SOURCE changed since the interrupted pack (sample {state.consumed} was "
+            f"{state.last_key!r}, {found}); restore it, or pack again with --overwrite"
+        )
+    return samples
 
 
 def _check(problem: Problem, on_error: OnError) -> None:
@@ -530,6 +560,8 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
                 data = f.read()
     except (FileNotFoundError, ShardNotFoundError):
         return None, Problem(file.path, ProblemKind.VANISHED, "vanished before it was read")
+    except StorageError:
+        raise  # an outage or rejected credentials is not a bad input file: stop
     except OSError as exc:
         return None, Problem(file.path, ProblemKind.UNREADABLE, f"cannot read: {exc.strerror or exc}")
     if len(data) != expected:
@@ -548,6 +580,32 @@ def _read_sample(sample: Sample, source_store: Store | None) -> tuple[list[tuple
         if data is not None:
             members.append((file.member_name, data))
     return members, problems
+
+
+def _with_sizes(sample: Sample) -> Sample:
+    """Stat the files of a sample this stream reads (the walk leaves sizes to the reader,
+    so each file is stat-ed by one stream only); the read-ahead budget needs them."""
+    files = []
+    for file in sample.files:
+        if file.size is None:
+            try:
+                file = SourceFile(file.member_name, file.path, os.stat(file.path).st_size)
+            except OSError:
+                pass  # reading it will report why
+        files.append(file)
+    return Sample(sample.key, tuple(files))
+
+
+def _inside(store: Store, source_url: str) -> bool:
+    """Whether the destination lies inside the source (symlinks resolved)."""
+    if isinstance(store, LocalStore):
+        if is_s3_url(source_url):
+            return False
+        dest, source = store.root.resolve(), Path(source_url).resolve()
+        return dest == source or source in dest.parents
+    if not is_s3_url(source_url):
+        return False
+    return (store.url + "/").startswith(source_url + "/")
 
 
 def _read_ahead(
@@ -571,6 +629,8 @@ def _read_ahead(
             batch: list[Sample] = []
             batch_bytes = 0
             for sample in samples:
+                if source_store is None:
+                    sample = _with_sizes(sample)
                 batch.append(sample)
                 batch_bytes += sum(f.size or 0 for f in sample.files)
                 if len(batch) < batch_samples and batch_bytes < 4 << 20:

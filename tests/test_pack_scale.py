@@ -254,3 +254,41 @@ def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(
     assert not uploads.get("Uploads"), uploads.get("Uploads")
     index = Index.from_json(store.read_bytes("index.json"), url=url)
     assert sorted(n for n in store.list_names() if n.endswith(".tar")) == sorted(s.name for s in index.shards)
+
+
+def test_parts_with_other_options_and_a_changed_input_are_refused(tmp_path):
+    src = make_tree(tmp_path / "src", classes=2, per_class=10)
+    pack(src, tmp_path / "parts", workers=1, part=Part(0, 2), progress=False)
+    with pytest.raises(DestinationError, match=r"unfinished pack made with other options \(workers: 1 recorded, 2 given\)"):
+        pack(src, tmp_path / "parts", workers=2, part=Part(1, 2), progress=False)
+
+    names = [f"class{c}/{i:04d}.bin" for c in range(2) for i in range(10)]
+    listed = tmp_path / "list.txt"
+    (src / "class1" / "bad.bin").symlink_to("/proc/self/mem")  # listed fine, fails when read
+    listed.write_text("\n".join(names[:15] + ["class1/bad.bin"] + names[15:]))
+    dest = tmp_path / "listed"
+    with pytest.raises(Exception, match="bad.bin"):
+        pack(src, dest, files_from=listed, max_samples_per_shard=2, progress=False)
+    assert list(dest.glob("*.tar"))  # shards before the bad entry stay, for the resume
+    listed.write_text("\n".join(reversed(names)))
+    with pytest.raises(DestinationError, match=r"SOURCE changed since the interrupted pack \(sample \d+ was 'class\d/\d+', it is now"):
+        pack(src, dest, files_from=listed, max_samples_per_shard=2, progress=False)
+
+
+def test_destination_inside_source_through_a_symlink_or_an_s3_prefix(tmp_path, s3_bucket, s3_config):
+    src = make_tree(tmp_path / "src", classes=1, per_class=2)
+    (tmp_path / "link").symlink_to(src)
+    with pytest.raises(DestinationError, match="is inside SOURCE"):
+        pack(src, tmp_path / "link" / "out", progress=False)
+    with pytest.raises(DestinationError, match=rf"s3://{s3_bucket}/raw/out is inside SOURCE s3://{s3_bucket}/raw"):
+        pack(f"s3://{s3_bucket}/raw/", f"s3://{s3_bucket}/raw/out", s3=s3_config, progress=False)
+
+
+def test_a_damaged_record_is_named_with_the_way_out(tmp_path):
+    src = make_tree(tmp_path / "src", classes=2, per_class=10)
+    dest = tmp_path / "out"
+    pack(src, dest, workers=1, max_samples_per_shard=3, progress=False)
+    (dest / ".shardstream" / "s00000-0000002.json").write_bytes(b"")
+    merged = subprocess.run([SHARDSTREAM, "index", "merge", str(dest)], capture_output=True, text=True)
+    assert merged.returncode == 1
+    assert "s00000-0000002.json: damaged pack record" in merged.stderr and "--overwrite" in merged.stderr

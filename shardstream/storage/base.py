@@ -43,6 +43,9 @@ class Store(Protocol):
 
     def delete(self, name: str) -> None: ...
 
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Write a small object atomically unless it exists; False when it already did."""
+
     def open_writer(self, name: str) -> ShardSink: ...
 
     def list_names(self, prefix: str = "") -> list[str]:

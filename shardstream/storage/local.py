@@ -80,6 +80,24 @@ class LocalStore:
         finally:
             sink.abort()
 
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Write ``name`` atomically unless it exists; False when it already did."""
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sink = _LocalSink(path)
+        try:
+            sink.write(data)
+            assert sink._file is not None  # internal: just written
+            sink._file.close()
+            sink._file = None
+            try:
+                os.link(sink.tmp_path, path)  # atomic, and fails if the name exists
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            sink.tmp_path.unlink(missing_ok=True)
+
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
 

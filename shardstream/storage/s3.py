@@ -231,6 +231,26 @@ class S3Store:
     def write_bytes(self, name: str, data: bytes) -> None:
         loop.run(self.call("put_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name), Body=data))
 
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Put ``name`` unless it exists (``If-None-Match: *``); False when it already did."""
+        from botocore.exceptions import ClientError
+
+        url = self.url_of(name)
+
+        async def put() -> bool:
+            try:
+                client = await _client_for(self.s3)
+                await client.put_object(Bucket=self.bucket, Key=self.key_of(name), Body=data, IfNoneMatch="*")
+            except ClientError as exc:
+                if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                    return False
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+            except Exception as exc:
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+            return True
+
+        return loop.run(put())
+
     def delete(self, name: str) -> None:
         loop.run(self.call("delete_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name)))
 
