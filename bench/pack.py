@@ -118,9 +118,9 @@ def s3_upload_limit(info, total_bytes: int, *, part_bytes: int = 16 << 20, infli
                 key = f"limit/{first:08d}"
                 created = await client.create_multipart_upload(Bucket="bench", Key=key)
 
-                async def put(number: int) -> dict:
+                async def put(number: int, key: str = key, upload_id: str = created["UploadId"]) -> dict:
                     async with limit:
-                        r = await client.upload_part(Bucket="bench", Key=key, UploadId=created["UploadId"],
+                        r = await client.upload_part(Bucket="bench", Key=key, UploadId=upload_id,
                                                      PartNumber=number, Body=body)
                         return {"ETag": r["ETag"], "PartNumber": number}
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import tarfile
 
-from .errors import MemberNameError
-
 __all__ = [
     "BLOCK_BYTES",
     "END_OF_ARCHIVE",
@@ -27,7 +25,6 @@ __all__ = [
     "member_header",
     "padded_size",
     "split_key",
-    "tar_member_bytes",
 ]
 
 BLOCK_BYTES = 512
@@ -44,30 +41,6 @@ def split_key(member_name: str) -> tuple[str, str]:
     if dot < 0:
         return member_name, ""
     return member_name[:dot], member_name[dot + 1 :]
-
-
-def check_member_name(member_name: str, *, where: str) -> None:
-    """Raise :class:`MemberNameError` if ``member_name`` cannot be a member of a shard.
-
-    Args:
-        member_name: a relative POSIX path.
-        where: the file or URL to name in the error.
-    """
-    _, ext = split_key(member_name)
-    if ext in RESERVED_FIELDS:
-        raise MemberNameError(
-            f"{where}: extension {ext!r} collides with the sample field of the same name; "
-            "rename the file"
-        )
-    if "\n" in member_name or "\r" in member_name:
-        raise MemberNameError(f"{where!r}: file name contains a line break; rename the file")
-    try:
-        member_name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise MemberNameError(
-            f"{where!r}: file name is not valid UTF-8, which index.json and most tar readers "
-            "need; rename the file"
-        ) from None
 
 
 def padded_size(size: int) -> int:
@@ -114,8 +87,3 @@ def member_header(member_name: str, size: int) -> bytes:
     header[148:156] = b"        "
     header[148:156] = b"%06o\0 " % sum(header)
     return bytes(header)
-
-
-def tar_member_bytes(member_name: str, size: int) -> int:
-    """Bytes a member of ``size`` payload bytes takes in a shard, headers and padding included."""
-    return len(member_header(member_name, size)) + padded_size(size)

@@ -36,7 +36,6 @@ from .errors import IndexFormatError
 __all__ = [
     "ShardJson",
     "sample_json",
-    "shard_from_json",
     "shard_json_head",
     "write_index",
     "INDEX_FORMAT",
@@ -170,15 +169,6 @@ def shard_json_head(*, name: str, bytes_: int, num_samples: int, crc32: str) -> 
     :meth:`Index.to_json`); the samples and ``"]}"`` follow."""
     head = _dumps({"name": name, "bytes": bytes_, "num_samples": num_samples, "crc32": crc32, "samples": []})
     return head[: -len(b"]}")]
-
-
-def shard_from_json(doc: dict[str, Any]) -> ShardEntry:
-    """A shard entry from its index JSON object.
-
-    Raises:
-        KeyError, TypeError, ValueError: a field is missing or mistyped.
-    """
-    return _shard(doc)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from .format import END_OF_ARCHIVE, member_header, padded_size
 from .index import sample_json
 from .storage import ShardSink, Store
 
-__all__ = ["PublishedShard", "ShardWriter", "shard_name"]
+__all__ = ["PublishedShard", "ShardWriter"]
 
 _ZEROS = bytes(512)
 
@@ -31,11 +31,6 @@ class PublishedShard:
     num_samples: int
     num_members: int
     samples_json: BinaryIO
-
-
-def shard_name(name: str, number: int) -> str:
-    """``shard_name("data", 3)`` -> ``"data-000003.tar"``."""
-    return f"{name}-{number:06d}.tar"
 
 
 class ShardWriter:

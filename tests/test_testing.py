@@ -33,7 +33,7 @@ def test_server_starts_with_auth_and_stops_leaving_nothing(tmp_path):
     assert not data_dir.exists()
     assert not any(Path(tempfile.gettempdir()).glob(f"seaweedfs-*-grpc-{ports[1]}.sock"))
     with pytest.raises(S3ServerError, match="not running"):
-        server.info
+        _ = server.info
 
 
 def test_missing_binary_is_a_clear_error(tmp_path):

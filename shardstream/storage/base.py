@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ShardSink", "Store", "is_s3_url", "join_url", "split_url"]
+__all__ = ["ShardSink", "Store", "is_s3_url", "split_url"]
 
 
 class ShardSink(Protocol):
@@ -58,10 +58,6 @@ class Store(Protocol):
 
 def is_s3_url(url: str) -> bool:
     return url.startswith("s3://")
-
-
-def join_url(root: str, name: str) -> str:
-    return f"{root.rstrip('/')}/{name}" if root else name
 
 
 def split_url(url: str) -> tuple[str, str]:
