@@ -3,20 +3,14 @@ resumable after a crash, and split across machines (see :mod:`shardstream.journa
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import enum
-import itertools
 import multiprocessing
 import os
 import queue
-import random
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +20,8 @@ from .config import FetchConfig, S3Config
 from .errors import (
     DestinationError,
     IndexFormatError,
-    MemberNameError,
-    ShardNotFoundError,
     ShardstreamError,
     SourceError,
-    StorageError,
-    UnreadableFileError,
 )
 from .index import INDEX_NAME, Index
 from .journal import (
@@ -39,38 +29,21 @@ from .journal import (
     SPEC_NAME,
     STATE_DIR,
     PackSpec,
-    StreamRecord,
     merge,
-    read_stream_state,
     unfinished_streams,
-    write_shard_record,
 )
-from .shuffle import shuffle_buffer
+from .pack_stream import OnError, StreamJob, StreamResult, run_stream
 from .sources import (
     Problem,
-    ProblemKind,
-    Sample,
-    SourceFile,
     check_source,
-    iter_list_samples,
-    iter_s3_samples,
     split_entries,
-    walk_samples,
 )
 from .storage import LocalStore, Store, is_s3_url, open_store
-from .writer import PublishedShard, ShardWriter
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
 DEFAULT_MAX_SHARD_BYTES = 256 << 20
 DEFAULT_SHUFFLE_BUFFER = 100_000
-
-
-class OnError(enum.Enum):
-    """What pack does with a bad input file: stop naming it, or skip and report it."""
-
-    FAIL = "fail"
-    SKIP = "skip"
 
 
 @dataclass(frozen=True)
@@ -145,28 +118,6 @@ class PackReport:
         else:
             line += "; other parts unfinished, index not written yet"
         return line
-
-
-@dataclass(frozen=True, kw_only=True)
-class _StreamJob:
-    spec: PackSpec
-    stream: int
-    dest: str
-    list_path: str | None
-    on_error: OnError
-    shuffle_buffer: int
-    s3: S3Config | None
-    fetch: FetchConfig | None
-
-
-@dataclass
-class _StreamResult:
-    num_files: int = 0
-    num_samples: int = 0
-    payload_bytes: int = 0
-    num_shards: int = 0
-    resumed: bool = False
-    problems: list[Problem] = field(default_factory=list)
 
 
 def pack(
@@ -272,7 +223,7 @@ def pack(
 
     with _spooled_list(files_from) as list_path:
         jobs = [
-            _StreamJob(spec=spec, stream=stream, dest=store.url, list_path=list_path, on_error=on_error,
+            StreamJob(spec=spec, stream=stream, dest=store.url, list_path=list_path, on_error=on_error,
                        shuffle_buffer=shuffle_buffer, s3=s3, fetch=fetch)
             for stream in spec.streams_of_part(part.index)
         ]
@@ -372,7 +323,7 @@ class _spooled_list:
             os.unlink(self.tmp)
 
 
-def _run_jobs(jobs: list[_StreamJob], *, progress: bool, total_files: int | None = None) -> list[_StreamResult]:
+def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None = None) -> list[StreamResult]:
     """Run streams inline (one) or in spawned worker processes, driving one progress bar."""
     bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr,
                mininterval=0.5, total=total_files)
@@ -389,13 +340,13 @@ def _run_jobs(jobs: list[_StreamJob], *, progress: bool, total_files: int | None
 
     try:
         if len(jobs) == 1:
-            return [_run_stream(jobs[0], advance)]
+            return [run_stream(jobs[0], advance)]
         context = multiprocessing.get_context("spawn")
         messages = context.Queue()
         processes = [context.Process(target=_stream_process, args=(job, messages), daemon=True) for job in jobs]
         for process in processes:
             process.start()
-        results: dict[int, _StreamResult] = {}
+        results: dict[int, StreamResult] = {}
         error: BaseException | None = None
         while len(results) < len(jobs) and error is None:
             try:
@@ -422,7 +373,7 @@ def _run_jobs(jobs: list[_StreamJob], *, progress: bool, total_files: int | None
         bar.close()
 
 
-def _stream_process(job: _StreamJob, messages: Any) -> None:
+def _stream_process(job: StreamJob, messages: Any) -> None:
     _die_with_parent()
     pending = [0, 0, time.monotonic()]
 
@@ -434,7 +385,7 @@ def _stream_process(job: _StreamJob, messages: Any) -> None:
             pending[:] = [0, 0, time.monotonic()]
 
     try:
-        result = _run_stream(job, advance)
+        result = run_stream(job, advance)
         messages.put(("progress", job.stream, (pending[0], pending[1])))
         messages.put(("done", job.stream, result))
     except BaseException as exc:  # handed to the parent, raised there
@@ -450,152 +401,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _run_stream(job: _StreamJob, advance: Callable[[int, int], None]) -> _StreamResult:
-    """Pack one stream, resuming after its last record."""
-    spec, stream = job.spec, job.stream
-    store = open_store(job.dest, s3=job.s3, fetch=job.fetch)
-    state = read_stream_state(store, spec, stream)
-    result = _StreamResult(resumed=state.num_shards > 0 or state.done is not None)
-    if state.done is not None:
-        return result
-    own_records = f"{STATE_DIR}/s{stream:05d}-"
-    store.remove_partials(lambda name: spec.stream_of_shard(name) == stream or name.startswith(own_records),
-                          folders=("", STATE_DIR))
-    walk_problems: list[Problem] = []
-
-    def on_walk_problem(problem: Problem) -> None:
-        _check(problem, job.on_error)
-        if stream == 0:  # every stream walks the whole source; one reports what it found
-            walk_problems.append(problem)
-
-    source_store, samples = _source_samples(job, on_walk_problem)
-    mine: Iterator[Sample] = itertools.islice(samples, stream, None, spec.num_streams)
-    if spec.shuffle:
-        mine = shuffle_buffer(mine, capacity_samples=job.shuffle_buffer, rng=random.Random(f"{spec.seed}/{stream}"))
-    mine = _skip_consumed(mine, state, url=store.url_of(STATE_DIR))
-    pending: list[Problem] = []
-    consumed = state.consumed
-    last_key = state.last_key
-
-    def on_commit(published: PublishedShard) -> None:
-        meta = {"name": published.name, "bytes": published.bytes, "num_samples": published.num_samples,
-                "num_members": published.num_members}
-        record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, last_key=last_key,
-                              spec_digest=spec.digest, shard=meta, problems=tuple(pending))
-        write_shard_record(store, record, published)
-        pending.clear()
-        result.num_shards += 1
-
-    writer = ShardWriter(store, shard_names=lambda seq: spec.shard_name(stream, seq), max_shard_bytes=spec.max_shard_bytes,
-                         max_samples_per_shard=spec.max_samples_per_shard, first_seq=state.num_shards, on_commit=on_commit)
-    try:
-        for sample, members, problems in _read_ahead(mine, source_store):
-            if members:
-                writer.write_sample(sample.key, members)
-                size = sum(len(p) for _, p in members)
-                result.num_files += len(members)
-                result.num_samples += 1
-                result.payload_bytes += size
-                advance(len(members), size)
-            for problem in problems:
-                _check(problem, job.on_error)
-            pending.extend(problems)
-            result.problems.extend(problems)
-            consumed += 1
-            last_key = sample.key
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    done = StreamRecord(stream=stream, seq=writer.seq, consumed=consumed, last_key=last_key, spec_digest=spec.digest,
-                        problems=tuple(pending + walk_problems))
-    store.write_bytes(StreamRecord.name(stream, None), done.header())
-    result.problems.extend(walk_problems)
-    return result
-
-
-def _skip_consumed(samples: Iterator[Sample], state: Any, *, url: str) -> Iterator[Sample]:
-    """Skip what the interrupted run consumed, checking that the input has not changed."""
-    last = None
-    for _ in range(state.consumed):
-        last = next(samples, None)
-        if last is None:
-            break
-    if state.consumed and (last is None or last.key != state.last_key):
-        found = "the input ends before it" if last is None else f"it is now {last.key!r}"
-        raise DestinationError(
-            f"{url}: SOURCE changed since the interrupted pack (sample {state.consumed} was "
-            f"{state.last_key!r}, {found}); restore it, or pack again with --overwrite"
-        )
-    return samples
-
-
-def _check(problem: Problem, on_error: OnError) -> None:
-    """Raise for a problem that stops the pack under ``on_error="fail"``."""
-    if problem.packed or on_error is OnError.SKIP:
-        return
-    cls = MemberNameError if problem.kind in (ProblemKind.BAD_NAME, ProblemKind.COLLISION) else UnreadableFileError
-    raise cls(f"{problem.path!r}: {problem.reason}; fix it and run the same command again to resume, "
-              "or pass --on-error skip to pack the rest and report it")
-
-
-def _source_samples(job: _StreamJob, on_problem: Callable[[Problem], None]) -> tuple[Store | None, Iterator[Sample]]:
-    spec = job.spec
-    if is_s3_url(spec.source):
-        source_store = open_store(spec.source, s3=job.s3)
-        return source_store, iter_s3_samples(source_store, on_problem=on_problem)
-    if job.list_path is not None:
-        return None, iter_list_samples(spec.source, job.list_path, on_problem=on_problem)
-    return None, walk_samples(spec.source, on_problem=on_problem)
-
-
-def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | None, Problem | None]:
-    try:
-        if source_store is not None:
-            data = source_store.read_bytes(file.path[len(source_store.url) + 1 :])
-            expected = file.size
-        else:
-            with open(file.path, "rb") as f:
-                expected = os.fstat(f.fileno()).st_size if file.size is None else file.size
-                data = f.read()
-    except (FileNotFoundError, ShardNotFoundError):
-        return None, Problem(file.path, ProblemKind.VANISHED, "vanished before it was read")
-    except StorageError:
-        raise  # an outage or rejected credentials is not a bad input file: stop
-    except OSError as exc:
-        return None, Problem(file.path, ProblemKind.UNREADABLE, f"cannot read: {exc.strerror or exc}")
-    if len(data) != expected:
-        return None, Problem(file.path, ProblemKind.CHANGED, f"changed size while packing ({expected} -> {len(data)} bytes)")
-    if not data:
-        return data, Problem(file.path, ProblemKind.EMPTY, "zero bytes (packed)")
-    return data, None
-
-
-def _read_sample(sample: Sample, source_store: Store | None) -> tuple[list[tuple[str, bytes]], list[Problem]]:
-    members, problems = [], []
-    for file in sample.files:
-        data, problem = _read_file(file, source_store)
-        if problem is not None:
-            problems.append(problem)
-        if data is not None:
-            members.append((file.member_name, data))
-    return members, problems
-
-
-def _with_sizes(sample: Sample) -> Sample:
-    """Stat the files of a sample this stream reads (the walk leaves sizes to the reader,
-    so each file is stat-ed by one stream only); the read-ahead budget needs them."""
-    files = []
-    for file in sample.files:
-        if file.size is None:
-            try:
-                file = SourceFile(file.member_name, file.path, os.stat(file.path).st_size)
-            except OSError:
-                pass  # reading it will report why
-        files.append(file)
-    return Sample(sample.key, tuple(files))
-
-
 def _inside(store: Store, source_url: str) -> bool:
     """Whether the destination lies inside the source (symlinks resolved)."""
     if isinstance(store, LocalStore):
@@ -606,46 +411,3 @@ def _inside(store: Store, source_url: str) -> bool:
     if not is_s3_url(source_url):
         return False
     return (store.url + "/").startswith(source_url + "/")
-
-
-def _read_ahead(
-    samples: Iterator[Sample], source_store: Store | None, *, max_inflight_bytes: int = 64 << 20
-) -> Iterator[tuple[Sample, list[tuple[str, bytes]], list[Problem]]]:
-    """Read samples' files on a thread pool, ahead of the writer, in order; at most
-    ``max_inflight_bytes`` of file data (by listed size) are read ahead.
-
-    Local files are read in batches of up to 32 samples or 4 MiB per task (a task per small
-    file costs more than reading it from the page cache); S3 objects one per task, 32 at once.
-    """
-    threads, batch_samples = (32, 1) if source_store is not None else (4, 32)
-    ahead: collections.deque[tuple[int, concurrent.futures.Future[Any]]] = collections.deque()
-    inflight = 0
-
-    def read_batch(batch: list[Sample]) -> list[tuple[Sample, list[tuple[str, bytes]], list[Problem]]]:
-        return [(sample, *_read_sample(sample, source_store)) for sample in batch]
-
-    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-read") as pool:
-        try:
-            batch: list[Sample] = []
-            batch_bytes = 0
-            for sample in samples:
-                if source_store is None:
-                    sample = _with_sizes(sample)
-                batch.append(sample)
-                batch_bytes += sum(f.size or 0 for f in sample.files)
-                if len(batch) < batch_samples and batch_bytes < 4 << 20:
-                    continue
-                ahead.append((batch_bytes, pool.submit(read_batch, batch)))
-                inflight += batch_bytes
-                batch, batch_bytes = [], 0
-                while ahead and (inflight > max_inflight_bytes or len(ahead) > 2 * threads):
-                    done_bytes, future = ahead.popleft()
-                    inflight -= done_bytes
-                    yield from future.result()
-            if batch:
-                ahead.append((batch_bytes, pool.submit(read_batch, batch)))
-            while ahead:
-                yield from ahead.popleft()[1].result()
-        finally:
-            for _, future in ahead:
-                future.cancel()
