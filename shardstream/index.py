@@ -160,8 +160,15 @@ class Index:
 
 
 def sample_json(key: str, members: Iterable[tuple[str, int, int]]) -> bytes:
-    """One sample's index entry as JSON bytes; members are ``(name, offset, size)``."""
-    return _dumps({"key": key, "members": [{"name": n, "offset": o, "size": z} for n, o, z in members]})
+    """One sample's index entry as JSON bytes; members are ``(name, offset, size)``.
+
+    Formatted by hand (strings through json's own encoder) as ``json.dumps`` would with
+    ``separators=(",", ":"), ensure_ascii=False``, at a third of its cost: pack calls it
+    once per sample.
+    """
+    quote = json.encoder.encode_basestring
+    entries = ",".join(f'{{"name":{quote(n)},"offset":{o},"size":{z}}}' for n, o, z in members)
+    return f'{{"key":{quote(key)},"members":[{entries}]}}'.encode("utf-8")
 
 
 def shard_json_head(*, name: str, bytes_: int, num_samples: int, crc32: str) -> bytes:

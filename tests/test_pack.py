@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import zlib
+import json
 import os
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
 import webdataset as wds
+from conftest import all_files
 from webdataset.tariterators import base_plus_ext
 
-from conftest import all_files
 from shardstream import Index, ShardDataset, pack
 from shardstream.errors import (
     DestinationError,
@@ -21,6 +22,7 @@ from shardstream.errors import (
     UnreadableFileError,
 )
 from shardstream.format import padded_size, split_key
+from shardstream.index import sample_json
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +85,11 @@ def test_webdataset_reads_the_shards(stdlib_tree, packed):
 def test_index_describes_the_shards_exactly(stdlib_tree, packed):
     dest, report = packed
     index = read_index(dest)
+    assert index.to_json() == (dest / "index.json").read_bytes()  # one format, written two ways
+    for entry in (x for s in index.shards for x in s.samples):
+        members = [{"name": m.name, "offset": m.offset, "size": m.size} for m in entry.members]
+        expected = json.dumps({"key": entry.key, "members": members}, separators=(",", ":"), ensure_ascii=False)
+        assert sample_json(entry.key, [(m.name, m.offset, m.size) for m in entry.members]) == expected.encode()
     files = all_files(stdlib_tree)
     assert sorted(p.name for p in dest.glob("*.tar")) == [s.name for s in index.shards]
     assert [s.name for s in index.shards] == [f"data-{i:06d}.tar" for i in range(index.num_shards)]
