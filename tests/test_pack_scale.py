@@ -22,6 +22,18 @@ from shardstream.storage import open_store
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 
 
+@pytest.fixture
+def reap_killed_semaphores():
+    """SIGKILLed packs cannot unlink their multiprocessing semaphores (/dev/shm/sem.mp-*);
+    remove the ones that appear while a kill test runs, so repeated runs leave nothing."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("sem.mp-*")) if shm.is_dir() else set()
+    yield
+    if shm.is_dir():
+        for path in set(shm.glob("sem.mp-*")) - before:
+            path.unlink(missing_ok=True)
+
+
 def dataset_files(dest: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
 
@@ -93,7 +105,7 @@ def test_index_merge_command_and_torchrun_parts(tmp_path):
     assert dataset_files(tmp_path / "torchrun") == dataset_files(tmp_path / "ref")
 
 
-def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_path):
+def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_path, reap_killed_semaphores):
     src = make_tree(tmp_path / "src", classes=10, per_class=150, size=2000)
     dest = tmp_path / "out"
     command = [SHARDSTREAM, "pack", str(src), str(dest), "--workers", "2", "--max-samples-per-shard", "2", "--no-progress"]
@@ -228,7 +240,9 @@ def test_verify_and_info(tmp_path, stdlib_tree):
     assert bad.stdout.strip().endswith(f"{len(shards) - 3} of {len(shards)} shards match the index; 3 do not")
 
 
-def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(tmp_path, s3_server, s3_bucket, s3_config):
+def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(
+    tmp_path, s3_server, s3_bucket, s3_config, reap_killed_semaphores
+):
     src = make_tree(tmp_path / "src", classes=4, per_class=60, size=120_000)  # ~29 MB
     url = f"s3://{s3_bucket}/killed"
     env = {**os.environ, **s3_server.info.env()}
