@@ -214,8 +214,9 @@ def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
     return StreamState(len(seqs), last.consumed, last.last_key, None)
 
 
-def unfinished_streams(store: Store, spec: PackSpec) -> list[int]:
-    names = _record_names(store)
+def unfinished_streams(store: Store, spec: PackSpec, names: dict[int, tuple[list[int], bool]] | None = None) -> list[int]:
+    """Streams without a done marker (``names``: a listing already made, to reuse)."""
+    names = _record_names(store) if names is None else names
     return [s for s in range(spec.num_streams) if not names.get(s, ([], False))[1]]
 
 
@@ -231,7 +232,7 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
         DestinationError: some streams (hence parts) have not finished.
     """
     names = _record_names(store)
-    missing = unfinished_streams(store, spec)
+    missing = unfinished_streams(store, spec, names)
     if missing:
         parts = sorted({s % spec.num_parts for s in missing})
         raise DestinationError(
