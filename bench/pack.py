@@ -95,6 +95,12 @@ def shardwriter_pack(root: Path, out: Path) -> None:
             sink.write(record)
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def s3_upload_limit(info, total_bytes: int, *, part_bytes: int = 16 << 20, inflight: int = 8) -> None:
     """What the server ingests: plain aiobotocore multipart uploads of ``total_bytes``
     (256 MiB objects of 16 MiB parts, 8 parts in flight), with no packing work at all."""
@@ -202,9 +208,16 @@ def speed(args: argparse.Namespace, scratch: Path) -> None:
         with SeaweedS3Server() as server:
             server.create_bucket("bench")
             env = {**os.environ, **server.info.env()}
+            server_cpu_s = process_cpu_s(server.pid)
             measure("S3 limit: multipart PUT", call=lambda out: s3_upload_limit(server.info, payload))
+            server_cpu_s = process_cpu_s(server.pid) - server_cpu_s
             measure("shardstream -> S3", [SHARDSTREAM, "pack", str(root), "s3://bench/{out}", "--workers",
                                           str(args.workers), "--no-progress"], env=env)
+        # The server's own CPU cost bounds what any client can upload on this machine.
+        cores = os.cpu_count() or 1
+        per_gb = server_cpu_s / (payload / 1e9)
+        print(f"S3 server CPU during the limit run: {per_gb:.1f} s per GB ingested; with all {cores} cores "
+              f"and no client work at all it could take at most {cores / per_gb * 1e3:.0f} MB/s")
         ratios += [
             ("shardstream S3 / shardstream disk", local / results["shardstream -> S3"], 0.7),
             ("shardstream S3 / S3 limit", results["S3 limit: multipart PUT"] / results["shardstream -> S3"], 0.0),

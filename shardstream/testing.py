@@ -128,6 +128,13 @@ class SeaweedS3Server:
             raise S3ServerError("SeaweedS3Server is not running; call start() first")
         return self._info
 
+    @property
+    def pid(self) -> int:
+        """Process id of the running ``weed`` server; raises S3ServerError if not started."""
+        if self._proc is None:
+            raise S3ServerError("SeaweedS3Server is not running; call start() first")
+        return self._proc.pid
+
     def start(self) -> S3ServerInfo:
         """Starts the server and waits until its S3 port answers.
 
