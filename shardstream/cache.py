@@ -1,0 +1,627 @@
+"""A node-local cache of downloaded shards, shared by every process and thread of one node.
+
+All ranks and DataLoader workers of a node point at one ``cache_dir``; each shard is
+downloaded once per node and later epochs read it from local disk. Linux only (``fcntl.flock``).
+
+Layout, all under ``<cache_dir>/shardstream-cache-v1/`` (the *root*)::
+
+    <sha256(url)[:40]>.shard                       a complete entry; its mtime is its last use
+    <sha256(url)[:40]>.<reserved>.<pid>.partial    a fill in progress, reserving <reserved> bytes
+    locks/<sha256(url)[:40]>.lock                  the per-URL lock a filler holds while downloading
+    .cache.lock                                    the global lock for accounting, eviction, renames
+
+Locks (all ``flock``, which binds to an open file description, so every operation opens its
+own descriptor and threads of one process exclude each other like processes do):
+
+* a reader holds ``LOCK_SH`` on its entry for as long as its :class:`CachedShard` is open (the
+  *pin*); eviction takes ``LOCK_EX | LOCK_NB`` on an entry and skips it when that fails;
+* a filler holds ``LOCK_EX`` on ``locks/<hash>.lock`` from :meth:`ShardCache.fill` until commit
+  or abort, so one process per node downloads a shard while the others wait for it;
+* a filler holds ``LOCK_EX`` on its ``.partial`` file while it writes; a partial nobody holds a
+  lock on was left by a dead process: it is deleted when seen and its reservation not counted;
+* every unlink and rename of an entry, and every creation of a partial, happens under
+  ``.cache.lock``, so the byte accounting is exact: entries + reservations <= the limit.
+
+Only regular files whose names match the entry or partial patterns are ever deleted; anything
+else in ``cache_dir`` or the root (and any symlink) is left alone.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from .errors import CorruptShardError, StorageError
+
+__all__ = ["CacheFill", "CachedShard", "ShardCache"]
+
+_ROOT_NAME = "shardstream-cache-v1"
+_HASH_CHARS = 40
+_ENTRY_RE = re.compile(rf"([0-9a-f]{{{_HASH_CHARS}}})\.shard")
+_PARTIAL_RE = re.compile(rf"([0-9a-f]{{{_HASH_CHARS}}})\.(\d+)\.(\d+)\.partial")
+_READ_BUFFER_BYTES = 1 << 20
+_WRITE_BUFFER_BYTES = 1 << 20
+_POLL_FIRST_S = 0.001
+_POLL_MAX_S = 0.05
+_OPEN_RETRIES = 4
+_STAT_NAMES = ("hits", "misses", "fills", "evictions", "evicted_bytes", "bypassed")
+
+
+def _url_hash(url: str) -> str:
+    return hashlib.sha256(url.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _try_flock(fd: int, operation: int) -> bool:
+    """``flock(fd, operation | LOCK_NB)``; False when another descriptor holds a conflicting lock."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True when ``path`` (not followed if a symlink) is still the regular file open as ``fd``."""
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+
+class _Flock:
+    """An open lock file holding an ``flock``; the lock goes when it is closed or collected."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            _close(fd)  # closing the last descriptor of the open file releases the flock
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@dataclass
+class _Scan:
+    """What is in the root now: entries as (mtime_ns, size_bytes, path), and live reservations."""
+
+    entries: list[tuple[int, int, Path]]
+    reserved_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(size for _, size, _ in self.entries) + self.reserved_bytes
+
+
+class CachedShard:
+    """A cache hit: the entry, open for reading and pinned (shared ``flock``) until :meth:`close`.
+
+    :meth:`read` returns fewer than ``n`` bytes only at the end of the shard. Use as a context
+    manager, or call :meth:`close`; the pin also goes when the object is garbage collected.
+
+    Attributes:
+        url: the shard's URL.
+        path: the entry file.
+        size_bytes: the entry's size in bytes.
+    """
+
+    def __init__(self, url: str, path: Path, fd: int, size_bytes: int) -> None:
+        self.url = url
+        self.path = path
+        self.size_bytes = size_bytes
+        self._file = open(fd, "rb", buffering=_READ_BUFFER_BYTES)  # noqa: SIM115 (owns fd and the pin)
+
+    def __repr__(self) -> str:
+        return f"CachedShard({self.url!r}, {str(self.path)!r}, size_bytes={self.size_bytes})"
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all the rest when ``n`` < 0); fewer only at the end."""
+        return self._file.read(n)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        return self._file.readinto(buffer)
+
+    def close(self) -> None:
+        """Close the file and drop the pin; the entry may be evicted afterwards. Idempotent."""
+        self._file.close()
+
+    def __enter__(self) -> CachedShard:  # noqa: PYI034 (typing.Self needs 3.11)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CacheFill:
+    """One download into the cache, returned by :meth:`ShardCache.fill`.
+
+    Call :meth:`write` with the shard's bytes in order, then :meth:`commit`. When
+    :attr:`caching` is False (no room could be made, or the disk failed while writing) the bytes
+    are discarded and :meth:`commit` only checks the size; the caller still streams them to its
+    consumer, so nothing is lost. :attr:`caching` can turn False during :meth:`write` (a fill of
+    unknown size that outgrows the limit, a full disk), never back to True.
+
+    As a context manager it aborts on *any* exit that did not commit, exception or not: it never
+    commits on its own. :meth:`commit` and :meth:`abort` may be called in any order and more than
+    once; only the first takes effect. Safe to share between threads.
+
+    Attributes:
+        url: the shard's URL.
+        size_bytes: the size announced to :meth:`ShardCache.fill`, or None if unknown.
+        caching: True while the bytes are going into the cache.
+        bytes_written: bytes passed to :meth:`write` so far.
+    """
+
+    def __init__(
+        self,
+        cache: ShardCache,
+        url: str,
+        size_bytes: int | None,
+        url_lock: _Flock | None,
+        partial_path: Path | None,
+        partial_fd: int | None,
+    ) -> None:
+        self.url = url
+        self.size_bytes = size_bytes
+        self.bytes_written = 0
+        self._cache = cache
+        self._url_lock = url_lock
+        self._partial_path = partial_path
+        self._file = (
+            open(partial_fd, "wb", buffering=_WRITE_BUFFER_BYTES)  # noqa: SIM115 (closed at commit/abort)
+            if partial_fd is not None
+            else None
+        )
+        self.caching = self._file is not None
+        self._done = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CacheFill({self.url!r}, size_bytes={self.size_bytes}, caching={self.caching})"
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data``. A disk error drops the cached copy (:attr:`caching` turns False)
+        instead of raising.
+
+        Raises:
+            ValueError: after commit or abort.
+        """
+        with self._lock:
+            if self._done:
+                raise ValueError(f"{self.url}: cache fill written after commit or abort")
+            self.bytes_written += memoryview(data).nbytes
+            if self._file is None:
+                return
+            if self.size_bytes is None and self.bytes_written > self._cache.cache_limit_bytes:
+                self._stop_caching()  # can never fit: stop filling the disk
+                return
+            try:
+                self._file.write(data)
+            except OSError:
+                self._stop_caching()
+
+    def commit(self) -> None:
+        """Finish: check the size, rename the partial file to the entry atomically, set its mtime
+        to now, release the URL lock. Does nothing after commit or abort.
+
+        Raises:
+            CorruptShardError: ``size_bytes`` was given and a different number of bytes was
+                written (the fill is aborted first).
+            StorageError: the cache's global lock could not be had within ``lock_timeout_s``
+                (the fill is aborted first).
+        """
+        with self._lock:
+            if self._done:
+                return
+            if self.size_bytes is not None and self.bytes_written != self.size_bytes:
+                self._finish()
+                raise CorruptShardError(
+                    f"{self.url}: expected {self.size_bytes} bytes but {self.bytes_written} were written "
+                    "to the shard cache; the download was cut short or the shard changed, so it was not cached"
+                )
+            try:
+                if self._file is not None:
+                    self._commit_into_cache()
+            finally:
+                self._finish()
+
+    def abort(self) -> None:
+        """Discard what was written and release the URL lock. Does nothing after commit or abort."""
+        with self._lock:
+            if not self._done:
+                self._finish()
+
+    def __enter__(self) -> CacheFill:  # noqa: PYI034 (typing.Self needs 3.11)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.abort()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self._finish()
+
+    # internals; the caller holds self._lock
+
+    def _commit_into_cache(self) -> None:
+        assert self._file is not None and self._partial_path is not None  # internal: caching
+        cache = self._cache
+        try:
+            self._file.flush()
+        except OSError:
+            self._stop_caching()
+            return
+        entry = cache.entry_path(self.url)
+        with cache._global_lock(self.url):
+            if self.size_bytes is None:  # nothing was reserved: make room now, or drop it
+                scan = cache._scan(skip=self._partial_path)
+                if not cache._make_room(scan, self.bytes_written, prefer=entry):
+                    self._stop_caching()
+                    return
+            try:
+                self._file.close()  # drops the partial's lock; safe under the global lock
+                self._file = None
+                os.replace(self._partial_path, entry)
+                os.utime(entry)
+            except OSError:
+                self._stop_caching()
+                return
+        self._partial_path = None
+        cache._count("fills")
+
+    def _stop_caching(self) -> None:
+        """Turn into a bypassing fill: drop the partial file and let other fillers go."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        if self._partial_path is not None:
+            self._partial_path.unlink(missing_ok=True)
+            self._partial_path = None
+        if self.caching:
+            self.caching = False
+            self._cache._count("bypassed")
+        self._release_url_lock()
+
+    def _release_url_lock(self) -> None:
+        if self._url_lock is not None:
+            self._url_lock.close()
+            self._url_lock = None
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        if self._partial_path is not None:
+            self._partial_path.unlink(missing_ok=True)  # unlinked before the lock goes: no scan can misjudge it
+            self._partial_path = None
+        self._release_url_lock()
+
+
+class ShardCache:
+    """A directory of downloaded shards shared by all processes of one node, with LRU eviction.
+
+    Args:
+        cache_dir: where to keep the cache; entries live only in ``cache_dir/shardstream-cache-v1``,
+            which is created. Put it on a local disk (``flock`` must work there).
+        cache_limit_bytes: the most bytes the entries plus the fills in progress may take.
+        lock_timeout_s: seconds :meth:`fill` waits for another process downloading the same shard
+            (and any operation waits for the cache's global lock) before raising.
+
+    Raises:
+        ValueError: ``cache_limit_bytes`` < 1 or ``lock_timeout_s`` < 0.
+        StorageError: the cache directory cannot be created.
+
+    The cache object holds no open files, so it may be created before DataLoader workers fork;
+    :meth:`stats` counts per process (a forked child starts from zero).
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str], *, cache_limit_bytes: int, lock_timeout_s: float = 600.0) -> None:
+        if cache_limit_bytes < 1:
+            raise ValueError(f"cache_limit_bytes must be at least 1, got {cache_limit_bytes}")
+        if lock_timeout_s < 0:
+            raise ValueError(f"lock_timeout_s must be >= 0, got {lock_timeout_s}")
+        self.cache_dir = Path(cache_dir).expanduser().absolute()
+        self.root = self.cache_dir / _ROOT_NAME
+        self.cache_limit_bytes = cache_limit_bytes
+        self.lock_timeout_s = lock_timeout_s
+        self._locks_dir = self.root / "locks"
+        self._global_lock_path = self.root / ".cache.lock"
+        try:
+            self._locks_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(
+                f"{self.root}: cannot create the shard cache directory ({exc.strerror or exc}); "
+                "pick a writable local cache_dir"
+            ) from exc
+        self._stats_lock = threading.Lock()
+        self._stats_pid = os.getpid()
+        self._stats = dict.fromkeys(_STAT_NAMES, 0)
+
+    def __repr__(self) -> str:
+        return f"ShardCache({str(self.cache_dir)!r}, cache_limit_bytes={self.cache_limit_bytes})"
+
+    def entry_path(self, url: str) -> Path:
+        """``<root>/<sha256(url) hex[:40]>.shard``."""
+        return self.root / f"{_url_hash(url)}.shard"
+
+    def open(self, url: str, *, size_bytes: int | None = None) -> CachedShard | None:
+        """The entry for ``url`` opened and pinned, with its mtime set to now; None on a miss.
+
+        An entry whose size differs from ``size_bytes`` (when given) is stale: it is removed
+        unless another reader has it open, and the call is a miss.
+        """
+        path = self.entry_path(url)
+        for _ in range(_OPEN_RETRIES):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except (FileNotFoundError, OSError):  # absent, or a symlink (ELOOP): not ours
+                break
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evictor unlinks it
+                if not _same_file(fd, path):  # evicted or replaced between open and lock
+                    _close(fd)
+                    continue
+                held_bytes = os.fstat(fd).st_size
+                if size_bytes is not None and held_bytes != size_bytes:
+                    identity = os.fstat(fd)
+                    _close(fd)
+                    self._remove_stale(path, (identity.st_dev, identity.st_ino), url)
+                    break
+                try:
+                    os.utime(fd)
+                except OSError:  # e.g. another user's entry: LRU order is only a hint
+                    pass
+                shard = CachedShard(url, path, fd, held_bytes)
+            except BaseException:
+                _close(fd)
+                raise
+            self._count("hits")
+            return shard
+        self._count("misses")
+        return None
+
+    def fill(self, url: str, *, size_bytes: int | None) -> CacheFill | None:
+        """Start downloading ``url`` into the cache, after a miss of :meth:`open`.
+
+        Waits (up to ``lock_timeout_s``) while another process or thread fills the same URL.
+        Returns None when the entry exists by then: call :meth:`open` again. Otherwise returns a
+        :class:`CacheFill`; its ``caching`` is False when no room can be made (``size_bytes`` over
+        the limit, or the rest is pinned or being filled), and then other fillers are not held up.
+        ``size_bytes`` None reserves nothing now and makes room at commit.
+
+        Raises:
+            ValueError: ``size_bytes`` < 0.
+            StorageError: the wait for the URL's lock or the global lock timed out.
+        """
+        if size_bytes is not None and size_bytes < 0:
+            raise ValueError(f"{url}: size_bytes must be >= 0, got {size_bytes}")
+        digest = _url_hash(url)
+        entry = self.root / f"{digest}.shard"
+        url_lock = self._acquire(self._locks_dir / f"{digest}.lock", url, what="another download of it")
+        try:
+            try:
+                existing = os.lstat(entry)
+            except FileNotFoundError:
+                existing = None
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                url_lock.close()  # something we did not create has the entry's name: leave it alone
+                return self._bypass(url, size_bytes)
+            if existing is not None and (size_bytes is None or existing.st_size == size_bytes):
+                url_lock.close()
+                return None  # filled while we waited
+            if size_bytes is not None and size_bytes > self.cache_limit_bytes:
+                url_lock.close()
+                return self._bypass(url, size_bytes)
+            reserved = size_bytes or 0
+            partial = self.root / f"{digest}.{reserved}.{os.getpid()}.partial"
+            with self._global_lock(url):
+                scan = self._scan()
+                if not self._make_room(scan, reserved, prefer=entry):
+                    url_lock.close()
+                    return self._bypass(url, size_bytes)
+                fd = self._create_partial(partial)
+                if fd is None:
+                    url_lock.close()
+                    return self._bypass(url, size_bytes)
+            return CacheFill(self, url, size_bytes, url_lock, partial, fd)
+        except BaseException:
+            url_lock.close()
+            raise
+
+    def stats(self) -> dict[str, int]:
+        """This process's counts: hits, misses, fills (entries committed), evictions,
+        evicted_bytes, bypassed (fills whose bytes were not cached)."""
+        with self._stats_lock:
+            self._reset_after_fork()
+            return dict(self._stats)
+
+    def used_bytes(self) -> int:
+        """Bytes in complete entries now (fills in progress not included)."""
+        return sum(size for _, size, _ in self._scan_entries())
+
+    # internals
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        with self._stats_lock:
+            self._reset_after_fork()
+            self._stats[name] += amount
+
+    def _reset_after_fork(self) -> None:
+        if self._stats_pid != os.getpid():
+            self._stats_pid = os.getpid()
+            self._stats = dict.fromkeys(_STAT_NAMES, 0)
+
+    def _bypass(self, url: str, size_bytes: int | None) -> CacheFill:
+        self._count("bypassed")
+        return CacheFill(self, url, size_bytes, None, None, None)
+
+    def _acquire(self, lock_path: Path, url: str, *, what: str) -> _Flock:
+        """Open ``lock_path`` and take ``LOCK_EX``, polling so ``lock_timeout_s`` is honoured.
+
+        Raises:
+            StorageError: the lock file cannot be opened, or the lock was not had in time.
+        """
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as exc:
+            raise StorageError(
+                f"{url}: cannot open the shard cache lock {lock_path} ({exc.strerror or exc}); "
+                f"check that the cache_dir {self.cache_dir} is writable"
+            ) from exc
+        lock = _Flock(fd)
+        deadline = time.monotonic() + self.lock_timeout_s
+        pause_s = _POLL_FIRST_S
+        while not _try_flock(fd, fcntl.LOCK_EX):
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:
+                lock.close()
+                raise StorageError(
+                    f"{url}: timed out after {self.lock_timeout_s:g} s waiting for {what} in the shard cache "
+                    f"{self.root}; a process on this node may be stuck: stop it, raise lock_timeout_s, "
+                    "or use another cache_dir"
+                )
+            time.sleep(min(pause_s, remaining_s))
+            pause_s = min(pause_s * 2, _POLL_MAX_S)
+        return lock
+
+    @contextmanager
+    def _global_lock(self, url: str) -> Iterator[None]:
+        lock = self._acquire(self._global_lock_path, url, what="the cache's global lock")
+        try:
+            yield
+        finally:
+            lock.close()
+
+    def _scan_entries(self) -> list[tuple[int, int, Path]]:
+        entries = []
+        for item in os.scandir(self.root):
+            if _ENTRY_RE.fullmatch(item.name):
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    entries.append((st.st_mtime_ns, st.st_size, Path(item.path)))
+        return entries
+
+    def _scan(self, *, skip: Path | None = None) -> _Scan:
+        """Entries and live reservations; deletes partial files of dead fillers. Caller holds
+        the global lock."""
+        reserved_bytes = 0
+        for item in os.scandir(self.root):
+            match = _PARTIAL_RE.fullmatch(item.name)
+            if match is None or Path(item.path) == skip:
+                continue
+            if self._remove_if_unlocked(Path(item.path)):
+                continue
+            reserved_bytes += int(match.group(2))
+        return _Scan(self._scan_entries(), reserved_bytes)
+
+    def _remove_if_unlocked(self, path: Path) -> bool:
+        """Delete the regular file ``path`` unless someone holds an flock on it; True if gone."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return True
+        except OSError:  # a symlink or unreadable: not ours to judge
+            return False
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            if not _try_flock(fd, fcntl.LOCK_EX):
+                return False
+            if _same_file(fd, path):
+                path.unlink()
+            return True
+        finally:
+            _close(fd)
+
+    def _make_room(self, scan: _Scan, needed_bytes: int, *, prefer: Path) -> bool:
+        """Evict unpinned entries, ``prefer`` (this URL's stale entry) first and then the least
+        recently used, until ``needed_bytes`` more fit. False if they cannot. Caller holds the
+        global lock."""
+        used_bytes = scan.used_bytes
+        if needed_bytes > self.cache_limit_bytes:
+            return False
+        candidates = sorted(scan.entries, key=lambda e: (e[2] != prefer, e[0], e[2].name))
+        for _, size, path in candidates:
+            if used_bytes + needed_bytes <= self.cache_limit_bytes:
+                break
+            if self._remove_if_unlocked(path):
+                used_bytes -= size
+                if path != prefer:
+                    self._count("evictions")
+                    self._count("evicted_bytes", size)
+        return used_bytes + needed_bytes <= self.cache_limit_bytes
+
+    def _remove_stale(self, path: Path, identity: tuple[int, int], url: str) -> None:
+        """Remove the entry at ``path`` if it is still the file ``identity`` and nobody pins it."""
+        with self._global_lock(url):
+            try:
+                now = os.lstat(path)
+            except FileNotFoundError:
+                return
+            if (now.st_dev, now.st_ino) == identity:
+                self._remove_if_unlocked(path)
+
+    def _create_partial(self, path: Path) -> int | None:
+        """Create and lock ``path`` exclusively; None if that fails. Caller holds the global lock."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:  # our pid's leftover from a fill that was never closed
+            if not self._remove_if_unlocked(path):
+                return None
+            try:
+                fd = os.open(path, flags, 0o666)
+            except OSError:
+                return None
+        except OSError:
+            return None
+        if not _try_flock(fd, fcntl.LOCK_EX):  # cannot happen: it is new and we hold the global lock
+            _close(fd)
+            path.unlink(missing_ok=True)
+            return None
+        return fd
