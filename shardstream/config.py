@@ -80,33 +80,41 @@ class S3Config:
 
 @dataclass(frozen=True, kw_only=True)
 class FetchConfig:
-    """How shards are read. Sizes are bytes.
+    """How shards are read and written. Sizes are bytes.
 
     Attributes:
-        max_inflight_shards: shards downloaded at once per process (S3); the one being parsed
-            counts.
-        chunk_bytes: size of one read from a shard stream.
-        max_queued_chunks: chunks buffered per in-flight shard before its download pauses;
-            memory held is at most ``max_inflight_shards * max_queued_chunks * chunk_bytes``.
-        part_bytes: multipart upload part size when writing to S3 (>= 5 MiB).
-        max_inflight_parts: upload parts sent at once per shard.
+        max_inflight_shards: S3 shards fetched ahead per reader (process), the one being
+            parsed included.
+        part_bytes: size of one ranged GET when reading from S3.
+        max_inflight_requests: ranged GETs in flight at once per reader.
+        max_buffer_bytes: bytes fetched from S3 and not yet consumed, at most, per reader;
+            fetching pauses when it is reached (>= ``part_bytes``).
+        chunk_bytes: read buffer of local shard files.
+        upload_part_bytes: multipart upload part size when writing to S3 (>= 5 MiB, the S3
+            minimum part).
+        max_inflight_upload_parts: upload parts sent at once per shard being written.
     """
 
     max_inflight_shards: int = 4
-    chunk_bytes: int = 1 << 20
-    max_queued_chunks: int = 8
     part_bytes: int = 16 << 20
-    max_inflight_parts: int = 4
+    max_inflight_requests: int = 8
+    max_buffer_bytes: int = 256 << 20
+    chunk_bytes: int = 1 << 20
+    upload_part_bytes: int = 16 << 20
+    max_inflight_upload_parts: int = 4
 
     def __post_init__(self) -> None:
-        for field in ("max_inflight_shards", "chunk_bytes", "max_queued_chunks", "max_inflight_parts"):
+        for field in ("max_inflight_shards", "part_bytes", "max_inflight_requests", "chunk_bytes",
+                      "max_inflight_upload_parts"):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"FetchConfig.{field}={value!r} must be an int >= 1")
-        if self.part_bytes < 5 << 20:
-            raise ValueError(f"FetchConfig.part_bytes={self.part_bytes} must be >= 5 MiB (S3 minimum)")
-
-    @property
-    def max_buffer_bytes(self) -> int:
-        """Upper bound of bytes held by in-flight downloads in one process."""
-        return self.max_inflight_shards * self.max_queued_chunks * self.chunk_bytes
+        if not isinstance(self.upload_part_bytes, int) or self.upload_part_bytes < 5 << 20:
+            raise ValueError(
+                f"FetchConfig.upload_part_bytes={self.upload_part_bytes!r} must be an int >= 5 MiB (S3 minimum)"
+            )
+        if not isinstance(self.max_buffer_bytes, int) or self.max_buffer_bytes < self.part_bytes:
+            raise ValueError(
+                f"FetchConfig.max_buffer_bytes={self.max_buffer_bytes!r} must be an int >= part_bytes "
+                f"({self.part_bytes})"
+            )

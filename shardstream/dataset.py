@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -17,10 +19,13 @@ from .errors import CorruptShardError, ShardNotFoundError
 from .fetch import iter_shard_streams
 from .index import INDEX_NAME, Index
 from .shuffle import shuffle_buffer
+from .stats import ReaderStats, StatsBoard, StatsSnapshot
 from .storage import is_s3_url, open_store, split_url
 from .tarstream import iter_samples
 
 __all__ = ["ShardDataset"]
+
+log = logging.getLogger("shardstream")
 
 Source = str | os.PathLike[str] | Sequence[str]
 
@@ -46,7 +51,16 @@ class ShardDataset(IterableDataset):
         decode: ``None`` (members as ``bytes``), ``"pil"``, ``"numpy"``, ``"torch"`` (see
             :mod:`shardstream.decode.cpu`), or a callable taking and returning a sample.
         s3: S3 endpoint and credentials; default the standard AWS environment.
-        fetch: in-flight shards and chunk sizes (:class:`~shardstream.config.FetchConfig`).
+        fetch: read-ahead of S3 shards: ranged GET size, requests in flight, memory bound
+            ``max_buffer_bytes`` per reader (:class:`~shardstream.config.FetchConfig`).
+        cache_dir: a node-local directory caching ``s3://`` shards, shared safely by every
+            rank and worker of the node (one download per shard per node); the next epoch
+            reads hits from local disk. None: no cache.
+        cache_limit_bytes: the cache's size bound (required with ``cache_dir``); least
+            recently used shards are evicted, never one being read, never a file the cache
+            did not create.
+        log_every_s: when set, reader 0 of this process logs :meth:`stats` (logger
+            ``"shardstream"``, INFO) every ``log_every_s`` seconds while iterating.
 
     Yields:
         dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``, one entry
@@ -70,8 +84,15 @@ class ShardDataset(IterableDataset):
         decode: ImageFormat | Callable[[dict[str, Any]], Any] | None = None,
         s3: S3Config | None = None,
         fetch: FetchConfig | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
+        log_every_s: float | None = None,
     ) -> None:
         super().__init__()
+        if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
+            raise ValueError(f"{cache_limit_bytes=} must be an int >= 1 (bytes) when cache_dir is set")
+        if log_every_s is not None and not log_every_s > 0:
+            raise ValueError(f"{log_every_s=} must be > 0 (seconds) or None")
         if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
             raise ValueError(f"{shuffle_buffer=} must be an int >= 0 (samples)")
         if not isinstance(seed, int):
@@ -84,6 +105,10 @@ class ShardDataset(IterableDataset):
         self.seed = seed
         self.decode = make_decoder(decode)
         self.epoch = 0
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self.cache_limit_bytes = cache_limit_bytes
+        self.log_every_s = log_every_s
+        self._board = StatsBoard()
 
     def __repr__(self) -> str:
         return (
@@ -99,6 +124,12 @@ class ShardDataset(IterableDataset):
     def num_samples(self) -> int | None:
         """Samples in the whole dataset, from the index; None for bare shard URLs."""
         return self.index.num_samples if self.index is not None else None
+
+    def stats(self) -> StatsSnapshot:
+        """Reading metrics summed over this process and its DataLoader workers, since each
+        reader's latest iterator started: samples/s, bytes/s, stall time, time to first
+        sample, cache hit rate, retries, bytes in flight (:class:`~shardstream.stats.StatsSnapshot`)."""
+        return self._board.snapshot()
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s shard order and shuffle from the next iteration on.
@@ -124,17 +155,33 @@ class ShardDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         slot = current_slot(self.__dict__.get("_parent_rank"))
-        samples = self._read(self.shards_for(slot))
+        stats = self._board.reader(slot.worker_id + 1 if _in_worker() else 0)
+        samples = self._read(self.shards_for(slot), stats)
         if self.shuffle and self.shuffle_buffer > 1:
             seed = int(np.random.SeedSequence([self.seed, self.epoch, slot.index]).generate_state(1)[0])
             samples = shuffle_buffer(samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed))
         decode = self.decode
+        log_every_s = self.log_every_s if slot.worker_id == 0 else None
+        next_log = time.monotonic() + log_every_s if log_every_s else float("inf")
         for sample in samples:
+            stats.sample(_payload_bytes(sample))
+            if time.monotonic() >= next_log:
+                log.info("%s", self.stats().log_line())
+                next_log = time.monotonic() + log_every_s  # type: ignore[operator]
             yield decode(sample) if decode is not None else sample
 
-    def _read(self, urls: list[str]) -> Iterator[dict[str, Any]]:
+    def _read(self, urls: list[str], stats: ReaderStats) -> Iterator[dict[str, Any]]:
         expected = self._expected_counts()
-        for url, stream in iter_shard_streams(urls, s3=self.s3, fetch=self.fetch):
+        sizes = self._expected_sizes()
+        cache = None
+        if self.cache_dir is not None:
+            from .cache import ShardCache
+
+            cache = ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
+        streams = iter_shard_streams(
+            urls, sizes_bytes=[sizes.get(u) for u in urls], s3=self.s3, fetch=self.fetch, cache=cache, stats=stats
+        )
+        for url, stream in streams:
             count = 0
             for sample in iter_samples(stream, url=url):
                 count += 1
@@ -145,10 +192,25 @@ class ShardDataset(IterableDataset):
                     "or index.json is stale or damaged, re-pack or re-upload the dataset"
                 )
 
+    def _expected_sizes(self) -> dict[str, int]:
+        if self.index is None:
+            return {}
+        return {url: shard.bytes for url, shard in zip(self.shard_urls, self.index.shards)}
+
     def _expected_counts(self) -> dict[str, int]:
         if self.index is None:
             return {}
         return {url: shard.num_samples for url, shard in zip(self.shard_urls, self.index.shards)}
+
+
+def _payload_bytes(sample: dict[str, Any]) -> int:
+    return sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, bytearray)))
+
+
+def _in_worker() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
 
 
 def _normalize(url: str) -> str:

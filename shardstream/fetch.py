@@ -1,23 +1,38 @@
-"""Shard streams in order, with S3 downloads running ahead on the background loop.
+"""Shard streams in order: S3 shards as parallel ranged GETs running ahead, local shards in place.
 
-Local shards are opened and read in place. S3 shards are downloaded by up to
-``max_inflight_shards`` concurrent GETs: while the consumer parses shard *i*, shards
-*i+1 ...* already stream into bounded queues, so at most
-``max_inflight_shards * max_queued_chunks * chunk_bytes`` bytes are held. A download's error
-is handed to the consumer and re-raised there; abandoning the iterator cancels the downloads.
+For ``s3://`` shards one producer per iterator runs on the process's background event loop
+(:mod:`shardstream.storage.loop`, restarted after a fork, so DataLoader workers each get their
+own). It walks the shards in reading order, up to ``max_inflight_shards`` ahead of the
+consumer, and cuts each into ranges of ``part_bytes`` fetched by up to
+``max_inflight_requests`` concurrent ranged GETs. Parts are handed to the consumer in order as
+soon as each arrives, so the first sample is parsed while the rest of its shard is still on the
+wire. Every byte fetched and not yet consumed counts against ``max_buffer_bytes``; the producer
+waits when the budget is spent (backpressure), so memory stays bounded however slow the
+consumer is.
+
+Each part is checked against the others and the index: the same ETag (the object did not
+change mid-read) and the size the index gives. A body cut off mid-transfer is fetched again
+(:meth:`S3Store.get_range`).
+
+With a :class:`~shardstream.cache.ShardCache`, a shard found in the node-local cache is read
+from local disk; a missing one is downloaded as above and written to the cache while it is
+consumed (committed once complete), under the cache's per-shard lock so each node downloads a
+shard once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import os
-from collections.abc import Iterator, Sequence
+import queue
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .config import FetchConfig, S3Config
-from .errors import StorageConnectionError
+from .errors import CorruptShardError, StorageConnectionError
+from .stats import ReaderStats
 from .storage import LocalStore, is_s3_url, open_store, split_url
 from .storage import loop as io_loop
 from .tarstream import ReadStream
@@ -27,104 +42,320 @@ __all__ = ["iter_shard_streams"]
 _END = object()
 
 
+class _Hit:
+    """The producer found the shard in the cache: read ``cached`` instead of parts."""
+
+    def __init__(self, cached: Any) -> None:
+        self.cached = cached
+
+
 class _Failure:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
 
-class _Download:
-    """One S3 shard streaming into a bounded queue on the background loop."""
+class _Budget:
+    """Bytes fetched and not yet consumed, at most ``limit_bytes`` (one part always fits)."""
 
-    def __init__(self, store: Any, name: str, fetch: FetchConfig) -> None:
-        self.url = store.url_of(name)
-        self.endpoint = store.endpoint
-        self.stall_timeout_s = store.s3.connect_timeout_s + store.s3.read_timeout_s
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=fetch.max_queued_chunks)
-        self.future = io_loop.submit(self._run(store, name, fetch.chunk_bytes))
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.held_bytes = 0
+        self._waiter: asyncio.Future[None] | None = None
 
-    async def _run(self, store: Any, name: str, chunk_bytes: int) -> None:
+    async def acquire(self, nbytes: int) -> None:
+        while self.held_bytes and self.held_bytes + nbytes > self.limit_bytes:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        self.held_bytes += nbytes
+
+    def release(self, nbytes: int) -> None:  # on the loop thread
+        self.held_bytes -= nbytes
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class _Shard:
+    """One S3 shard's plan: its parts arrive in ``items`` in order, then ``_END``."""
+
+    def __init__(self, url: str, store: Any, name: str, size_bytes: int | None) -> None:
+        self.url = url
+        self.store = store
+        self.name = name
+        self.size_bytes = size_bytes
+        self.etag: str | None = None
+        self.items: queue.Queue[Any] = queue.Queue()
+        self.tasks: list[asyncio.Task[bytes]] = []
+        self.fill: Any = None
+
+
+class _Producer:
+    """Schedules the ranged GETs of a list of shards on the background loop (module doc)."""
+
+    def __init__(self, shards: list[_Shard], fetch: FetchConfig, cache: Any, stats: ReaderStats | None) -> None:
+        self.shards = shards
+        self.fetch = fetch
+        self.cache = cache
+        self.stats = stats
+        self.loop = io_loop.get_loop()
+        self.budget = _Budget(fetch.max_buffer_bytes)
+        self.slots = asyncio.Semaphore(fetch.max_inflight_shards)
+        self.requests = asyncio.Semaphore(fetch.max_inflight_requests)
+        self.future = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
+
+    async def _run(self) -> None:
+        for shard in self.shards:
+            await self.slots.acquire()
+            try:
+                await self._schedule(shard)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # handed to the consumer, raised there
+                shard.items.put(_Failure(exc))
+                return
+
+    async def _schedule(self, shard: _Shard) -> None:
+        if self.cache is not None:
+            cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
+            if cached is None:
+                shard.fill = await self._in_thread(self.cache.fill, shard.url, size_bytes=shard.size_bytes)
+                if shard.fill is None:  # another process filled it while we waited for its lock
+                    cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
+            if cached is not None:
+                self._count("cache_hits", 1)
+                shard.items.put(_Hit(cached))
+                return
+            self._count("cache_misses", 1)
+        if shard.size_bytes is None:
+            shard.size_bytes, shard.etag = await shard.store.head(shard.name)
+        part_bytes = self.fetch.part_bytes
+        for start in range(0, shard.size_bytes, part_bytes):
+            end = min(start + part_bytes, shard.size_bytes)
+            await self.budget.acquire(end - start)
+            self._gauge()
+            await self.requests.acquire()
+            task = asyncio.ensure_future(self._get(shard, start, end))
+            shard.tasks.append(task)
+            item: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+            task.add_done_callback(lambda t, item=item: _copy_outcome(t, item))
+            shard.items.put((item, end - start))
+        shard.items.put(_END)
+
+    async def _get(self, shard: _Shard, start: int, end: int) -> bytes:
         try:
-            async for chunk in store.iter_chunks(name, chunk_bytes):
-                await self.queue.put(chunk)
-            await self.queue.put(_END)
+            data, total, etag = await shard.store.get_range(
+                shard.name, start, end, on_retry=lambda exc: self._count("retries", 1)
+            )
+        finally:
+            self.requests.release()
+        if total != shard.size_bytes:
+            raise CorruptShardError(
+                f"{shard.url}: is {total} bytes but the index says {shard.size_bytes}; the shard or "
+                "index.json is stale or damaged, re-pack or re-upload the dataset"
+            )
+        if shard.etag is None:
+            shard.etag = etag
+        elif etag != shard.etag:
+            raise CorruptShardError(
+                f"{shard.url}: changed while it was being read (ETag {shard.etag} then {etag}); "
+                "do not overwrite shards of a dataset in use"
+            )
+        if len(data) != end - start:
+            raise CorruptShardError(f"{shard.url}: bytes {start}-{end} came back as {len(data)} bytes")
+        return data
+
+    async def _in_thread(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``func(...)`` in a thread (cache locks block); a cached file or fill it returns
+        after this producer was cancelled is closed or aborted, never leaked."""
+        future = self.loop.run_in_executor(None, lambda: func(*args, **kwargs))
+        try:
+            return await asyncio.shield(future)
         except asyncio.CancelledError:
+            future.add_done_callback(_close_orphan)
             raise
-        except BaseException as exc:  # handed to the consumer, raised there
-            await self.queue.put(_Failure(exc))
 
-    def next_chunk(self) -> Any:
-        """The next chunk, ``_END``, or the download's error.
+    def _count(self, field: str, amount: int) -> None:
+        if self.stats is not None:
+            self.stats.add(field, amount)
 
-        Raises:
-            StorageConnectionError: nothing arrived for ``connect_timeout_s +
-                read_timeout_s`` (a stalled server, or every pooled connection held).
-        """
-        get = io_loop.submit(self.queue.get())
-        try:
-            item = get.result(self.stall_timeout_s)
-        except concurrent.futures.TimeoutError:
-            get.cancel()
-            self.cancel()
-            raise StorageConnectionError(
-                f"{self.url}: no data from {self.endpoint} for {self.stall_timeout_s:.0f} s; the "
-                "server stalls, or other open iterators hold every pooled connection "
-                "(S3Config.max_pool_connections)"
-            ) from None
-        if isinstance(item, _Failure):
-            raise item.exc
-        return item
+    def _gauge(self) -> None:
+        if self.stats is not None:
+            self.stats.set("bytes_in_flight", self.budget.held_bytes)
+
+    def release(self, nbytes: int) -> None:
+        """Consumer side: ``nbytes`` of parts were consumed."""
+        self.loop.call_soon_threadsafe(self._release, nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        self.budget.release(nbytes)
+        self._gauge()
+
+    def shard_done(self) -> None:
+        """Consumer side: a shard was consumed; the producer may start one more."""
+        self.loop.call_soon_threadsafe(self.slots.release)
 
     def cancel(self) -> None:
+        """Stop scheduling and cancel every request (consumer side, on exit)."""
         self.future.cancel()
 
+        def cancel_all() -> None:
+            for shard in self.shards:
+                for task in shard.tasks:
+                    task.cancel()
 
-class _QueueStream:
-    """``read(n)`` over the chunks of a :class:`_Download`; one copy per payload."""
+        self.loop.call_soon_threadsafe(cancel_all)
 
-    def __init__(self, download: _Download) -> None:
-        self._download = download
-        self._chunk = b""
+
+def _close_orphan(future: asyncio.Future[Any]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    orphan = future.result()
+    if orphan is not None:
+        (orphan.abort if hasattr(orphan, "abort") else orphan.close)()
+
+
+def _copy_outcome(task: asyncio.Task[bytes], item: concurrent.futures.Future[bytes]) -> None:
+    if task.cancelled():
+        item.cancel()
+    elif task.exception() is not None:
+        item.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        item.set_result(task.result())
+
+
+class _PartStream:
+    """``read(n)`` over a shard's parts as they arrive; one copy per payload."""
+
+    def __init__(
+        self, shard: _Shard, producer: _Producer, stats: ReaderStats | None, wait_s: float, first: Any
+    ) -> None:
+        self._shard = shard
+        self._pending = first
+        self._producer = producer
+        self._stats = stats
+        self._wait_s = wait_s
+        self._part = b""
         self._pos = 0
+        self._held = 0
         self._eof = False
+
+    def _next_part(self) -> bool:
+        if self._held:
+            self._producer.release(self._held)
+            self._held = 0
+        started = time.perf_counter()
+        item, self._pending = (self._pending, None) if self._pending is not None else (_take(self._shard, self._wait_s), None)
+        if item is _END:
+            self._eof = True
+            self._part, self._pos = b"", 0
+        else:
+            future, nbytes = item
+            self._held = nbytes
+            try:
+                data = future.result(self._wait_s)
+            except concurrent.futures.TimeoutError:
+                raise _stalled(self._shard, self._wait_s) from None
+            if self._shard.fill is not None:
+                self._shard.fill.write(data)
+            self._part, self._pos = data, 0
+        if self._stats is not None:
+            self._stats.add("stall_s", time.perf_counter() - started)
+        return not self._eof
 
     def read(self, n: int) -> bytes:
         end = self._pos + n
-        if end <= len(self._chunk):
-            out = self._chunk[self._pos : end]
+        if end <= len(self._part):
+            out = self._part[self._pos : end]
             self._pos = end
             return out
         pieces = []
         while n > 0:
-            available = len(self._chunk) - self._pos
+            available = len(self._part) - self._pos
             if available == 0:
-                if self._eof:
+                if self._eof or not self._next_part():
                     break
-                chunk = self._download.next_chunk()
-                if chunk is _END:
-                    self._eof = True
-                    break
-                self._chunk, self._pos = chunk, 0
                 continue
             take = min(available, n)
-            pieces.append(self._chunk[self._pos : self._pos + take])
+            pieces.append(self._part[self._pos : self._pos + take])
             self._pos += take
             n -= take
         return b"".join(pieces)
 
+    def finish(self) -> None:
+        """Take the remaining parts (the tar tail after the end-of-archive blocks), so the cache
+        gets the whole object, and release the budget."""
+        while not self._eof and self._next_part():
+            pass
+
+    def release(self) -> None:
+        if self._held:
+            self._producer.release(self._held)
+            self._held = 0
+
+
+class _TimedFile:
+    """A local shard file whose reads count as stall time."""
+
+    def __init__(self, f: Any, stats: ReaderStats) -> None:
+        self._f = f
+        self._stats = stats
+
+    def read(self, n: int) -> bytes:
+        started = time.perf_counter()
+        data = self._f.read(n)
+        self._stats.add("stall_s", time.perf_counter() - started)
+        return data
+
+
+def _take(shard: _Shard, wait_s: float) -> Any:
+    try:
+        item = shard.items.get(timeout=wait_s)
+    except queue.Empty:
+        raise _stalled(shard, wait_s) from None
+    if isinstance(item, _Failure):
+        raise item.exc
+    return item
+
+
+def _stalled(shard: _Shard, wait_s: float) -> StorageConnectionError:
+    return StorageConnectionError(
+        f"{shard.url}: no data from {shard.store.endpoint} for {wait_s:.0f} s; the server stalls, "
+        "or other open iterators hold every pooled connection (S3Config.max_pool_connections)"
+    )
+
 
 def iter_shard_streams(
-    urls: Sequence[str], *, s3: S3Config | None = None, fetch: FetchConfig | None = None
+    urls: Sequence[str],
+    *,
+    sizes_bytes: Sequence[int | None] | None = None,
+    s3: S3Config | None = None,
+    fetch: FetchConfig | None = None,
+    cache: Any = None,
+    stats: ReaderStats | None = None,
 ) -> Iterator[tuple[str, ReadStream]]:
-    """Yield ``(url, stream)`` for each shard URL in order.
+    """Yield ``(url, stream)`` for each shard URL in order; ``stream.read(n)`` gives its bytes.
 
-    A stream is valid until the next item is requested. Local shards are opened in place;
-    ``s3://`` shards are downloading ahead (module doc).
+    A stream is valid until the next item is requested. Local shards are read in place;
+    ``s3://`` shards are fetched ahead as the module doc says.
+
+    Args:
+        urls: shard URLs (local paths or ``s3://``), in reading order.
+        sizes_bytes: each shard's size from the index (checked), or None to ask S3 (HEAD).
+        s3, fetch: S3 endpoint and read-ahead settings.
+        cache: a :class:`~shardstream.cache.ShardCache` for ``s3://`` shards, or None.
+        stats: counters to add stall time, cache hits/misses, retries and bytes in flight to.
 
     Raises:
         ShardNotFoundError: a shard does not exist (raised when its stream is read, for S3).
-        StorageAccessError, StorageConnectionError, StorageError: S3 failures.
+        CorruptShardError: an S3 shard's size differs from ``sizes_bytes``, or it changed
+            while being read.
+        StorageAccessError, StorageConnectionError, StorageError: S3 failures; a stall of
+            more than ``max_attempts * (connect_timeout_s + read_timeout_s)`` raises
+            StorageConnectionError rather than hanging.
     """
     fetch = fetch or FetchConfig()
+    sizes = list(sizes_bytes) if sizes_bytes is not None else [None] * len(urls)
+    if len(sizes) != len(urls):
+        raise ValueError(f"{len(urls)} shard URLs but {len(sizes)} sizes")
     stores: dict[str, Any] = {}
 
     def store_and_name(url: str) -> tuple[Any, str]:
@@ -133,38 +364,71 @@ def iter_shard_streams(
             stores[root] = open_store(root or os.sep, s3=s3, fetch=fetch)
         return stores[root], name
 
-    ahead: collections.deque[tuple[str, _Download]] = collections.deque()
-    next_to_start = 0
-
-    def start_downloads(position: int) -> None:
-        nonlocal next_to_start
-        next_to_start = max(next_to_start, position)
-        while len(ahead) < fetch.max_inflight_shards and next_to_start < len(urls):
-            url = urls[next_to_start]
-            if not is_s3_url(url):
-                break
-            store, name = store_and_name(url)
-            ahead.append((url, _Download(store, name, fetch)))
-            next_to_start += 1
-
+    remote = [_Shard(url, *store_and_name(url), size) for url, size in zip(urls, sizes) if is_s3_url(url)]
+    producer = _Producer(remote, fetch, cache, stats) if remote else None
+    next_remote = 0
     try:
-        for position, url in enumerate(urls):
-            if is_s3_url(url):
-                start_downloads(position)
-                started_url, download = ahead.popleft()
-                if started_url != url:  # internal invariant of start_downloads
-                    raise RuntimeError(f"fetch order broken: expected {url}, got {started_url}")
-                try:
-                    yield url, _QueueStream(download)
-                finally:
-                    download.cancel()
-                start_downloads(position + 1)
-            else:
+        for url in urls:
+            if not is_s3_url(url):
                 store, name = store_and_name(url)
                 if not isinstance(store, LocalStore):
                     raise TypeError(f"{url}: no reader for this store type")
                 with store.open_read(name, buffer_bytes=fetch.chunk_bytes) as f:
-                    yield url, f
+                    yield url, (_TimedFile(f, stats) if stats is not None else f)
+                continue
+            assert producer is not None  # internal invariant: built when any URL is remote
+            shard = remote[next_remote]
+            next_remote += 1
+            yield from _consume(shard, producer, stats, wait_s=_stall_limit_s(shard))
     finally:
-        for _, download in ahead:
-            download.cancel()
+        if producer is not None:
+            producer.cancel()
+            for shard in remote:
+                _discard(shard)
+
+
+def _consume(
+    shard: _Shard, producer: _Producer, stats: ReaderStats | None, wait_s: float
+) -> Iterator[tuple[str, ReadStream]]:
+    started = time.perf_counter()
+    first = _take(shard, wait_s)
+    if stats is not None:
+        stats.add("stall_s", time.perf_counter() - started)
+    if isinstance(first, _Hit):
+        try:
+            yield shard.url, (_TimedFile(first.cached, stats) if stats is not None else first.cached)
+        finally:
+            first.cached.close()
+            producer.shard_done()
+        return
+    stream = _PartStream(shard, producer, stats, wait_s, first)
+    try:
+        yield shard.url, stream
+        if shard.fill is not None:
+            stream.finish()
+            fill, shard.fill = shard.fill, None
+            fill.commit()
+    finally:
+        stream.release()
+        producer.shard_done()
+
+
+def _stall_limit_s(shard: _Shard) -> float:
+    """How long the consumer waits for data before calling the server stalled: one request's
+    bound (all attempts), plus the wait for a free request slot."""
+    cfg = shard.store.s3
+    return cfg.max_attempts * (cfg.connect_timeout_s + cfg.read_timeout_s)
+
+
+def _discard(shard: _Shard) -> None:
+    """After the consumer stopped: drop a half-written cache entry and a cached file handle."""
+    if shard.fill is not None:
+        fill, shard.fill = shard.fill, None
+        fill.abort()
+    while True:
+        try:
+            item = shard.items.get_nowait()
+        except queue.Empty:
+            return
+        if isinstance(item, _Hit):
+            item.cached.close()

@@ -17,6 +17,7 @@ from typing import Any
 from ..config import FetchConfig, S3Config
 from ..errors import (
     BucketNotFoundError,
+    CorruptShardError,
     ShardNotFoundError,
     StorageAccessError,
     StorageConnectionError,
@@ -316,6 +317,62 @@ class S3Store:
 
         return loop.run(abort_all())
 
+    async def head(self, name: str) -> tuple[int, str]:
+        """``(size_bytes, etag)`` of object ``name``.
+
+        Raises:
+            ShardNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
+        """
+        response = await self.call("head_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name))
+        return int(response["ContentLength"]), str(response.get("ETag", ""))
+
+    async def get_range(
+        self, name: str, start: int, end: int, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> tuple[bytes, int, str]:
+        """Bytes ``[start, end)`` of object ``name``, with the object's total size and ETag.
+
+        A body cut off mid-transfer (which botocore does not retry) is requested again, up to
+        ``S3Config.max_attempts`` attempts in all; ``on_retry`` is told of each retry.
+
+        Returns:
+            ``(data, object_size_bytes, etag)``; ``data`` is shorter than asked only when the
+            object ends before ``end``.
+
+        Raises:
+            ShardNotFoundError: no such object; CorruptShardError: ``start`` lies beyond its end.
+            StorageAccessError, StorageConnectionError, StorageError: other S3 failures.
+        """
+        import aiohttp
+        from botocore.exceptions import ResponseStreamingError
+
+        url = self.url_of(name)
+        for attempt in range(1, self.s3.max_attempts + 1):
+            try:
+                response = await self.call(
+                    "get_object", url=url, Bucket=self.bucket, Key=self.key_of(name), Range=f"bytes={start}-{end - 1}"
+                )
+            except StorageError as exc:
+                if "InvalidRange" in str(exc):
+                    raise CorruptShardError(
+                        f"{url}: ends before byte {start}; the shard is shorter than its index says "
+                        "(stale index or truncated upload), re-pack or re-upload it"
+                    ) from exc
+                raise
+            try:
+                async with response["Body"] as body:
+                    data = await body.read()
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ResponseStreamingError,
+                    asyncio.TimeoutError) as exc:
+                if attempt == self.s3.max_attempts:
+                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+                if on_retry is not None:
+                    on_retry(exc)
+                continue
+            content_range = str(response.get("ContentRange", ""))
+            total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else start + len(data)
+            return data, total, str(response.get("ETag", ""))
+        raise AssertionError("unreachable")  # the loop returns or raises
+
     async def iter_chunks(self, name: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         """The object's bytes in order, in chunks of ``chunk_bytes`` (the last may be shorter).
 
@@ -344,7 +401,7 @@ class S3Store:
 
 
 class _S3Sink:
-    """A multipart upload: parts of ``fetch.part_bytes`` go up while the shard is written."""
+    """A multipart upload: parts of ``fetch.upload_part_bytes`` go up while the shard is written."""
 
     def __init__(self, store: S3Store, name: str) -> None:
         self.store = store
@@ -359,7 +416,7 @@ class _S3Sink:
         if self._closed:
             raise ValueError(f"{self.url}: write after commit or abort")
         self._buffer += data
-        if len(self._buffer) >= self.store.fetch.part_bytes:
+        if len(self._buffer) >= self.store.fetch.upload_part_bytes:
             self._send_part()
 
     def _send_part(self) -> None:
@@ -382,7 +439,7 @@ class _S3Sink:
 
         self._parts.append(loop.submit(upload()))
         pending = [f for f in self._parts if not f.done()]
-        while len(pending) > store.fetch.max_inflight_parts:
+        while len(pending) > store.fetch.max_inflight_upload_parts:
             pending.pop(0).result()
 
     def commit(self) -> None:

@@ -1,0 +1,181 @@
+"""Reader metrics shared by a dataset's DataLoader workers.
+
+Each reader (the main process, or one DataLoader worker) owns one row of float64 counters in
+a small file that every process of the dataset maps (``/dev/shm`` when it exists), so
+:meth:`ShardDataset.stats` in the training process sums what its workers did without any
+message passing. Updating a counter is a store into shared memory: nothing per step beyond that.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["ReaderStats", "StatsBoard", "StatsSnapshot"]
+
+# Column of each counter in a row.
+FIELDS = (
+    "started_at",  # time.time() when the reader started its first epoch iterator (0: never)
+    "first_sample_s",  # seconds from that start to its first sample (-1: none yet)
+    "samples",
+    "bytes",  # payload bytes of the samples yielded
+    "stall_s",  # seconds the reader waited on data that had not arrived
+    "cache_hits",
+    "cache_misses",
+    "retries",  # S3 requests or body reads sent again after a failure
+    "bytes_in_flight",  # gauge: bytes held by downloads not yet consumed
+)
+_COL = {name: i for i, name in enumerate(FIELDS)}
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """Totals over all readers of one dataset in this process and its DataLoader workers.
+
+    Attributes:
+        readers: readers (processes) that have started.
+        samples, bytes: samples and payload bytes yielded.
+        elapsed_s: seconds since the first reader started.
+        samples_per_s, bytes_per_s: ``samples`` and ``bytes`` over ``elapsed_s``.
+        stall_s: seconds readers waited on data (summed over readers).
+        first_sample_s: seconds from a reader's start to its first sample, the smallest over
+            readers; None before any sample.
+        cache_hits, cache_misses: shard lookups in the node-local cache; ``cache_hit_rate``
+            is hits / lookups (None without lookups).
+        retries: S3 requests or body reads sent again after a failure.
+        bytes_in_flight: bytes held by downloads not yet consumed, now.
+    """
+
+    readers: int
+    samples: int
+    bytes: int
+    elapsed_s: float
+    samples_per_s: float
+    bytes_per_s: float
+    stall_s: float
+    first_sample_s: float | None
+    cache_hits: int
+    cache_misses: int
+    cache_hit_rate: float | None
+    retries: int
+    bytes_in_flight: int
+
+    def log_line(self) -> str:
+        """One human-readable line of these figures."""
+        first = f"{self.first_sample_s:.2f} s" if self.first_sample_s is not None else "-"
+        hit = f"{self.cache_hit_rate:.0%}" if self.cache_hit_rate is not None else "-"
+        return (
+            f"shardstream: {self.samples} samples, {self.samples_per_s:.0f} samples/s, "
+            f"{self.bytes_per_s / 1e6:.1f} MB/s, stall {self.stall_s:.1f} s, first sample {first}, "
+            f"cache hits {hit}, retries {self.retries}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
+            f"({self.readers} readers)"
+        )
+
+
+class StatsBoard:
+    """The shared counters file of one dataset: ``num_rows`` rows of :data:`FIELDS`.
+
+    Created by the dataset in the training process (which removes the file when the board is
+    garbage-collected or the process exits); DataLoader workers re-open it by path after
+    unpickling. Row 0 is the main process; row ``worker_id + 1`` a DataLoader worker.
+    """
+
+    def __init__(self, num_rows: int = 257) -> None:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        self.path = str(Path(folder) / f"shardstream-stats-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self.num_rows = num_rows
+        with open(self.path, "wb") as f:
+            f.truncate(num_rows * len(FIELDS) * 8)
+        self._owner_pid = os.getpid()
+        self._table: np.ndarray | None = None
+        weakref.finalize(self, _remove, self.path, self._owner_pid)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"path": self.path, "num_rows": self.num_rows, "_owner_pid": self._owner_pid, "_table": None}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+
+    def table(self) -> np.ndarray | None:
+        """The mapped ``(num_rows, len(FIELDS))`` float64 array; None if the file is gone."""
+        if self._table is None:
+            try:
+                with open(self.path, "r+b") as f:
+                    mapped = mmap.mmap(f.fileno(), 0)
+            except (FileNotFoundError, ValueError):
+                return None
+            self._table = np.ndarray((self.num_rows, len(FIELDS)), dtype=np.float64, buffer=mapped)
+        return self._table
+
+    def reader(self, row: int) -> ReaderStats:
+        """Counters of the reader owning ``row`` (cleared for a new iteration)."""
+        table = self.table()
+        if table is None or not 0 <= row < self.num_rows:
+            return ReaderStats(np.zeros(len(FIELDS)))
+        table[row] = 0.0
+        table[row, _COL["first_sample_s"]] = -1.0
+        return ReaderStats(table[row])
+
+    def snapshot(self) -> StatsSnapshot:
+        """Totals over every row."""
+        table = self.table()
+        rows = table[table[:, _COL["started_at"]] > 0] if table is not None else np.zeros((0, len(FIELDS)))
+        col = {name: rows[:, i] for name, i in _COL.items()}
+        started = float(col["started_at"].min()) if len(rows) else 0.0
+        elapsed = max(time.time() - started, 1e-9) if len(rows) else 0.0
+        samples, nbytes = int(col["samples"].sum()), int(col["bytes"].sum())
+        firsts = col["first_sample_s"][col["first_sample_s"] >= 0]
+        hits, misses = int(col["cache_hits"].sum()), int(col["cache_misses"].sum())
+        return StatsSnapshot(
+            readers=len(rows),
+            samples=samples,
+            bytes=nbytes,
+            elapsed_s=elapsed,
+            samples_per_s=samples / elapsed if elapsed else 0.0,
+            bytes_per_s=nbytes / elapsed if elapsed else 0.0,
+            stall_s=float(col["stall_s"].sum()),
+            first_sample_s=float(firsts.min()) if len(firsts) else None,
+            cache_hits=hits,
+            cache_misses=misses,
+            cache_hit_rate=hits / (hits + misses) if hits + misses else None,
+            retries=int(col["retries"].sum()),
+            bytes_in_flight=int(col["bytes_in_flight"].sum()),
+        )
+
+
+class ReaderStats:
+    """One reader's row; the fetcher and dataset add to it as they go."""
+
+    def __init__(self, row: np.ndarray) -> None:
+        self._row = row
+        self._start = time.perf_counter()
+        row[_COL["started_at"]] = time.time()
+
+    def add(self, field: str, amount: float) -> None:
+        self._row[_COL[field]] += amount
+
+    def set(self, field: str, value: float) -> None:
+        self._row[_COL[field]] = value
+
+    def sample(self, payload_bytes: int) -> None:
+        row = self._row
+        if row[_COL["samples"]] == 0:
+            row[_COL["first_sample_s"]] = time.perf_counter() - self._start
+        row[_COL["samples"]] += 1
+        row[_COL["bytes"]] += payload_bytes
+
+
+def _remove(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
