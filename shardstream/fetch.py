@@ -292,18 +292,41 @@ class _PartStream:
             self._held = 0
 
 
-class _TimedFile:
-    """A local shard file whose reads count as stall time."""
+class _ChunkedFile:
+    """``read(n)`` over a local file read ``chunk_bytes`` at a time; only those reads are timed
+    (as stall), so the per-member cost is a slice."""
 
-    def __init__(self, f: Any, stats: ReaderStats) -> None:
+    def __init__(self, f: Any, stats: ReaderStats, chunk_bytes: int) -> None:
         self._f = f
         self._stats = stats
+        self._chunk_bytes = chunk_bytes
+        self._chunk = b""
+        self._pos = 0
+
+    def _refill(self) -> bool:
+        started = time.perf_counter()
+        self._chunk, self._pos = self._f.read(self._chunk_bytes), 0
+        self._stats.add("stall_s", time.perf_counter() - started)
+        return bool(self._chunk)
 
     def read(self, n: int) -> bytes:
-        started = time.perf_counter()
-        data = self._f.read(n)
-        self._stats.add("stall_s", time.perf_counter() - started)
-        return data
+        end = self._pos + n
+        if end <= len(self._chunk):
+            out = self._chunk[self._pos : end]
+            self._pos = end
+            return out
+        pieces = []
+        while n > 0:
+            available = len(self._chunk) - self._pos
+            if available == 0:
+                if not self._refill():
+                    break
+                continue
+            take = min(available, n)
+            pieces.append(self._chunk[self._pos : self._pos + take])
+            self._pos += take
+            n -= take
+        return b"".join(pieces)
 
 
 def _take(shard: _Shard, wait_s: float) -> Any:
@@ -373,13 +396,17 @@ def iter_shard_streams(
                 store, name = store_and_name(url)
                 if not isinstance(store, LocalStore):
                     raise TypeError(f"{url}: no reader for this store type")
-                with store.open_read(name, buffer_bytes=fetch.chunk_bytes) as f:
-                    yield url, (_TimedFile(f, stats) if stats is not None else f)
+                if stats is None:
+                    with store.open_read(name, buffer_bytes=fetch.chunk_bytes) as f:
+                        yield url, f
+                else:
+                    with store.open_read(name, buffer_bytes=0) as f:
+                        yield url, _ChunkedFile(f, stats, fetch.chunk_bytes)
                 continue
             assert producer is not None  # internal invariant: built when any URL is remote
             shard = remote[next_remote]
             next_remote += 1
-            yield from _consume(shard, producer, stats, wait_s=_stall_limit_s(shard))
+            yield from _consume(shard, producer, stats, wait_s=_stall_limit_s(shard), chunk_bytes=fetch.chunk_bytes)
     finally:
         if producer is not None:
             producer.cancel()
@@ -388,7 +415,7 @@ def iter_shard_streams(
 
 
 def _consume(
-    shard: _Shard, producer: _Producer, stats: ReaderStats | None, wait_s: float
+    shard: _Shard, producer: _Producer, stats: ReaderStats | None, *, wait_s: float, chunk_bytes: int
 ) -> Iterator[tuple[str, ReadStream]]:
     started = time.perf_counter()
     first = _take(shard, wait_s)
@@ -396,7 +423,7 @@ def _consume(
         stats.add("stall_s", time.perf_counter() - started)
     if isinstance(first, _Hit):
         try:
-            yield shard.url, (_TimedFile(first.cached, stats) if stats is not None else first.cached)
+            yield shard.url, (_ChunkedFile(first.cached, stats, chunk_bytes) if stats is not None else first.cached)
         finally:
             first.cached.close()
             producer.shard_done()
