@@ -77,6 +77,39 @@ class RandomResizedCrop:
         """Decode image bytes into a cropped, resized RGB ``PIL.Image.Image``."""
         from PIL import Image
 
+        image, box = self._decode_for_crop(data, rng)
+        return image.resize((self.size_px, self.size_px), Image.Resampling.BILINEAR, box=box)
+
+    def tensor(self, data: bytes, rng: Any) -> Any:
+        """Decode image bytes into a cropped, resized CPU ``torch.Tensor`` of shape
+        ``(3, size_px, size_px)``, dtype ``torch.uint8``.
+
+        Same crop as :meth:`__call__`, resized by torch's antialiased bilinear uint8 kernel,
+        about 3x faster than Pillow's on these sizes (values within a few levels of it).
+        """
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        image, (left, top, right, bottom) = self._decode_for_crop(data, rng, convert=False)
+        left, top = int(left), int(top)
+        # never past the edge: Image.crop would pad with black there
+        right = min(max(math.ceil(right), left + 1), image.size[0])
+        bottom = min(max(math.ceil(bottom), top + 1), image.size[1])
+        region = image.crop((left, top, right, bottom))  # copy only the crop's pixels
+        if region.mode != "RGB":
+            region = region.convert("RGB")
+        batch = torch.from_numpy(np.array(region)).permute(2, 0, 1).unsqueeze(0)
+        resized = F.interpolate(batch, size=(self.size_px, self.size_px), mode="bilinear", antialias=True)
+        return resized[0].contiguous()
+
+    def _decode_for_crop(
+        self, data: bytes, rng: Any, *, convert: bool = True
+    ) -> tuple[Any, tuple[float, float, float, float]]:
+        """The decoded image (JPEGs at the smallest DCT scale still covering the crop), in
+        RGB when ``convert``, and the crop box in its pixels."""
+        from PIL import Image
+
         image = Image.open(io.BytesIO(data))
         width, height = image.size
         left, top, right, bottom = self.box(width, height, rng)
@@ -88,10 +121,10 @@ class RandomResizedCrop:
             image.draft("RGB", request)
             # the DCT scale rounds odd sizes up, so each axis has its own factor
             fx, fy = image.size[0] / width, image.size[1] / height
-            left, top, right, bottom = left * fx, top * fy, right * fx, bottom * fy
-        return image.convert("RGB").resize(
-            (self.size_px, self.size_px), Image.Resampling.BILINEAR, box=(left, top, right, bottom)
-        )
+            box = (left * fx, top * fy, right * fx, bottom * fy)
+        else:
+            box = (left, top, right, bottom)
+        return (image.convert("RGB") if convert else image), box
 
 
 class CpuDecoder:
@@ -147,8 +180,11 @@ class CpuDecoder:
     def _image(self, data: bytes) -> Any:
         from PIL import Image
 
+        if self.crop is not None and self.image != "pil":
+            tensor = self.crop.tensor(data, self.rng or random)  # the module has the same methods
+            return tensor if self.image == "torch" else tensor.permute(1, 2, 0).contiguous().numpy()
         if self.crop is not None:
-            image = self.crop(data, self.rng or random)  # the module has the same methods
+            image = self.crop(data, self.rng or random)
         else:
             image = Image.open(io.BytesIO(data)).convert("RGB")
         if self.image == "pil":
