@@ -84,7 +84,7 @@ class _Shard:
         self.size_bytes = size_bytes
         self.etag: str | None = None
         self.items: queue.Queue[Any] = queue.Queue()
-        self.tasks: list[asyncio.Task[bytes]] = []
+        self.tasks: set[asyncio.Task[bytes]] = set()  # in flight only: a done task holds its part's bytes
         self.fill: Any = None
 
 
@@ -134,7 +134,8 @@ class _Producer:
             self._gauge()
             await self.requests.acquire()
             task = asyncio.ensure_future(self._get(shard, start, end))
-            shard.tasks.append(task)
+            shard.tasks.add(task)
+            task.add_done_callback(shard.tasks.discard)
             item: concurrent.futures.Future[bytes] = concurrent.futures.Future()
             task.add_done_callback(lambda t, item=item: _copy_outcome(t, item))
             shard.items.put((item, end - start))
@@ -199,7 +200,7 @@ class _Producer:
 
         def cancel_all() -> None:
             for shard in self.shards:
-                for task in shard.tasks:
+                for task in list(shard.tasks):
                     task.cancel()
 
         self.loop.call_soon_threadsafe(cancel_all)
