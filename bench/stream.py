@@ -1,0 +1,881 @@
+"""Streaming read speed: shardstream against WebDataset, Mosaic Streaming and LitData, in one run.
+
+The same corpus (JPEGs cut from real photos with a ``.cls`` label each, bench/corpus.py) is
+packed once per system with that system's own writer, all with the same shard size (64 MiB,
+the peers' default): shardstream ``pack`` (to local disk, and to S3 by itself), webdataset
+``ShardWriter``, Mosaic ``MDSWriter`` and LitData ``optimize`` (written locally, then uploaded
+as they are). S3 is one local SeaweedFS server started here. The peers' conversions are cached
+under ~/.cache/shardstream-bench/stream-N-SHARDMiB; shardstream packs anew every run. All
+members are stored as bytes in every format.
+
+Every reader runs in its own subprocess (``--_reader NAME``), one at a time, on the same
+machine; each peer's download cache is a fresh empty directory, so every S3 run downloads.
+Reported per reader: samples/s; MB/s of payload (JPEG + label bytes; the limits: bytes read);
+time to first sample, from dataset construction (after imports) to the first sample or batch;
+peak RSS of its main process (VmHWM, read by the process itself) and of its whole process
+tree (sum of RSS sampled every 0.2 s; pages shared by forked workers count once per process).
+Raw readers also count damaged samples (a JPEG without its start or end marker).
+
+Raw reading (one process, no decoding; one byte of every 4 KiB of each sample's payload read):
+  - limits: ``cat`` of the shard files to /dev/null; 8 concurrent aiobotocore GETs of 16 MiB
+    ranges of shardstream's shard objects, bytes discarded;
+  - shardstream ``ShardDataset(shuffle=False)`` from local disk and from s3://;
+  - WebDataset from local files, from S3 via ``pipe:aws s3 cp URL -`` (awscli), and via a
+    gopen handler streaming boto3 ``get_object`` bodies;
+  - Mosaic ``StreamingDataset`` and LitData ``StreamingDataset``, from local disk and s3://.
+
+Decoding (JPEG decode + RandomResizedCrop to 224 x 224 + CHW uint8 tensor, shuffled, from S3,
+a torch DataLoader with 2 workers and batches of 64): shardstream with its ``CpuDecoder``
+(Pillow, draft mode); WebDataset (boto3 handler), Mosaic and LitData with Pillow and a
+torchvision-equivalent RandomResizedCrop (crop, then bilinear resize). Baseline: shardstream's
+``CpuDecoder`` on the same JPEG bytes held in memory, in 2 forked processes; loader overhead =
+1 - loader images/s / in-memory images/s.
+
+A run that passes ``--cap-s`` seconds stops there and is marked ``capped`` (rate over what it
+read). The best of ``--repeat`` runs is shown (highest samples/s, lowest first-sample time,
+highest RSS). Then the targets are printed as met / NOT met, and a bar chart of samples/s is
+saved as a PNG. These machines are noisy: compare the ratios, which come from one run. On 2
+cores the S3 server shares the CPU with the readers, so S3 numbers include its cost. Each
+reader's output goes to ~/.cache/shardstream-bench/stream-logs/NAME-RUN.log.
+
+Usage:
+    python bench/stream.py [--num-images 10000] [--dir DIR] [--repeat 2] [--skip-peers] [--png PATH]
+                           [--shard-mib 64] [--cap-s 60] [--readers NAME,...]
+
+``--dir`` takes a directory laid out like the corpus: ``<key>.jpg`` (+ ``<key>.cls``) files,
+the same members in every sample.
+
+Dependencies: ``pip install -e '.[bench]'``, then the two peers without their dependencies:
+
+    pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76
+
+Both peers declare torchvision, whose PyPI wheels do not import beside the CPU torch 2.13 here
+("operator torchvision::nms does not exist"), and mosaicml-streaming pins numpy<2.2 (pip would
+downgrade numpy); the ``bench`` extra holds the dependencies they do import. awscli >= 1.46
+vendors its own botocore, so it leaves the botocore that aiobotocore pins alone.
+
+Workarounds, each needed to run a peer here at all:
+  - Mosaic's ``import streaming`` imports its ``streaming.vision`` datasets, which need
+    torchvision: an empty ``streaming.vision`` module is registered first (nothing here uses
+    those datasets).
+  - Mosaic 0.13.0 keeps the boto3 client that read index.json in the parent; forked DataLoader
+    workers inherit its pooled connection, and their shard downloads interleave on that one
+    socket into damaged shards of the right size (here: JPEGs Pillow cannot open, in about a
+    third of the runs). The Mosaic decode reader drops that client before the workers start,
+    so each opens its own.
+  - LitData 0.2.76 builds its obstore S3 client without ``allow_http``, which an ``http://``
+    endpoint such as the local server needs ("builder error"), and has no option for it: the
+    LitData readers set it in ``litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import importlib.machinery
+import io
+import json
+import math
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus import CACHE, photo_corpus
+from pack import tree_rss_bytes
+
+BUCKET = "bench"
+IMAGE_EXT = "jpg"
+CROP_PX = 224
+BATCH = 64
+WORKERS = 2
+RESULT_TAG = "BENCH-RESULT "
+PEER_INSTALL = "pip install --no-deps mosaicml-streaming==0.13.0 litdata==0.2.76"
+
+Progress = Iterator[tuple[int, int, int]]  # (samples, bytes, damaged samples) read since the last yield
+
+
+# ---------------------------------------------------------------- the corpus and its conversions
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a reader subprocess needs; written as JSON by the parent."""
+
+    root: str  # the corpus directory
+    samples: list[tuple[str, dict[str, str]]]  # (key, {extension: path relative to root})
+    local: dict[str, str]  # system -> local directory of its shards
+    endpoint_url: str
+    access_key_id: str
+    secret_access_key: str
+    region_name: str
+    scratch: str  # where readers put their download caches
+    cap_s: float
+
+    def s3_url(self, system: str) -> str:
+        return f"s3://{BUCKET}/{system}"
+
+    def shard_names(self, system: str, suffix: str) -> list[str]:
+        return sorted(p.name for p in Path(self.local[system]).iterdir() if p.name.endswith(suffix))
+
+    def s3_config(self) -> Any:
+        from shardstream import S3Config
+
+        return S3Config(endpoint_url=self.endpoint_url, access_key_id=self.access_key_id,
+                        secret_access_key=self.secret_access_key, region_name=self.region_name)
+
+    def boto3_client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key_id,
+                            aws_secret_access_key=self.secret_access_key, region_name=self.region_name)
+
+    def storage_options(self) -> dict[str, str]:
+        return {"endpoint_url": self.endpoint_url, "aws_access_key_id": self.access_key_id,
+                "aws_secret_access_key": self.secret_access_key, "region_name": self.region_name}
+
+    def fresh_cache(self, name: str) -> str:
+        return tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch)
+
+
+def split_key(relative: str) -> tuple[str, str]:
+    """The WebDataset rule: the key ends at the first dot of the file name."""
+    folder, _, name = relative.rpartition("/")
+    stem, _, ext = name.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext
+
+
+def corpus_samples(args: argparse.Namespace) -> tuple[Path, list[tuple[str, dict[str, str]]], str]:
+    """(root, samples in sorted path order, cache tag or "" for --dir) of the corpus to use.
+
+    Without --dir: the first ``num_images`` images of the smallest cached photo corpus that has
+    that many (``photo_corpus`` makes image ``i`` the same whatever its size), else a new one.
+    """
+    if args.dir:
+        root, tag = Path(args.dir).resolve(), ""
+        wanted: Callable[[str], bool] = lambda name: not name.startswith(".")
+    else:
+        sizes = sorted(int(p.name.split("-")[1]) for p in CACHE.glob("photos-*-0") if (p / ".complete").exists())
+        size = next((s for s in sizes if s >= args.num_images), None)
+        root = CACHE / f"photos-{size}-0" if size else photo_corpus(args.num_images)
+        tag = f"photos{args.num_images}"
+        wanted = lambda name: not name.startswith(".") and int(name.split(".")[0]) < args.num_images
+    relatives = sorted(os.path.relpath(os.path.join(folder, name), root)
+                       for folder, _, names in os.walk(root) for name in names if wanted(name))
+    samples: dict[str, dict[str, str]] = {}
+    for relative in relatives:
+        key, ext = split_key(relative)
+        samples.setdefault(key, {})[ext] = relative
+    members = {tuple(sorted(m)) for m in samples.values()}
+    if len(members) != 1 or IMAGE_EXT not in next(iter(members)):
+        raise SystemExit(f"{root}: every sample needs the same members, one of them .{IMAGE_EXT}; found {members}")
+    return root, list(samples.items()), tag
+
+
+def read_member(root: str, members: dict[str, str]) -> dict[str, bytes]:
+    return {ext: Path(root, relative).read_bytes() for ext, relative in members.items()}
+
+
+def write_wds(setup: Setup, out: Path, shard_bytes: int) -> None:
+    import webdataset as wds
+
+    with wds.ShardWriter(str(out / "wds-%06d.tar"), maxsize=shard_bytes, maxcount=10**9, verbose=0) as sink:
+        for key, members in setup.samples:
+            sink.write({"__key__": key, **read_member(setup.root, members)})
+
+
+def write_mds(setup: Setup, out: Path, shard_bytes: int) -> None:
+    MDSWriter = import_mosaic().MDSWriter
+    columns = {ext: "bytes" for ext in setup.samples[0][1]}
+    with MDSWriter(out=str(out), columns=columns, size_limit=shard_bytes, compression=None) as sink:
+        for _, members in setup.samples:
+            sink.write(read_member(setup.root, members))
+
+
+def litdata_item(item: tuple[str, dict[str, str]]) -> dict[str, bytes]:
+    """LitData ``optimize`` fn: (root, members) -> the sample (module level, so workers can pickle it)."""
+    return read_member(*item)
+
+
+def write_litdata(setup: Setup, out: Path, shard_bytes: int) -> None:
+    from litdata import optimize
+
+    optimize(fn=litdata_item, inputs=[(setup.root, members) for _, members in setup.samples],
+             output_dir=str(out), chunk_bytes=shard_bytes, num_workers=WORKERS, verbose=False)
+
+
+PEER_WRITERS: dict[str, Callable[[Setup, Path, int], None]] = {
+    "wds": write_wds, "mds": write_mds, "litdata": write_litdata,
+}
+
+
+def convert_peer(setup: Setup, system: str, folder: Path, shard_bytes: int) -> float:
+    """Write ``system``'s copy of the corpus into ``folder`` unless it is there; returns seconds spent."""
+    if (folder / ".complete").exists():
+        return 0.0
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    started = time.perf_counter()
+    PEER_WRITERS[system](setup, partial, shard_bytes)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    (folder / ".complete").write_text(f"{seconds:.1f}")
+    return seconds
+
+
+def upload_tree(setup: Setup, folder: Path, prefix: str) -> None:
+    """PUT every file under ``folder`` (but ``.complete``) to ``s3://BUCKET/prefix/``, 8 at a time."""
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+
+    files = [p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"]
+
+    async def upload() -> None:
+        async with get_session().create_client(
+            "s3", endpoint_url=setup.endpoint_url, aws_access_key_id=setup.access_key_id,
+            aws_secret_access_key=setup.secret_access_key, region_name=setup.region_name,
+            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
+        ) as client:
+            limit = asyncio.Semaphore(8)
+
+            async def put(path: Path) -> None:
+                async with limit:
+                    await client.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(folder).as_posix()}",
+                                            Body=path.read_bytes())
+
+            await asyncio.gather(*(put(p) for p in files))
+
+    asyncio.run(upload())
+
+
+def import_mosaic() -> types.ModuleType:
+    """``import streaming`` with an empty ``streaming.vision`` (it needs torchvision; module doc)."""
+    if "streaming.vision" not in sys.modules:
+        stub = types.ModuleType("streaming.vision")
+        stub.__spec__ = importlib.machinery.ModuleSpec("streaming.vision", None)
+        sys.modules["streaming.vision"] = stub
+    import streaming
+
+    return streaming
+
+
+# ---------------------------------------------------------------- the readers (run in subprocesses)
+
+
+def touch(sample: dict[str, Any]) -> tuple[int, int, int]:
+    """(1, payload bytes, 1 if its JPEG lacks the start or end marker else 0) of a raw sample.
+
+    Reads one byte of every 4 KiB of each member, so readers that hand out views of
+    memory-mapped files (LitData) actually read their pages.
+    """
+    total = 0
+    for field, value in sample.items():
+        if not field.startswith("__"):
+            bytes(memoryview(value)[::4096])
+            total += len(value)
+    image = sample[IMAGE_EXT]
+    return 1, total, int(image[:2] != b"\xff\xd8" or image[-2:] != b"\xff\xd9")
+
+
+def vm_hwm_bytes() -> int:
+    """This process's peak resident memory (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def read_cat(setup: Setup) -> Progress:
+    shards = [str(Path(setup.local["shardstream"], n)) for n in setup.shard_names("shardstream", ".tar")]
+    subprocess.run(["cat", *shards], stdout=subprocess.DEVNULL, check=True)
+    yield 0, sum(os.path.getsize(p) for p in shards), 0
+
+
+def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 20) -> Progress:
+    """Concurrent ranged GETs of shardstream's shard objects, bytes discarded."""
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+
+    local = Path(setup.local["shardstream"])
+    ranges = [(name, start, min(start + range_bytes, size) - 1)
+              for name in setup.shard_names("shardstream", ".tar")
+              for size in [(local / name).stat().st_size] for start in range(0, size, range_bytes)]
+
+    async def get_all() -> list[int]:
+        async with get_session().create_client(
+            "s3", endpoint_url=setup.endpoint_url, aws_access_key_id=setup.access_key_id,
+            aws_secret_access_key=setup.secret_access_key, region_name=setup.region_name,
+            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
+        ) as client:
+            limit = asyncio.Semaphore(inflight)
+
+            async def get(name: str, first: int, last: int) -> int:
+                async with limit:
+                    response = await client.get_object(Bucket=BUCKET, Key=f"shardstream/{name}",
+                                                       Range=f"bytes={first}-{last}")
+                    size = 0
+                    async with response["Body"] as body:
+                        while chunk := await body.read(1 << 20):
+                            size += len(chunk)
+                    return size
+
+            return await asyncio.gather(*(get(*r) for r in ranges))
+
+    yield 0, sum(asyncio.run(get_all())), 0
+
+
+def read_shardstream(source: str) -> Callable[[Setup], Progress]:
+    def read(setup: Setup) -> Progress:
+        from shardstream import ShardDataset
+
+        url = setup.s3_url("shardstream") if source == "s3" else setup.local["shardstream"]
+        for sample in ShardDataset(url, shuffle=False, s3=setup.s3_config()):
+            yield touch(sample)
+
+    return read
+
+
+def boto3_gopen(setup: Setup) -> None:
+    """Teach webdataset's ``gopen`` to open ``s3://`` URLs as streaming boto3 bodies."""
+    from webdataset.gopen import gopen_schemes
+
+    client = setup.boto3_client()
+
+    def open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **_: Any) -> Any:
+        bucket, _, key = url.removeprefix("s3://").partition("/")
+        return client.get_object(Bucket=bucket, Key=key)["Body"]
+
+    gopen_schemes["s3"] = open_s3
+
+
+def wds_urls(setup: Setup, how: str) -> list[str]:
+    names = setup.shard_names("wds", ".tar")
+    if how == "local":
+        return [str(Path(setup.local["wds"], n)) for n in names]
+    if how == "pipe":
+        return [f"pipe:aws s3 cp --only-show-errors {setup.s3_url('wds')}/{n} -" for n in names]
+    boto3_gopen(setup)
+    return [f"{setup.s3_url('wds')}/{n}" for n in names]
+
+
+def read_wds(how: str) -> Callable[[Setup], Progress]:
+    def read(setup: Setup) -> Progress:
+        import webdataset as wds
+
+        for sample in wds.WebDataset(wds_urls(setup, how), shardshuffle=False, empty_check=False):
+            yield touch(sample)
+
+    return read
+
+
+def clean_mosaic_shm(setup: Setup) -> None:
+    """Mosaic's advice against shared memory left behind by an earlier, killed run."""
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+
+
+def mosaic_dataset(setup: Setup, source: str, cls: type | None = None, **kwargs: Any) -> Any:
+    streaming = import_mosaic()
+    if source == "s3":
+        location = {"remote": setup.s3_url("mds"), "local": setup.fresh_cache("mosaic")}
+    else:
+        location = {"local": setup.local["mds"]}
+    return (cls or streaming.StreamingDataset)(**location, **kwargs)
+
+
+def read_mosaic(source: str) -> Callable[[Setup], Progress]:
+    def read(setup: Setup) -> Progress:
+        for sample in mosaic_dataset(setup, source, shuffle=False, batch_size=BATCH):
+            yield touch(sample)
+
+    return read
+
+
+def litdata_dataset(setup: Setup, source: str, cls: type | None = None, **kwargs: Any) -> Any:
+    import litdata
+    from litdata.streaming import downloader
+
+    # LitData builds its obstore S3 client without allow_http, so an http:// endpoint fails
+    # with "builder error"; it has no setting for that, hence this patch (module doc).
+    downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+    if source == "s3":
+        location = {"input_dir": setup.s3_url("litdata"), "cache_dir": setup.fresh_cache("litdata"),
+                    "storage_options": setup.storage_options()}
+    else:
+        location = {"input_dir": setup.local["litdata"]}
+    return (cls or litdata.StreamingDataset)(**location, **kwargs)
+
+
+def read_litdata(source: str) -> Callable[[Setup], Progress]:
+    def read(setup: Setup) -> Progress:
+        for sample in litdata_dataset(setup, source, shuffle=False):
+            yield touch(sample)
+
+    return read
+
+
+def crop_params(width: int, height: int, rng: Any) -> tuple[int, int, int, int]:
+    """torchvision ``RandomResizedCrop.get_params`` (scale 0.08-1, ratio 3/4-4/3): (top, left, h, w)."""
+    area, log_ratio = width * height, (math.log(3 / 4), math.log(4 / 3))
+    for _ in range(10):
+        target = area * rng.uniform(0.08, 1.0)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    if width / height < 3 / 4:
+        w, h = width, round(width / (3 / 4))
+    elif width / height > 4 / 3:
+        w, h = round(height * 4 / 3), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def pillow_decode(sample: dict[str, Any]) -> dict[str, Any]:
+    """What a peer's user writes: Pillow decode, torchvision-style crop + resize, CHW uint8 tensor."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(sample[IMAGE_EXT])).convert("RGB")
+    top, left, h, w = crop_params(image.width, image.height, random)
+    image = image.crop((left, top, left + w, top + h)).resize((CROP_PX, CROP_PX), Image.Resampling.BILINEAR)
+    out = {IMAGE_EXT: torch.from_numpy(np.array(image)).permute(2, 0, 1)}
+    if "cls" in sample:
+        out["cls"] = int(sample["cls"])
+    return out
+
+
+def batches(dataset: Any, loader: type | None = None) -> Progress:
+    from torch.utils.data import DataLoader
+
+    for batch in (loader or DataLoader)(dataset, batch_size=BATCH, num_workers=WORKERS):
+        yield len(batch[IMAGE_EXT]), 0, 0
+
+
+def decode_shardstream(setup: Setup) -> Progress:
+    from shardstream import ShardDataset
+    from shardstream.decode import CpuDecoder, RandomResizedCrop
+
+    decoder = CpuDecoder(image="torch", crop=RandomResizedCrop(size_px=CROP_PX))
+    yield from batches(ShardDataset(setup.s3_url("shardstream"), shuffle=True, decode=decoder, s3=setup.s3_config()))
+
+
+def decode_wds(setup: Setup) -> Progress:
+    import webdataset as wds
+
+    dataset = wds.WebDataset(wds_urls(setup, "boto3"), shardshuffle=100, empty_check=False).shuffle(1000)
+    yield from batches(dataset.map(pillow_decode))
+
+
+def decode_mosaic(setup: Setup) -> Progress:
+    streaming = import_mosaic()
+
+    class Decoded(streaming.StreamingDataset):
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return pillow_decode(super().__getitem__(index))
+
+    dataset = mosaic_dataset(setup, "s3", Decoded, shuffle=True, batch_size=BATCH)
+    # Mosaic keeps the boto3 client that fetched index.json here; forked DataLoader workers
+    # inherit it and share its pooled connection, and their downloads interleave on that
+    # socket into damaged shards. Dropping the client makes each worker open its own.
+    for stream in dataset.streams:
+        stream._downloader.clean_up()
+    yield from batches(dataset)
+
+
+def decode_litdata(setup: Setup) -> Progress:
+    import litdata
+
+    class Decoded(litdata.StreamingDataset):
+        def __getitem__(self, index: Any) -> dict[str, Any]:
+            return pillow_decode(super().__getitem__(index))
+
+    yield from batches(litdata_dataset(setup, "s3", Decoded, shuffle=True), litdata.StreamingDataLoader)
+
+
+_IN_MEMORY: list[dict[str, bytes]] = []  # filled before the pool forks
+
+
+def preload(setup: Setup) -> None:
+    _IN_MEMORY[:] = [read_member(setup.root, members) for _, members in setup.samples]
+
+
+def _decode_share(share: int) -> int:
+    from shardstream.decode import CpuDecoder, RandomResizedCrop
+
+    decoder = CpuDecoder(image="torch", crop=RandomResizedCrop(size_px=CROP_PX))
+    for sample in _IN_MEMORY[share::WORKERS]:
+        decoder(sample)
+    return len(_IN_MEMORY[share::WORKERS])
+
+
+def decode_in_memory(setup: Setup) -> Progress:
+    """shardstream's CpuDecoder over the preloaded bytes in 2 forked processes: the decode limit."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
+        yield sum(pool.map(_decode_share, range(WORKERS))), 0, 0
+
+
+@dataclass(frozen=True)
+class Reader:
+    label: str
+    system: str  # shardstream, webdataset, mosaic, litdata, limit
+    group: str  # raw or decode
+    source: str  # s3, local or memory
+    read: Callable[[Setup], Progress]
+    imports: tuple[str, ...] = ()  # imported before the clock starts ("streaming": Mosaic, module doc)
+    prepare: Callable[[Setup], None] | None = None  # untimed work before ``read``
+
+
+SS, WDS, WDS_S3 = ("shardstream.dataset",), ("webdataset",), ("webdataset", "boto3")
+MOSAIC, LITDATA = ("streaming",), ("litdata", "litdata.streaming.downloader")
+LOADER = ("torch.utils.data", "numpy", "PIL.Image", "shardstream.decode")
+READERS = {
+    "s3-limit": Reader("aiobotocore 8x16MiB ranged GETs", "limit", "raw", "s3", read_s3_limit,
+                       ("aiobotocore.session",)),
+    "s3-shardstream": Reader("shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS),
+    "s3-wds-pipe": Reader("webdataset pipe:aws s3 cp", "webdataset", "raw", "s3", read_wds("pipe"), WDS),
+    "s3-wds-boto3": Reader("webdataset boto3 gopen", "webdataset", "raw", "s3", read_wds("boto3"), WDS_S3),
+    "s3-mosaic": Reader("mosaic streaming", "mosaic", "raw", "s3", read_mosaic("s3"), MOSAIC, clean_mosaic_shm),
+    "s3-litdata": Reader("litdata", "litdata", "raw", "s3", read_litdata("s3"), LITDATA),
+    "local-cat": Reader("cat > /dev/null", "limit", "raw", "local", read_cat),
+    "local-shardstream": Reader("shardstream", "shardstream", "raw", "local", read_shardstream("local"), SS),
+    "local-wds": Reader("webdataset", "webdataset", "raw", "local", read_wds("local"), WDS),
+    "local-mosaic": Reader("mosaic streaming", "mosaic", "raw", "local", read_mosaic("local"), MOSAIC,
+                           clean_mosaic_shm),
+    "local-litdata": Reader("litdata", "litdata", "raw", "local", read_litdata("local"), LITDATA),
+    "decode-memory": Reader("CpuDecoder, bytes in memory", "limit", "decode", "memory", decode_in_memory,
+                            LOADER, preload),
+    "decode-shardstream": Reader("shardstream CpuDecoder", "shardstream", "decode", "s3", decode_shardstream,
+                                 SS + LOADER),
+    "decode-wds": Reader("webdataset boto3 + Pillow", "webdataset", "decode", "s3", decode_wds, WDS_S3 + LOADER),
+    "decode-mosaic": Reader("mosaic streaming + Pillow", "mosaic", "decode", "s3", decode_mosaic,
+                            MOSAIC + LOADER, clean_mosaic_shm),
+    "decode-litdata": Reader("litdata + Pillow", "litdata", "decode", "s3", decode_litdata, LITDATA + LOADER),
+}
+
+
+def reader_main(name: str, setup_path: str) -> None:
+    """Subprocess mode: run one reader, print its measurements as one JSON line.
+
+    Torch's threads are limited by OMP_NUM_THREADS=1 from the parent (importing torch here
+    would add its memory to readers that do not use it).
+    """
+    setup = Setup(**json.loads(Path(setup_path).read_text()))
+    reader = READERS[name]
+    samples = nbytes = damaged = 0
+    first = None
+    capped = False
+    for module in reader.imports:
+        import_mosaic() if module == "streaming" else importlib.import_module(module)
+    if reader.prepare is not None:
+        reader.prepare(setup)
+    started = time.perf_counter()
+    progress = reader.read(setup)
+    for count, size, bad in progress:
+        if count and first is None:
+            first = time.perf_counter() - started
+        samples, nbytes, damaged = samples + count, nbytes + size, damaged + bad
+        if time.perf_counter() - started > setup.cap_s:
+            capped = True
+            break
+    seconds = time.perf_counter() - started
+    result = {"samples": samples, "bytes": nbytes, "seconds": seconds, "first_s": first, "capped": capped, "damaged": damaged,
+              "vm_hwm": vm_hwm_bytes()}
+    print(RESULT_TAG + json.dumps(result), flush=True)
+    progress.close()
+
+
+# ---------------------------------------------------------------- the parent: run, tabulate, judge
+
+
+@dataclass
+class Result:
+    """One reader's best runs; ``error`` says why it has none."""
+
+    reader: Reader
+    samples: int = 0
+    bytes: int = 0
+    seconds: float = math.inf
+    first_s: float | None = None
+    capped: bool = False
+    vm_hwm: int = 0
+    tree_peak: int = 0
+    damaged: int = 0  # most damaged samples seen in one run
+    error: str = ""  # why the last failed run failed
+    runs: int = 0
+    failures: int = 0
+
+    def add(self, run: dict[str, Any]) -> None:
+        """Keep the best of the runs: throughput and first sample each at their best, memory at its worst."""
+        self.runs += 1
+        if self.runs == 1 or run["seconds"] / max(run["samples"], 1) < self.seconds / max(self.samples, 1):
+            self.samples, self.bytes, self.seconds, self.capped = run["samples"], run["bytes"], run["seconds"], run["capped"]
+        if run["first_s"] is not None and (self.first_s is None or run["first_s"] < self.first_s):
+            self.first_s = run["first_s"]
+        self.vm_hwm, self.tree_peak = max(self.vm_hwm, run["vm_hwm"]), max(self.tree_peak, run["tree_peak"])
+        self.damaged = max(self.damaged, run["damaged"])
+
+    def samples_per_s(self, num_samples: int) -> float:
+        """Samples/s; for the limits (which read bytes, not samples), the whole dataset's samples."""
+        return (self.samples or num_samples) / self.seconds if self.runs else 0.0
+
+    def mb_per_s(self, num_samples: int, payload_bytes: int) -> float:
+        if self.bytes:
+            return self.bytes / self.seconds / 1e6
+        return self.samples_per_s(num_samples) * payload_bytes / num_samples / 1e6
+
+
+def run_reader(name: str, setup_path: Path, env: dict[str, str], log: Path, cap_s: float) -> dict[str, Any] | str:
+    """Run reader ``name`` in a subprocess logging to ``log``; its measurements, or why there are none."""
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, __file__, "--_reader", name, "--_setup", str(setup_path)],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + cap_s + 120  # imports, setup and teardown
+    tree_peak = 0
+    while process.poll() is None and time.monotonic() < deadline:
+        tree_peak = max(tree_peak, tree_rss_bytes(process.pid)[0])
+        if RESULT_TAG in log.read_text(errors="replace"):
+            deadline = min(deadline, time.monotonic() + 20)  # measured; its teardown gets 20 s
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # a hung teardown, or helpers left behind
+    process.wait()
+    lines = log.read_text(errors="replace").splitlines()
+    for line in lines:
+        if line.startswith(RESULT_TAG):
+            return {**json.loads(line[len(RESULT_TAG):]), "tree_peak": tree_peak}
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
+    return f"exit code {process.returncode}: {last[:200]} (log: {log})"
+
+
+def peer_problems(skip_peers: bool) -> dict[str, str]:
+    """Systems that cannot run here, and why."""
+    if skip_peers:
+        return {s: "--skip-peers" for s in ("webdataset", "mosaic", "litdata")}
+    problems = {}
+    for system, load in (("mosaic", import_mosaic), ("litdata", lambda: __import__("litdata"))):
+        try:
+            load()
+        except Exception as exc:  # noqa: BLE001 - any import failure keeps that peer out
+            problems[system] = f"cannot import ({type(exc).__name__}: {exc}); {PEER_INSTALL}"
+    return problems
+
+
+def print_targets(results: dict[str, Result], num_samples: int) -> None:
+    """Each target as met / NOT met, or n/a with the readers it lacks."""
+    from shardstream import FetchConfig
+
+    measured = {n: r for n, r in results.items() if r.runs}
+    rate = {n: r.samples_per_s(num_samples) for n, r in measured.items()}
+
+    def best_peer(group: str, source: str) -> str:
+        peers = [n for n, r in measured.items() if r.reader.system not in ("shardstream", "limit")
+                 and (r.reader.group, r.reader.source) == (group, source)]
+        return max(peers, key=rate.__getitem__, default=f"any {group}-{source} peer")
+
+    s3_peer, decode_peer = best_peer("raw", "s3"), best_peer("decode", "s3")
+    budget = FetchConfig().max_buffer_bytes
+    rss_of = ("s3-shardstream", "local-shardstream")
+    rows: list[tuple[str, tuple[str, ...], Callable[[], float | None], float, bool, str]] = [
+        ("S3 raw: shardstream / S3 limit", ("s3-shardstream", "s3-limit"),
+         lambda: rate["s3-shardstream"] / rate["s3-limit"], 0.8, True, "x"),
+        (f"S3 raw: shardstream / best peer ({s3_peer})", ("s3-shardstream", s3_peer),
+         lambda: rate["s3-shardstream"] / rate[s3_peer], 2.0, True, "x"),
+        ("local raw: shardstream / webdataset", ("local-shardstream", "local-wds"),
+         lambda: rate["local-shardstream"] / rate["local-wds"], 4.0, True, "x"),
+        ("local raw: shardstream / cat", ("local-shardstream", "local-cat"),
+         lambda: rate["local-shardstream"] / rate["local-cat"], 0.3, True, "x"),
+        ("first sample from S3", ("s3-shardstream",), lambda: measured["s3-shardstream"].first_s, 0.5, False, " s"),
+        ("first sample from local disk", ("local-shardstream",),
+         lambda: measured["local-shardstream"].first_s, 0.1, False, " s"),
+        (f"decode: shardstream / best peer ({decode_peer})", ("decode-shardstream", decode_peer),
+         lambda: rate["decode-shardstream"] / rate[decode_peer], 1.5, True, "x"),
+        ("decode: loader overhead vs in-memory", ("decode-shardstream", "decode-memory"),
+         lambda: 1 - rate["decode-shardstream"] / rate["decode-memory"], 0.10, False, "%"),
+        (f"peak RSS of a shardstream reader (max_buffer_bytes {budget / 1e6:.0f} MB + 300)", rss_of,
+         lambda: max(measured[n].vm_hwm for n in rss_of) / 1e6, budget / 1e6 + 300, False, " MB"),
+    ]
+    print("\ntargets:")
+    def show(value: float, unit: str) -> str:
+        return f"{value:.1%}" if unit == "%" else f"{value:.0f} MB" if unit == " MB" else f"{value:.2f}{unit}"
+
+    for label, needs, compute, target, at_least, unit in rows:
+        missing = [f"{n} {'failed' if n in results else 'not run'}" for n in needs if n not in measured]
+        value = None if missing else compute()
+        if value is None:
+            outcome = f"n/a ({', '.join(missing) or 'no sample read'})"
+        else:
+            outcome = "met" if (value >= target if at_least else value <= target) else "NOT met"
+        print(f"  {label:66s} {'-' if value is None else show(value, unit):>9s}  target "
+              f"{'>=' if at_least else '<='} {show(target, unit):9s} {outcome}")
+
+
+def print_table(results: dict[str, Result], num_samples: int, payload_bytes: int) -> None:
+    print(f"\n{'group':6s} {'from':6s} {'reader':34s} {'samples/s':>10s} {'MB/s':>7s} {'first':>8s} "
+          f"{'RSS main':>9s} {'RSS tree':>9s}")
+    for r in results.values():
+        head = f"{r.reader.group:6s} {r.reader.source:6s} {r.reader.label:34s}"
+        if not r.runs:
+            print(f"{head} failed: {r.error}")
+            continue
+        first = f"{r.first_s:7.3f}s" if r.first_s is not None and r.reader.system != "limit" else f"{'-':>8s}"
+        note = f"  (capped after {r.samples} samples)" if r.capped else ""
+        note += f"  ({r.damaged} damaged JPEGs in a run)" if r.damaged else ""
+        note += f"  ({r.failures} run(s) failed: {r.error})" if r.failures else ""
+        print(f"{head} {r.samples_per_s(num_samples):10.0f} {r.mb_per_s(num_samples, payload_bytes):7.0f} {first} "
+              f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB{note}")
+
+
+def save_chart(results: dict[str, Result], num_samples: int, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"shardstream": "tab:blue", "webdataset": "tab:orange", "mosaic": "tab:green",
+              "litdata": "tab:red", "limit": "tab:gray"}
+    groups = [("raw", "raw reading, 1 process (samples/s)"),
+              ("decode", f"decode + crop {CROP_PX}, {WORKERS} workers (images/s)")]
+    rows_of = {g: [r for r in results.values() if r.reader.group == g and r.runs] for g, _ in groups}
+    groups = [(g, heading) for g, heading in groups if rows_of[g]]
+    figure, axes = plt.subplots(len(groups), 1, figsize=(10, 2 + 0.4 * sum(len(rows_of[g]) for g, _ in groups)),
+                                height_ratios=[len(rows_of[g]) for g, _ in groups], squeeze=False)
+    for axis, (group, heading) in zip(axes[:, 0], groups):
+        rows = rows_of[group]
+        labels = [f"{r.reader.source}: {r.reader.label}" for r in rows]
+        values = [r.samples_per_s(num_samples) for r in rows]
+        bars = axis.barh(labels, values, color=[colors[r.reader.system] for r in rows])
+        axis.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
+        axis.invert_yaxis()
+        axis.set_xscale("log" if group == "raw" and len(rows) > 1 else "linear")
+        axis.set_title(heading, fontsize=10)
+        axis.tick_params(axis="y", labelsize=8)
+        axis.margins(x=0.15)
+    figure.suptitle(title, fontsize=11)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-images", type=int, default=10_000)
+    parser.add_argument("--dir", help="use this directory's files instead of the photo corpus")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per reader; the best is shown")
+    parser.add_argument("--skip-peers", action="store_true", help="only shardstream and the limits")
+    parser.add_argument("--png", help="bar chart path (default: ~/.cache/shardstream-bench/stream-N.png)")
+    parser.add_argument("--shard-mib", type=int, default=64, help="shard / chunk size of every system")
+    parser.add_argument("--cap-s", type=float, default=60.0, help="stop a run after this many seconds")
+    parser.add_argument("--readers", help=f"comma-separated subset of: {', '.join(READERS)}")
+    parser.add_argument("--_reader", help=argparse.SUPPRESS)
+    parser.add_argument("--_setup", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._reader:
+        reader_main(args._reader, args._setup)
+        return
+
+    from shardstream import pack
+    from shardstream.testing import SeaweedS3Server
+
+    root, samples, tag = corpus_samples(args)
+    relatives = [r for _, members in samples for r in members.values()]
+    payload_bytes = sum(os.path.getsize(root / r) for r in relatives)
+    print(f"corpus: {len(samples)} samples ({len(relatives)} files, {payload_bytes / 1e6:.0f} MB) from {root}; "
+          "warming the page cache ...", flush=True)
+    subprocess.run(["xargs", "-0", "cat"], input="\0".join(relatives).encode(), cwd=root,
+                   stdout=subprocess.DEVNULL, check=True)
+    problems = peer_problems(args.skip_peers)
+    if not args.skip_peers and not Path(sys.executable).with_name("aws").exists() and not shutil.which("aws"):
+        problems["s3-wds-pipe"] = "no aws CLI (pip install awscli)"
+    for system, why in problems.items():
+        print(f"left out: {system}: {why}")
+    shard_bytes = args.shard_mib << 20
+
+    with tempfile.TemporaryDirectory(prefix="shardstream-bench-stream-") as scratch, SeaweedS3Server() as server:
+        tmp = Path(scratch)
+        server.create_bucket(BUCKET)
+        info = server.info
+        peer_root = CACHE / f"stream-{tag}-{args.shard_mib}MiB" if tag else tmp / "peers"
+        peers = [s for s, system in (("wds", "webdataset"), ("mds", "mosaic"), ("litdata", "litdata"))
+                 if system not in problems]
+        (tmp / "caches").mkdir()
+        setup = Setup(root=str(root), samples=samples,
+                      local={"shardstream": str(tmp / "shardstream"), **{s: str(peer_root / s) for s in peers}},
+                      endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
+                      secret_access_key=info.secret_access_key, region_name=info.region_name,
+                      scratch=str(tmp / "caches"), cap_s=args.cap_s)
+        files_from = tmp / "files.txt"
+        files_from.write_text("".join(f"{r}\n" for r in relatives))
+        for dest in (setup.local["shardstream"], setup.s3_url("shardstream")):
+            started = time.perf_counter()
+            pack(root, dest, max_shard_bytes=shard_bytes, files_from=files_from, s3=setup.s3_config(), progress=False)
+            print(f"shardstream pack -> {dest}: {time.perf_counter() - started:.1f} s", flush=True)
+        for system in peers:
+            seconds = convert_peer(setup, system, peer_root / system, shard_bytes)
+            started = time.perf_counter()
+            upload_tree(setup, peer_root / system, system)
+            made = f"converted in {seconds:.1f} s" if seconds else "cached"
+            print(f"{system}: {made} at {peer_root / system}, uploaded in {time.perf_counter() - started:.1f} s",
+                  flush=True)
+        setup_path = tmp / "setup.json"
+        setup_path.write_text(json.dumps(asdict(setup)))
+        env = {**os.environ, **info.env(), "S3_ENDPOINT_URL": info.endpoint_url, "AWS_EC2_METADATA_DISABLED": "true",
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        wanted = args.readers.split(",") if args.readers else list(READERS)
+        chosen = {n: r for n, r in READERS.items() if n in wanted and r.system not in problems and n not in problems}
+        results = {n: Result(r) for n, r in chosen.items()}
+        logs = CACHE / "stream-logs"  # kept after the run, to read why a reader failed
+        shutil.rmtree(logs, ignore_errors=True)
+        logs.mkdir(parents=True)
+        for repeat in range(args.repeat):
+            for name in chosen:
+                print(f"run {repeat + 1}/{args.repeat}: {name} ...", end=" ", flush=True)
+                run = run_reader(name, setup_path, env, logs / f"{name}-{repeat + 1}.log", args.cap_s)
+                shutil.rmtree(setup.scratch, ignore_errors=True)  # every run downloads anew
+                Path(setup.scratch).mkdir()
+                if isinstance(run, str):
+                    results[name].error = run
+                    results[name].failures += 1
+                    print(f"failed: {run}", flush=True)
+                else:
+                    results[name].add(run)
+                    print(f"{run['seconds']:.1f} s, {run['samples']} samples", flush=True)
+        for name, r in results.items():
+            if r.runs and r.samples != len(samples) and r.reader.system != "limit" and not r.capped:
+                print(f"note: {name} read {r.samples} samples, the dataset has {len(samples)}")
+        shard_counts = ", ".join(f"{s} {len([p for p in Path(d).iterdir() if p.suffix in ('.tar', '.mds', '.bin')])}"
+                                 for s, d in setup.local.items())
+        print(f"\n{len(samples)} samples, {payload_bytes / 1e6:.0f} MB payload; shards/chunks of {args.shard_mib} MiB: "
+              f"{shard_counts}; best of {args.repeat} run(s), each in its own process")
+        print_table(results, len(samples), payload_bytes)
+        print_targets(results, len(samples))
+        png = Path(args.png) if args.png else CACHE / f"stream-{len(samples)}.png"
+        save_chart(results, len(samples), png, f"shardstream vs peers: {len(samples)} JPEGs "
+                   f"({payload_bytes / 1e6:.0f} MB), local SeaweedFS S3 and local disk, {os.cpu_count()} cores")
+        print(f"\nchart: {png}")
+        print(f"command: {shlex.join(['python', *sys.argv])}")
+
+
+if __name__ == "__main__":
+    main()
