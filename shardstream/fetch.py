@@ -223,92 +223,15 @@ def _copy_outcome(task: asyncio.Task[bytes], item: concurrent.futures.Future[byt
         item.set_result(task.result())
 
 
-class _PartStream:
-    """``read(n)`` over a shard's parts as they arrive; one copy per payload."""
+class _SlicedStream:
+    """``read(n)`` served by slicing the current chunk; subclasses ``_refill`` it (False at
+    the end). One copy per payload, and no call below this class per member."""
 
-    def __init__(
-        self, shard: _Shard, producer: _Producer, stats: ReaderStats | None, wait_s: float, first: Any
-    ) -> None:
-        self._shard = shard
-        self._pending = first
-        self._producer = producer
-        self._stats = stats
-        self._wait_s = wait_s
-        self._part = b""
-        self._pos = 0
-        self._held = 0
-        self._eof = False
-
-    def _next_part(self) -> bool:
-        if self._held:
-            self._producer.release(self._held)
-            self._held = 0
-        started = time.perf_counter()
-        item, self._pending = (self._pending, None) if self._pending is not None else (_take(self._shard, self._wait_s), None)
-        if item is _END:
-            self._eof = True
-            self._part, self._pos = b"", 0
-        else:
-            future, nbytes = item
-            self._held = nbytes
-            try:
-                data = future.result(self._wait_s)
-            except concurrent.futures.TimeoutError:
-                raise _stalled(self._shard, self._wait_s) from None
-            if self._shard.fill is not None:
-                self._shard.fill.write(data)
-            self._part, self._pos = data, 0
-        if self._stats is not None:
-            self._stats.add("stall_s", time.perf_counter() - started)
-        return not self._eof
-
-    def read(self, n: int) -> bytes:
-        end = self._pos + n
-        if end <= len(self._part):
-            out = self._part[self._pos : end]
-            self._pos = end
-            return out
-        pieces = []
-        while n > 0:
-            available = len(self._part) - self._pos
-            if available == 0:
-                if self._eof or not self._next_part():
-                    break
-                continue
-            take = min(available, n)
-            pieces.append(self._part[self._pos : self._pos + take])
-            self._pos += take
-            n -= take
-        return b"".join(pieces)
-
-    def finish(self) -> None:
-        """Take the remaining parts (the tar tail after the end-of-archive blocks), so the cache
-        gets the whole object, and release the budget."""
-        while not self._eof and self._next_part():
-            pass
-
-    def release(self) -> None:
-        if self._held:
-            self._producer.release(self._held)
-            self._held = 0
-
-
-class _ChunkedFile:
-    """``read(n)`` over a local file read ``chunk_bytes`` at a time; only those reads are timed
-    (as stall), so the per-member cost is a slice."""
-
-    def __init__(self, f: Any, stats: ReaderStats, chunk_bytes: int) -> None:
-        self._f = f
-        self._stats = stats
-        self._chunk_bytes = chunk_bytes
-        self._chunk = b""
-        self._pos = 0
+    _chunk: bytes = b""
+    _pos: int = 0
 
     def _refill(self) -> bool:
-        started = time.perf_counter()
-        self._chunk, self._pos = self._f.read(self._chunk_bytes), 0
-        self._stats.add("stall_s", time.perf_counter() - started)
-        return bool(self._chunk)
+        raise NotImplementedError
 
     def read(self, n: int) -> bytes:
         end = self._pos + n
@@ -328,6 +251,78 @@ class _ChunkedFile:
             self._pos += take
             n -= take
         return b"".join(pieces)
+
+
+class _PartStream(_SlicedStream):
+    """``read(n)`` over a shard's parts as they arrive; one copy per payload."""
+
+    def __init__(
+        self, shard: _Shard, producer: _Producer, stats: ReaderStats | None, wait_s: float, first: Any
+    ) -> None:
+        self._shard = shard
+        self._pending = first
+        self._producer = producer
+        self._stats = stats
+        self._wait_s = wait_s
+        self._chunk = b""
+        self._pos = 0
+        self._held = 0
+        self._eof = False
+
+    def _refill(self) -> bool:
+        if self._eof:
+            return False
+        if self._held:
+            self._producer.release(self._held)
+            self._held = 0
+        started = time.perf_counter()
+        item = self._pending if self._pending is not None else _take(self._shard, self._wait_s)
+        self._pending = None
+        if item is _END:
+            self._eof = True
+            self._chunk, self._pos = b"", 0
+        else:
+            future, nbytes = item
+            self._held = nbytes
+            try:
+                data = future.result(self._wait_s)
+            except concurrent.futures.TimeoutError:
+                raise _stalled(self._shard, self._wait_s) from None
+            if self._shard.fill is not None:
+                self._shard.fill.write(data)
+            self._chunk, self._pos = data, 0
+        if self._stats is not None:
+            self._stats.add("stall_s", time.perf_counter() - started)
+        return not self._eof
+
+    def finish(self) -> None:
+        """Take the remaining parts (the tar tail after the end-of-archive blocks), so the cache
+        gets the whole object, and release the budget."""
+        while self._refill():
+            pass
+
+    def release(self) -> None:
+        if self._held:
+            self._producer.release(self._held)
+            self._held = 0
+
+
+class _ChunkedFile(_SlicedStream):
+    """``read(n)`` over a local file read ``chunk_bytes`` at a time; only those reads are timed
+    (as stall), so the per-member cost is a slice."""
+
+    def __init__(self, f: Any, stats: ReaderStats, chunk_bytes: int) -> None:
+        self._f = f
+        self._stats = stats
+        self._chunk_bytes = chunk_bytes
+        self._chunk = b""
+        self._pos = 0
+
+    def _refill(self) -> bool:
+        started = time.perf_counter()
+        self._chunk, self._pos = self._f.read(self._chunk_bytes), 0
+        self._stats.add("stall_s", time.perf_counter() - started)
+        return bool(self._chunk)
 
 
 def _take(shard: _Shard, wait_s: float) -> Any:
