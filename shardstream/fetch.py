@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import mmap
 import os
 import queue
 import time
@@ -252,6 +254,17 @@ class _SlicedStream:
             n -= take
         return b"".join(pieces)
 
+    def chunks(self) -> Iterator[bytes]:
+        """The rest of the stream as its chunks, uncopied (for the tar parser; do not mix
+        with ``read``). A chunk handed out is released when the next one is asked for."""
+        if self._pos < len(self._chunk):
+            yield self._chunk[self._pos :] if self._pos else self._chunk
+        self._chunk, self._pos = b"", 0
+        while self._refill():
+            if self._chunk:
+                yield self._chunk
+        self._chunk, self._pos = b"", 0
+
 
 class _PartStream(_SlicedStream):
     """``read(n)`` over a shard's parts as they arrive; one copy per payload."""
@@ -325,6 +338,57 @@ class _ChunkedFile(_SlicedStream):
         return bool(self._chunk)
 
 
+class _MappedFile:
+    """A local shard (or cache entry) memory-mapped: the tar parser slices payloads straight
+    out of the page cache, one copy each, where reading into a buffer first would make two.
+    Page faults are not timed, so local reads add nothing to ``stall_s``.
+
+    The file must not be truncated while mapped (the cache never does; it renames and
+    unlinks). ``read(n)`` and ``chunks()`` are not to be mixed.
+    """
+
+    def __init__(self, f: Any) -> None:
+        self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+            self._map.madvise(mmap.MADV_SEQUENTIAL)
+        self._pos = 0
+
+    def read(self, n: int) -> bytes:
+        out = self._map[self._pos : self._pos + n]
+        self._pos += len(out)
+        return out
+
+    def chunks(self) -> Iterator[Any]:
+        # The map slices to bytes like a bytes chunk does, so it is handed on whole.
+        yield self._map if self._pos == 0 else self._map[self._pos :]
+
+    def close(self) -> None:
+        self._map.close()
+
+
+@contextlib.contextmanager
+def _open_local(f: Any, url: str, size_bytes: int | None, stats: ReaderStats | None, chunk_bytes: int) -> Iterator[Any]:
+    """The stream of an open local file: memory-mapped, or read in chunks when it is empty
+    (which cannot be mapped) or not a regular file."""
+    actual = os.fstat(f.fileno()).st_size
+    if size_bytes is not None and actual != size_bytes:
+        raise CorruptShardError(
+            f"{url}: is {actual} bytes but the index says {size_bytes}; the shard is truncated or "
+            "was replaced, or index.json is stale: re-pack or re-copy the dataset"
+        )
+    try:
+        mapped = _MappedFile(f) if actual > 0 else None
+    except (OSError, ValueError):
+        mapped = None
+    if mapped is None:
+        yield _ChunkedFile(f, stats, chunk_bytes) if stats is not None else f
+        return
+    try:
+        yield mapped
+    finally:
+        mapped.close()
+
+
 def _take(shard: _Shard, wait_s: float) -> Any:
     try:
         item = shard.items.get(timeout=wait_s)
@@ -383,6 +447,7 @@ def iter_shard_streams(
             stores[root] = open_store(root or os.sep, s3=s3, fetch=fetch)
         return stores[root], name
 
+    size_of = dict(zip(urls, sizes))
     remote = [_Shard(url, *store_and_name(url), size) for url, size in zip(urls, sizes) if is_s3_url(url)]
     producer = _Producer(remote, fetch, cache, stats) if remote else None
     next_remote = 0
@@ -392,12 +457,10 @@ def iter_shard_streams(
                 store, name = store_and_name(url)
                 if not isinstance(store, LocalStore):
                     raise TypeError(f"{url}: no reader for this store type")
-                if stats is None:
-                    with store.open_read(name, buffer_bytes=fetch.chunk_bytes) as f:
-                        yield url, f
-                else:
-                    with store.open_read(name, buffer_bytes=0) as f:
-                        yield url, _ChunkedFile(f, stats, fetch.chunk_bytes)
+                with store.open_read(name, buffer_bytes=0) as f, _open_local(
+                    f, url, size_of[url], stats, fetch.chunk_bytes
+                ) as stream:
+                    yield url, stream
                 continue
             assert producer is not None  # internal invariant: built when any URL is remote
             shard = remote[next_remote]
@@ -419,7 +482,8 @@ def _consume(
         stats.add("stall_s", time.perf_counter() - started)
     if isinstance(first, _Hit):
         try:
-            yield shard.url, (_ChunkedFile(first.cached, stats, chunk_bytes) if stats is not None else first.cached)
+            with _open_local(first.cached, shard.url, shard.size_bytes, stats, chunk_bytes) as stream:
+                yield shard.url, stream
         finally:
             first.cached.close()
             producer.shard_done()

@@ -68,29 +68,65 @@ def iter_members_at(stream: ReadStream, *, url: str) -> Iterator[tuple[str, int,
     ``payload_offset`` is the byte where the payload starts in the tar stream.
 
     Args:
-        stream: the shard's bytes, read front to back.
+        stream: the shard's bytes, read front to back: an object with ``read(n)``, or with a
+            ``chunks()`` method yielding the bytes in pieces of any size (the streams of
+            :mod:`shardstream.fetch` have it; it saves a method call per header and payload).
         url: the shard's URL, named in errors.
 
     Raises:
         CorruptShardError: a header fails its checksum, a field is malformed, or the stream
             ends before the end-of-archive blocks.
     """
+    chunks = stream.chunks() if hasattr(stream, "chunks") else _read_chunks(stream)
+    return _members(iter(chunks), url)
+
+
+def _read_chunks(stream: ReadStream, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    while chunk := stream.read(chunk_bytes):
+        yield chunk
+
+
+def _take(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[bytes, bytes, int]:
+    """``n`` bytes from ``buf[pos:]`` and then the next chunks (fewer only at the end), and the
+    new ``(buf, pos)``. Only the bytes asked for are copied, never the rest of a chunk."""
+    pieces = [buf[pos:]]
+    need = n - (len(buf) - pos)
+    for chunk in chunks:
+        if len(chunk) >= need:
+            pieces.append(chunk[:need])
+            return b"".join(pieces), chunk, need
+        pieces.append(chunk)
+        need -= len(chunk)
+    return b"".join(pieces), b"", 0
+
+
+_ZERO_BLOCK = bytes(BLOCK_BYTES)
+
+
+def _members(chunks: Iterator[bytes], url: str) -> Iterator[tuple[str, int, bytes]]:
+    # The buffer and position live in locals: a header or payload inside the current chunk
+    # costs one slice, and only one that crosses chunks goes through _take.
+    buf, pos = b"", 0
     offset = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
-        header = stream.read(BLOCK_BYTES)
-        if not header:
-            raise CorruptShardError(
-                f"{url}: ends at byte {offset} without the tar end-of-archive blocks; the shard "
-                "is truncated (an interrupted copy?), re-pack or re-upload it"
-            )
+        end = pos + BLOCK_BYTES
+        if end <= len(buf):
+            header, pos = buf[pos:end], end
+        else:
+            header, buf, pos = _take(chunks, buf, pos, BLOCK_BYTES)
         if len(header) < BLOCK_BYTES:
+            if not header:
+                raise CorruptShardError(
+                    f"{url}: ends at byte {offset} without the tar end-of-archive blocks; the shard "
+                    "is truncated (an interrupted copy?), re-pack or re-upload it"
+                )
             raise CorruptShardError(
                 f"{url}: truncated tar header at byte {offset}; the shard is incomplete, "
                 "re-pack or re-upload it"
             )
-        if header.count(0) == BLOCK_BYTES:
+        if header == _ZERO_BLOCK:
             return
         stored = _number(header[148:156], url=url, offset=offset)
         actual = sum(header) - sum(header[148:156]) + 8 * 32
@@ -105,7 +141,8 @@ def iter_members_at(stream: ReadStream, *, url: str) -> Iterator[tuple[str, int,
         if "size" in pax:
             size = int(pax["size"])
         data_offset = offset + BLOCK_BYTES
-        offset = data_offset + padded_size(size)
+        padded = padded_size(size)
+        offset = data_offset + padded
         if typeflag in _FILE_TYPES:
             if "path" in pax:
                 name = pax["path"]
@@ -117,17 +154,27 @@ def iter_members_at(stream: ReadStream, *, url: str) -> Iterator[tuple[str, int,
                     prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                     name = f"{prefix}/{name}"
             long_name, pax = None, {}
-            payload = stream.read(size)
-            padding = padded_size(size) - size
-            if len(payload) < size or (padding and len(stream.read(padding)) < padding):
+            end = pos + padded
+            if end <= len(buf):
+                payload, pos = buf[pos : pos + size], end
+                complete = True
+            else:
+                body, buf, pos = _take(chunks, buf, pos, padded)
+                complete = len(body) == padded
+                payload = body[:size] if padded != size else body
+            if not complete:
                 raise CorruptShardError(
                     f"{url}: member {name!r} ends early (expected {size} bytes from byte "
                     f"{data_offset}); the shard is truncated, re-pack or re-upload it"
                 )
             yield name, data_offset, payload
             continue
-        body = stream.read(padded_size(size))
-        if len(body) < padded_size(size):
+        end = pos + padded
+        if end <= len(buf):
+            body, pos = buf[pos:end], end
+        else:
+            body, buf, pos = _take(chunks, buf, pos, padded)
+        if len(body) < padded:
             raise CorruptShardError(f"{url}: tar stream ends inside a record at byte {data_offset}")
         if typeflag == b"L":
             long_name = body[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
