@@ -84,7 +84,7 @@ class ShardEntry:
     def __init__(
         self,
         name: str,
-        bytes: int,  # noqa: A002 - the index field's name
+        bytes: int,
         crc32: str,
         samples: tuple[SampleEntry, ...] | None = None,
         *,
