@@ -129,9 +129,7 @@ class _Producer:
             self._count("cache_misses", 1)
         if shard.size_bytes is None:
             shard.size_bytes, shard.etag = await shard.store.head(shard.name)
-        part_bytes = self.fetch.part_bytes
-        for start in range(0, shard.size_bytes, part_bytes):
-            end = min(start + part_bytes, shard.size_bytes)
+        for start, end in _part_ranges(shard.size_bytes, self.fetch.part_bytes, ramp=shard is self.shards[0]):
             await self.budget.acquire(end - start)
             self._gauge()
             await self.requests.acquire()
@@ -206,6 +204,18 @@ class _Producer:
                     task.cancel()
 
         self.loop.call_soon_threadsafe(cancel_all)
+
+
+def _part_ranges(size_bytes: int, part_bytes: int, *, ramp: bool) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` byte ranges of a shard's ranged GETs. With ``ramp`` (the first shard a
+    reader waits for) they start at ``part_bytes / 16`` and double up to ``part_bytes``, so
+    the first sample does not wait for a full part sharing the link with the others."""
+    size = max(1, part_bytes // 16) if ramp else part_bytes
+    start = 0
+    while start < size_bytes:
+        end = min(start + size, size_bytes)
+        yield start, end
+        start, size = end, min(size * 2, part_bytes)
 
 
 def _close_orphan(future: asyncio.Future[Any]) -> None:
