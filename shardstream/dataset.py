@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -18,12 +19,16 @@ from .decode.cpu import ImageFormat, make_decoder
 from .errors import CorruptShardError, ShardNotFoundError
 from .fetch import iter_shard_streams
 from .index import INDEX_NAME, Index
+from .plan import EpochPlan, Segment, WorkerPlan
 from .shuffle import shuffle_buffer
 from .stats import ReaderStats, StatsBoard, StatsSnapshot
 from .storage import is_s3_url, open_store, split_url
 from .tarstream import iter_samples
 
-__all__ = ["ShardDataset"]
+__all__ = ["STATE_FORMAT", "ShardDataset", "loader_state_dict"]
+
+STATE_FORMAT = "shardstream-state"
+STATE_VERSION = 1
 
 log = logging.getLogger("shardstream")
 
@@ -33,12 +38,22 @@ Source = str | os.PathLike[str] | Sequence[str]
 class ShardDataset(IterableDataset):
     """Samples of tar shards, streamed from local disk or S3, shuffled and split over the job.
 
-    Each epoch, the shard order is a permutation seeded by ``(seed, epoch)``, the same on
-    every rank; shard ``i`` of that order goes to reader ``i % (world_size * num_workers)``
-    (rank from ``torch.distributed`` when initialised, else ``RANK`` / ``WORLD_SIZE``; worker
-    from the DataLoader). Each reader streams its shards in order (S3 shards downloading
-    ahead, local shards read in place), groups members into samples and passes them through
-    a shuffle buffer of ``shuffle_buffer`` samples. Every sample is read once per epoch.
+    With an index (a dataset written by ``shardstream pack``) epochs are exact
+    (:mod:`shardstream.plan`): each epoch the shards are permuted by ``(seed, epoch)`` the
+    same way on every rank, and the epoch's samples are cut into equal contiguous parts, one
+    per rank (rank from ``torch.distributed`` when initialised, else ``RANK`` /
+    ``WORLD_SIZE``), then per DataLoader worker. Every sample is read once per epoch and
+    every rank yields exactly ``len(dataset)`` samples: ``ceil(N / world_size)`` (the fewest
+    samples repeated) or, with ``drop_last``, ``floor(N / world_size)``. Ranks agree by
+    computing the same function; nothing in iteration talks to other ranks. Each worker reads
+    ``max_open_shards`` of its shards at once (S3 shards as parallel ranged GETs running
+    ahead, local shards memory-mapped) and mixes them through a shuffle buffer of
+    ``shuffle_buffer`` samples. :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch,
+    also at another world size.
+
+    With bare shard URLs (no index, so no sample counts), shard ``i`` of the epoch's order
+    goes to reader ``i % (world_size * num_workers)``: every sample once per epoch, counts per
+    rank equal only when the shards divide evenly; no ``len`` and no resume.
 
     Args:
         source: a dataset written by ``shardstream pack`` (a local directory, an
@@ -61,6 +76,12 @@ class ShardDataset(IterableDataset):
             did not create.
         log_every_s: when set, reader 0 of this process logs :meth:`stats` (logger
             ``"shardstream"``, INFO) every ``log_every_s`` seconds while iterating.
+        drop_last: when the samples do not divide by world_size, drop the fewest
+            (``N mod world_size``) instead of repeating the fewest (the default, pad).
+        max_open_shards: shards each reader reads at once and mixes (lanes).
+        resampled: an endless stream instead of epochs: each reader draws shards at random
+            with replacement (weighted by sample count, seeded by ``(seed, epoch, reader)``)
+            and passes their samples through the shuffle buffer. No ``len``, no resume.
 
     Yields:
         dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``, one entry
@@ -87,8 +108,13 @@ class ShardDataset(IterableDataset):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
         log_every_s: float | None = None,
+        drop_last: bool = False,
+        max_open_shards: int = 4,
+        resampled: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(max_open_shards, int) or max_open_shards < 1:
+            raise ValueError(f"{max_open_shards=} must be an int >= 1")
         if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
             raise ValueError(f"{cache_limit_bytes=} must be an int >= 1 (bytes) when cache_dir is set")
         if log_every_s is not None and not log_every_s > 0:
@@ -108,6 +134,13 @@ class ShardDataset(IterableDataset):
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self.cache_limit_bytes = cache_limit_bytes
         self.log_every_s = log_every_s
+        self.drop_last = drop_last
+        self.max_open_shards = max_open_shards
+        self.resampled = resampled
+        self._segments: tuple[Segment, ...] = ()  # this epoch's earlier segments (load_state_dict)
+        self._iter_seg: tuple[int, int] | None = None  # (segment index, samples skipped) of this iterator
+        self._yielded = 0
+        self._bounds: dict[int, tuple[list[int], list[int], list[str]]] = {}
         self._board = StatsBoard()
 
     def __repr__(self) -> str:
@@ -135,11 +168,135 @@ class ShardDataset(IterableDataset):
         """Use ``epoch``'s shard order and shuffle from the next iteration on.
 
         Call it before creating the DataLoader iterator of each epoch (with
-        ``persistent_workers=True`` the workers keep the epoch they started with).
+        ``persistent_workers=True`` the workers keep the epoch they started with). Setting
+        another epoch than the one a loaded checkpoint is in starts that epoch from its start.
         """
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"{epoch=} must be an int >= 0")
+        if epoch != self.epoch:
+            self._segments = ()
         self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Samples this rank yields in this epoch (from a loaded checkpoint: those still to
+        come), the same on every rank.
+
+        Raises:
+            TypeError: no index (bare shard URLs) or ``resampled``: the count is unknown.
+        """
+        if self.index is None or self.resampled:
+            raise TypeError(
+                "len() needs a dataset with an index.json (written by shardstream pack) and resampled=False"
+            )
+        slot = current_slot(self.__dict__.get("_parent_rank"))
+        num_workers = 1
+        if self._segments and self._segments[-1].world_size == slot.world_size:
+            num_workers = self._segments[-1].num_workers
+        return self._plan().rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
+
+    def _plan(self) -> EpochPlan:
+        assert self.index is not None  # internal invariant: callers check
+        return EpochPlan(
+            counts=[s.num_samples for s in self.index.shards],
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle,
+            shuffle_buffer=self.shuffle_buffer if self.shuffle else 0,
+            max_open_shards=self.max_open_shards if self.shuffle else 1,
+            drop_last=self.drop_last,
+            segments=self._segments,
+        )
+
+    def state_dict(
+        self, samples_consumed: int | None = None, *, batch_size: int | None = None, num_workers: int | None = None
+    ) -> dict[str, Any]:
+        """Where this epoch stands, as a few numbers: seed, epoch, the job's shape and how many
+        samples were consumed (never the samples, never a shuffle buffer). Costs nothing per
+        step; call it only when saving a checkpoint.
+
+        Two ways to call it:
+
+        - ``state_dict(samples_consumed, batch_size=, num_workers=)`` in the training
+          process (or :func:`loader_state_dict`, which reads the DataLoader's settings):
+          ``samples_consumed`` is how many samples this rank took from the DataLoader
+          iterator created after the last :meth:`load_state_dict` / :meth:`set_epoch` (all
+          ranks take the same number). Resumes at the same or another world size.
+        - ``state_dict()`` with no arguments, as ``torchdata``'s ``StatefulDataLoader`` calls
+          it inside each worker: what this reader has yielded. Resumes with the same
+          world_size and num_workers.
+
+        Raises:
+            TypeError: no index, or ``resampled``.
+        """
+        if self.index is None or self.resampled:
+            raise TypeError("state_dict() needs a dataset with an index.json and resampled=False")
+        slot = current_slot(self.__dict__.get("_parent_rank"))
+        segments = list(self._segments)
+        if samples_consumed is None:  # a reader's own count (StatefulDataLoader)
+            seg, skip = self._iter_seg if self._iter_seg is not None else (len(segments), 0)
+            workers = max(1, slot.num_workers)
+            current = Segment(slot.world_size, workers, worker_yielded=((slot.worker_id, skip + self._yielded),))
+        else:
+            if not isinstance(samples_consumed, int) or samples_consumed < 0:
+                raise ValueError(f"{samples_consumed=} must be an int >= 0")
+            workers = max(1, num_workers or 0)
+            seg, base = len(segments), 0
+            last = segments[-1] if segments else None
+            if last is not None and (last.world_size, last.num_workers) == (slot.world_size, workers):
+                if last.samples_consumed is None:
+                    raise ValueError(
+                        "the loaded checkpoint came from StatefulDataLoader workers; keep saving with "
+                        "StatefulDataLoader.state_dict() for this epoch"
+                    )
+                if last.batch_size != batch_size:
+                    raise ValueError(
+                        f"batch_size={batch_size} differs from the checkpoint's {last.batch_size}; resume "
+                        "an epoch with the DataLoader batch size it started with"
+                    )
+                seg, base = len(segments) - 1, last.samples_consumed
+            current = Segment(slot.world_size, workers, batch_size, base + samples_consumed)
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "max_open_shards": self.max_open_shards,
+            "drop_last": self.drop_last,
+            "num_samples": self.num_samples,
+            "num_shards": self.num_shards,
+            "segments": [x.to_dict() for x in [*segments[:seg], current]],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration yields exactly the samples of
+        that epoch not yet consumed (split over this job's ranks and workers; a job of another
+        world size splits them anew).
+
+        Raises:
+            ValueError: the state is not a shardstream state, or was saved for another
+                dataset or with other shuffle settings (each named).
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a shardstream state (no \"format\": \"{STATE_FORMAT}\"): {str(state)[:200]}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
+        mine = {
+            "num_samples": self.num_samples,
+            "num_shards": self.num_shards,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "max_open_shards": self.max_open_shards,
+            "drop_last": self.drop_last,
+        }
+        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if differ:
+            detail = ", ".join(f"{k}: checkpoint {a!r}, dataset {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(f"the state was saved for another dataset or settings ({detail}); construct the same")
+        self.epoch = int(state["epoch"])
+        self._segments = tuple(Segment.from_dict(x) for x in state["segments"])
 
     def shards_for(self, slot: WorkerSlot) -> list[str]:
         """The shard URLs ``slot`` reads this epoch, in reading order."""
@@ -156,30 +313,135 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         slot = current_slot(self.__dict__.get("_parent_rank"))
         stats = self._board.reader(slot.worker_id + 1 if _in_worker() else 0)
-        samples = self._read(self.shards_for(slot), stats)
-        if self.shuffle and self.shuffle_buffer > 1:
-            seed = int(np.random.SeedSequence([self.seed, self.epoch, slot.index]).generate_state(1)[0])
-            samples = shuffle_buffer(samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed))
+        self._yielded = 0
+        self._iter_seg = None
+        if self.index is not None and not self.resampled:
+            plan, seg = self._plan().for_worker(
+                rank=slot.rank, world_size=slot.world_size, worker_id=slot.worker_id, num_workers=slot.num_workers
+            )
+            self._iter_seg = (seg, plan.skip)
+            samples = self._read_plan(plan, stats)
+        else:
+            samples = self._read_resampled(slot, stats) if self.resampled else self._read(self.shards_for(slot), stats)
+            if self.shuffle and self.shuffle_buffer > 1:
+                seed = int(np.random.SeedSequence([self.seed, self.epoch, slot.index]).generate_state(1)[0])
+                samples = shuffle_buffer(samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed))
         decode = self.decode
         log_every_s = self.log_every_s if slot.worker_id == 0 else None
         next_log = time.monotonic() + log_every_s if log_every_s else float("inf")
         for sample in samples:
+            self._yielded += 1
             stats.sample(_payload_bytes(sample))
             if time.monotonic() >= next_log:
                 log.info("%s", self.stats().log_line())
                 next_log = time.monotonic() + log_every_s  # type: ignore[operator]
             yield decode(sample) if decode is not None else sample
 
+    def _cache(self) -> Any:
+        if self.cache_dir is None:
+            return None
+        from .cache import ShardCache
+
+        return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
+
+    def _read_plan(self, plan: WorkerPlan, stats: ReaderStats) -> Iterator[dict[str, Any]]:
+        """A worker's samples in its plan's emission order, skipping those delivered before a
+        resume: each lane reads its runs (byte ranges of shards, from the index's member
+        offsets), arrivals follow the plan's interleaving, and a sample is held only until its
+        turn comes, at most ``shuffle_buffer`` of them."""
+        count = len(plan.order)
+        if plan.skip >= count:
+            return
+        wanted = np.ones(count, dtype=bool)
+        wanted[plan.order[: plan.skip]] = False
+        shard, index = self._plan().shard_of(plan.ids)
+        lanes = np.unique(plan.lane)
+        fetch = _lane_fetch(self.fetch, len(lanes))
+        readers = {}
+        for lane in lanes.tolist():
+            arrivals = np.flatnonzero((plan.lane == lane) & wanted)
+            readers[lane] = self._read_runs(_runs(arrivals, shard[arrivals], index[arrivals]), fetch, stats)
+        held: dict[int, dict[str, Any]] = {}
+        emit = iter(plan.order[plan.skip :].tolist())
+        turn = next(emit, None)
+        for t, lane in zip(np.flatnonzero(wanted).tolist(), plan.lane[wanted].tolist()):
+            got, sample = next(readers[lane])
+            assert got == t, (got, t)  # internal invariant: lanes deliver in arrival order
+            held[t] = sample
+            while turn is not None and turn in held:
+                yield held.pop(turn)
+                turn = next(emit, None)
+        for reader in readers.values():  # run each to its end: it checks counts, commits cache entries
+            for extra in reader:
+                raise AssertionError(f"internal error: a lane read {extra[0]} beyond its plan")
+
+    def _read_runs(
+        self, runs: list[tuple[int, list[tuple[int, int]]]], fetch: FetchConfig, stats: ReaderStats
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(arrival index, sample)`` of the wanted samples of each run ``(shard, [(arrival,
+        index in shard), ...])``, reading each run as one byte range of its shard."""
+        assert self.index is not None  # internal invariant: only planned reads come here
+        urls, ranges, sizes = [], [], []
+        for s, items in runs:
+            starts, ends, _ = self._sample_bounds(s)
+            lo, hi = items[0][1], items[-1][1]
+            whole = lo == 0 and hi == len(ends) - 1
+            urls.append(self.shard_urls[s])
+            ranges.append(None if whole else (starts[lo], ends[hi]))
+            sizes.append(self.index.shards[s].bytes)
+        streams = iter_shard_streams(
+            urls, sizes_bytes=sizes, byte_ranges=ranges, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats
+        )
+        # The streams come first in the zip, so the generator runs to its end after the last
+        # run: that is where it finishes and commits the last shard's cache entry.
+        for (url, stream), (s, items), byte_range in zip(streams, runs, ranges):
+            _, _, keys = self._sample_bounds(s)
+            lo, hi = items[0][1], items[-1][1]
+            pending = iter(items)
+            t, want = next(pending)
+            i = lo
+            for sample in iter_samples(stream, url=url, end_of_archive=byte_range is None):
+                if i > hi or sample["__key__"] != keys[i]:
+                    raise CorruptShardError(
+                        f"{url}: sample {i} is {sample['__key__']!r} but the index says "
+                        f"{keys[i] if i <= hi else 'nothing more in this range'!r}; the shard or index.json is "
+                        "stale or damaged, re-pack or re-upload the dataset"
+                    )
+                if i == want:
+                    yield t, sample
+                    t, want = next(pending, (-1, -1))
+                i += 1
+            if i != hi + 1 and (byte_range is not None or i != len(keys)):
+                raise CorruptShardError(
+                    f"{url}: holds {i - lo} samples from sample {lo} but the index says {hi + 1 - lo}; the "
+                    "shard or index.json is stale or damaged, re-pack or re-upload the dataset"
+                )
+
+    def _sample_bounds(self, s: int) -> tuple[list[int], list[int], list[str]]:
+        """Per sample of shard ``s``: start and end byte (its first header to its last
+        payload's padding) and key, from the index."""
+        if s not in self._bounds:
+            assert self.index is not None  # internal invariant
+            ends, keys = self.index.shards[s].sample_ends_and_keys()
+            self._bounds[s] = ([0, *ends[:-1]], ends, keys)
+        return self._bounds[s]
+
+    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats) -> Iterator[dict[str, Any]]:
+        """Endless: shards drawn with replacement, weighted by their sample counts (or
+        uniformly without an index), 64 at a time so S3 reads run ahead."""
+        rng = np.random.default_rng([self.seed, self.epoch, slot.index, 3])
+        counts = np.array([s.num_samples for s in self.index.shards] if self.index else [1] * self.num_shards, float)
+        if counts.sum() == 0:
+            raise ValueError("resampled=True needs a dataset with at least one sample")
+        while True:
+            picks = rng.choice(len(counts), size=64, p=counts / counts.sum()).tolist()
+            yield from self._read([self.shard_urls[i] for i in picks], stats)
+
     def _read(self, urls: list[str], stats: ReaderStats) -> Iterator[dict[str, Any]]:
         expected = self._expected_counts()
         sizes = self._expected_sizes()
-        cache = None
-        if self.cache_dir is not None:
-            from .cache import ShardCache
-
-            cache = ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
         streams = iter_shard_streams(
-            urls, sizes_bytes=[sizes.get(u) for u in urls], s3=self.s3, fetch=self.fetch, cache=cache, stats=stats
+            urls, sizes_bytes=[sizes.get(u) for u in urls], s3=self.s3, fetch=self.fetch, cache=self._cache(), stats=stats
         )
         for url, stream in streams:
             count = 0
@@ -201,6 +463,54 @@ class ShardDataset(IterableDataset):
         if self.index is None:
             return {}
         return {url: shard.num_samples for url, shard in zip(self.shard_urls, self.index.shards)}
+
+
+def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
+    """The data state of a plain ``torch.utils.data.DataLoader`` over a :class:`ShardDataset`,
+    for a checkpoint: ``loader.dataset.state_dict(samples_consumed, batch_size=loader.batch_size,
+    num_workers=loader.num_workers)``.
+
+    Args:
+        loader: the DataLoader (in-order, as by default; its ``drop_last`` must be False so no
+            worker's short last batch is dropped).
+        samples_consumed: samples this rank took from the loader's current iterator (all ranks
+            the same; e.g. ``steps * batch_size``).
+
+    Raises:
+        TypeError: the loader's dataset is not a ShardDataset.
+        ValueError: the loader drops last batches or delivers out of order.
+
+    Resume: ``dataset.load_state_dict(state)``, then create the DataLoader iterator as usual.
+    """
+    dataset = loader.dataset
+    if not isinstance(dataset, ShardDataset):
+        raise TypeError(f"loader.dataset is a {type(dataset).__name__}, not a ShardDataset")
+    if getattr(loader, "drop_last", False):
+        raise ValueError("DataLoader(drop_last=True) drops each worker's short last batch; use ShardDataset(drop_last=)")
+    if getattr(loader, "in_order", True) is False:
+        raise ValueError("DataLoader(in_order=False) delivers batches in no fixed order; a checkpoint needs in_order")
+    return dataset.state_dict(samples_consumed, batch_size=loader.batch_size, num_workers=loader.num_workers)
+
+
+def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
+    """Each of ``lanes`` concurrent readers gets a share of the reader's read-ahead bounds."""
+    if lanes <= 1:
+        return fetch
+    return dataclasses.replace(
+        fetch,
+        max_buffer_bytes=max(fetch.part_bytes, fetch.max_buffer_bytes // lanes),
+        max_inflight_requests=max(1, fetch.max_inflight_requests // lanes),
+        max_inflight_shards=max(1, fetch.max_inflight_shards // lanes),
+    )
+
+
+def _runs(arrivals: np.ndarray, shard: np.ndarray, index: np.ndarray) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Group a lane's arrivals into runs: consecutive samples of one shard, index going up."""
+    if len(arrivals) == 0:
+        return []
+    cuts = (np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1).tolist()
+    bounds = zip([0, *cuts], [*cuts, len(arrivals)])
+    return [(int(shard[a]), list(zip(arrivals[a:b].tolist(), index[a:b].tolist()))) for a, b in bounds]
 
 
 def _payload_bytes(sample: dict[str, Any]) -> int:

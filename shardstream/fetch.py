@@ -79,11 +79,14 @@ class _Budget:
 class _Shard:
     """One S3 shard's plan: its parts arrive in ``items`` in order, then ``_END``."""
 
-    def __init__(self, url: str, store: Any, name: str, size_bytes: int | None) -> None:
+    def __init__(
+        self, url: str, store: Any, name: str, size_bytes: int | None, byte_range: tuple[int, int] | None = None
+    ) -> None:
         self.url = url
         self.store = store
         self.name = name
         self.size_bytes = size_bytes
+        self.byte_range = byte_range  # None: the whole shard
         self.etag: str | None = None
         self.items: queue.Queue[Any] = queue.Queue()
         self.tasks: set[asyncio.Task[bytes]] = set()  # in flight only: a done task holds its part's bytes
@@ -116,9 +119,9 @@ class _Producer:
                 return
 
     async def _schedule(self, shard: _Shard) -> None:
-        if self.cache is not None:
+        if self.cache is not None and (shard.byte_range is None or self.cache.entry_path(shard.url).exists()):
             cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
-            if cached is None:
+            if cached is None and shard.byte_range is None:  # only a whole shard fills the cache
                 shard.fill = await self._in_thread(self.cache.fill, shard.url, size_bytes=shard.size_bytes)
                 if shard.fill is None:  # another process filled it while we waited for its lock
                     cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
@@ -129,7 +132,11 @@ class _Producer:
             self._count("cache_misses", 1)
         if shard.size_bytes is None:
             shard.size_bytes, shard.etag = await shard.store.head(shard.name)
-        for start, end in _part_ranges(shard.size_bytes, self.fetch.part_bytes, ramp=shard is self.shards[0]):
+        first, last = shard.byte_range or (0, shard.size_bytes)
+        if not 0 <= first <= last <= shard.size_bytes:
+            raise ValueError(f"{shard.url}: byte range {first}-{last} is outside its {shard.size_bytes} bytes")
+        ramp = shard is self.shards[0]
+        for start, end in _part_ranges(first, last, self.fetch.part_bytes, ramp=ramp):
             await self.budget.acquire(end - start)
             self._gauge()
             await self.requests.acquire()
@@ -206,14 +213,15 @@ class _Producer:
         self.loop.call_soon_threadsafe(cancel_all)
 
 
-def _part_ranges(size_bytes: int, part_bytes: int, *, ramp: bool) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` byte ranges of a shard's ranged GETs. With ``ramp`` (the first shard a
-    reader waits for) they start at ``part_bytes / 16`` and double up to ``part_bytes``, so
-    the first sample does not wait for a full part sharing the link with the others."""
+def _part_ranges(first: int, last: int, part_bytes: int, *, ramp: bool) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` byte ranges of the ranged GETs for bytes ``first`` to ``last`` of a
+    shard. With ``ramp`` (the first shard a reader waits for) they start at ``part_bytes / 16``
+    and double up to ``part_bytes``, so the first sample does not wait for a full part sharing
+    the link with the others."""
     size = max(1, part_bytes // 16) if ramp else part_bytes
-    start = 0
-    while start < size_bytes:
-        end = min(start + size, size_bytes)
+    start = first
+    while start < last:
+        end = min(start + size, last)
         yield start, end
         start, size = end, min(size * 2, part_bytes)
 
@@ -357,46 +365,90 @@ class _MappedFile:
     unlinks). ``read(n)`` and ``chunks()`` are not to be mixed.
     """
 
-    def __init__(self, f: Any) -> None:
+    def __init__(self, f: Any, byte_range: tuple[int, int] | None = None) -> None:
         self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
             self._map.madvise(mmap.MADV_SEQUENTIAL)
-        self._pos = 0
+        self._pos, self._end = byte_range or (0, len(self._map))
 
     def read(self, n: int) -> bytes:
-        out = self._map[self._pos : self._pos + n]
+        out = self._map[self._pos : min(self._pos + n, self._end)]
         self._pos += len(out)
         return out
 
     def chunks(self) -> Iterator[Any]:
-        # The map slices to bytes like a bytes chunk does, so it is handed on whole.
-        yield self._map if self._pos == 0 else self._map[self._pos :]
+        # The map slices to bytes like a bytes chunk does, so a whole file is handed on as is.
+        if self._pos == 0 and self._end == len(self._map):
+            yield self._map
+        elif self._pos < self._end:
+            yield _Window(self._map, self._pos, self._end)
 
     def close(self) -> None:
         self._map.close()
 
 
 @contextlib.contextmanager
-def _open_local(f: Any, url: str, size_bytes: int | None, stats: ReaderStats | None, chunk_bytes: int) -> Iterator[Any]:
-    """The stream of an open local file: memory-mapped, or read in chunks when it is empty
-    (which cannot be mapped) or not a regular file."""
+def _open_local(
+    f: Any,
+    url: str,
+    size_bytes: int | None,
+    stats: ReaderStats | None,
+    chunk_bytes: int,
+    byte_range: tuple[int, int] | None = None,
+) -> Iterator[Any]:
+    """The stream of an open local file (bytes ``byte_range`` of it): memory-mapped, or read in
+    chunks when it is empty (which cannot be mapped) or not a regular file."""
     actual = os.fstat(f.fileno()).st_size
     if size_bytes is not None and actual != size_bytes:
         raise CorruptShardError(
             f"{url}: is {actual} bytes but the index says {size_bytes}; the shard is truncated or "
             "was replaced, or index.json is stale: re-pack or re-copy the dataset"
         )
+    if byte_range is not None and not 0 <= byte_range[0] <= byte_range[1] <= actual:
+        raise ValueError(f"{url}: byte range {byte_range[0]}-{byte_range[1]} is outside its {actual} bytes")
     try:
-        mapped = _MappedFile(f) if actual > 0 else None
+        mapped = _MappedFile(f, byte_range) if actual > 0 else None
     except (OSError, ValueError):
         mapped = None
     if mapped is None:
+        if byte_range is not None:
+            f.seek(byte_range[0])
+            f = _Limited(f, byte_range[1] - byte_range[0])
         yield _ChunkedFile(f, stats, chunk_bytes) if stats is not None else f
         return
     try:
         yield mapped
     finally:
         mapped.close()
+
+
+class _Window:
+    """Bytes ``start`` to ``end`` of a map, sliced to ``bytes`` like a chunk (the parser only
+    takes ``len`` and slices)."""
+
+    __slots__ = ("_map", "_start", "_len")
+
+    def __init__(self, mapped: mmap.mmap, start: int, end: int) -> None:
+        self._map, self._start, self._len = mapped, start, end - start
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, key: slice) -> bytes:
+        a, b, _ = key.indices(self._len)
+        return self._map[self._start + a : self._start + max(a, b)]
+
+
+class _Limited:
+    """The next ``n`` bytes of a file."""
+
+    def __init__(self, f: Any, n: int) -> None:
+        self._f, self._left = f, n
+
+    def read(self, n: int) -> bytes:
+        out = self._f.read(min(n, self._left))
+        self._left -= len(out)
+        return out
 
 
 def _take(shard: _Shard, wait_s: float) -> Any:
@@ -420,6 +472,7 @@ def iter_shard_streams(
     urls: Sequence[str],
     *,
     sizes_bytes: Sequence[int | None] | None = None,
+    byte_ranges: Sequence[tuple[int, int] | None] | None = None,
     s3: S3Config | None = None,
     fetch: FetchConfig | None = None,
     cache: Any = None,
@@ -433,6 +486,9 @@ def iter_shard_streams(
     Args:
         urls: shard URLs (local paths or ``s3://``), in reading order.
         sizes_bytes: each shard's size from the index (checked), or None to ask S3 (HEAD).
+        byte_ranges: for each shard, ``(start, end)``: read only those bytes (a stream of
+            them, which ends without the tar end-of-archive blocks), or None for all of it.
+            Only whole shards fill the cache; a range is served from it when present.
         s3, fetch: S3 endpoint and read-ahead settings.
         cache: a :class:`~shardstream.cache.ShardCache` for ``s3://`` shards, or None.
         stats: counters to add stall time, cache hits/misses, retries and bytes in flight to.
@@ -457,18 +513,24 @@ def iter_shard_streams(
             stores[root] = open_store(root or os.sep, s3=s3, fetch=fetch)
         return stores[root], name
 
-    size_of = dict(zip(urls, sizes))
-    remote = [_Shard(url, *store_and_name(url), size) for url, size in zip(urls, sizes) if is_s3_url(url)]
+    ranges = list(byte_ranges) if byte_ranges is not None else [None] * len(urls)
+    if len(ranges) != len(urls):
+        raise ValueError(f"{len(urls)} shard URLs but {len(ranges)} byte ranges")
+    remote = [
+        _Shard(url, *store_and_name(url), size, byte_range)
+        for url, size, byte_range in zip(urls, sizes, ranges)
+        if is_s3_url(url)
+    ]
     producer = _Producer(remote, fetch, cache, stats) if remote else None
     next_remote = 0
     try:
-        for url in urls:
+        for url, size, byte_range in zip(urls, sizes, ranges):
             if not is_s3_url(url):
                 store, name = store_and_name(url)
                 if not isinstance(store, LocalStore):
                     raise TypeError(f"{url}: no reader for this store type")
                 with store.open_read(name, buffer_bytes=0) as f, _open_local(
-                    f, url, size_of[url], stats, fetch.chunk_bytes
+                    f, url, size, stats, fetch.chunk_bytes, byte_range
                 ) as stream:
                     yield url, stream
                 continue
@@ -492,7 +554,7 @@ def _consume(
         stats.add("stall_s", time.perf_counter() - started)
     if isinstance(first, _Hit):
         try:
-            with _open_local(first.cached, shard.url, shard.size_bytes, stats, chunk_bytes) as stream:
+            with _open_local(first.cached, shard.url, shard.size_bytes, stats, chunk_bytes, shard.byte_range) as stream:
                 yield shard.url, stream
         finally:
             first.cached.close()

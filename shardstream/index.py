@@ -116,6 +116,25 @@ class ShardEntry:
             self._raw = None
         return self._samples
 
+    def sample_ends_and_keys(self) -> tuple[list[int], list[str]]:
+        """Per sample: the byte where it ends (its last payload's padding included; the next
+        sample's headers start there) and its key. Read from the index's JSON without
+        building :attr:`samples`.
+
+        Raises:
+            IndexFormatError: a sample entry is malformed.
+        """
+        if self._samples is not None:
+            return [_end(x.members[-1].offset, x.members[-1].size) for x in self._samples], [x.key for x in self._samples]
+        try:
+            ends = [_end(_typed(x["members"][-1]["offset"], int), _typed(x["members"][-1]["size"], int)) for x in self._raw]  # type: ignore[union-attr]
+            keys = [_typed(x["key"], str) for x in self._raw]  # type: ignore[union-attr]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise IndexFormatError(
+                f"{self._url}: malformed sample entry in shard {self.name} ({exc!r}); re-run shardstream pack"
+            ) from exc
+        return ends, keys
+
     @property
     def num_members(self) -> int:
         if self._samples is None:
@@ -300,6 +319,10 @@ def _sample(x: dict[str, Any]) -> SampleEntry:
             MemberEntry(_typed(m["name"], str), _typed(m["offset"], int), _typed(m["size"], int)) for m in x["members"]
         ),
     )
+
+
+def _end(offset: int, size: int) -> int:
+    return offset + -(-size // 512) * 512
 
 
 def _typed(value: Any, kind: type) -> Any:

@@ -53,17 +53,19 @@ def _pax_records(data: bytes, *, url: str, offset: int) -> dict[str, str]:
     return records
 
 
-def iter_members(stream: ReadStream, *, url: str) -> Iterator[tuple[str, bytes]]:
+def iter_members(stream: ReadStream, *, url: str, end_of_archive: bool = True) -> Iterator[tuple[str, bytes]]:
     """Yield ``(member_name, payload)`` for each regular file in a tar stream, in order.
 
     Raises:
         CorruptShardError: as :func:`iter_members_at`.
     """
-    for name, _, payload in iter_members_at(stream, url=url):
+    for name, _, payload in iter_members_at(stream, url=url, end_of_archive=end_of_archive):
         yield name, payload
 
 
-def iter_members_at(stream: ReadStream, *, url: str) -> Iterator[tuple[str, int, bytes]]:
+def iter_members_at(
+    stream: ReadStream, *, url: str, base_offset: int = 0, end_of_archive: bool = True
+) -> Iterator[tuple[str, int, bytes]]:
     """Yield ``(member_name, payload_offset, payload)`` for each regular file, in order;
     ``payload_offset`` is the byte where the payload starts in the tar stream.
 
@@ -72,13 +74,17 @@ def iter_members_at(stream: ReadStream, *, url: str) -> Iterator[tuple[str, int,
             ``chunks()`` method yielding the bytes in pieces of any size (the streams of
             :mod:`shardstream.fetch` have it; it saves a method call per header and payload).
         url: the shard's URL, named in errors.
+        base_offset: where the stream starts in the shard (a byte range of it starts at a
+            member's header); offsets yielded and named in errors count from the shard's start.
+        end_of_archive: the stream must end with the end-of-archive blocks; False for a byte
+            range, which may also end cleanly after a member.
 
     Raises:
         CorruptShardError: a header fails its checksum, a field is malformed, or the stream
-            ends before the end-of-archive blocks.
+            ends before the end-of-archive blocks (or, for a range, inside a member).
     """
     chunks = stream.chunks() if hasattr(stream, "chunks") else _read_chunks(stream)
-    return _members(iter(chunks), url)
+    return _members(iter(chunks), url, base_offset, end_of_archive)
 
 
 def _read_chunks(stream: ReadStream, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
@@ -103,11 +109,10 @@ def _take(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[bytes,
 _ZERO_BLOCK = bytes(BLOCK_BYTES)
 
 
-def _members(chunks: Iterator[bytes], url: str) -> Iterator[tuple[str, int, bytes]]:
+def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: bool) -> Iterator[tuple[str, int, bytes]]:
     # The buffer and position live in locals: a header or payload inside the current chunk
     # costs one slice, and only one that crosses chunks goes through _take.
     buf, pos = b"", 0
-    offset = 0
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
@@ -118,6 +123,8 @@ def _members(chunks: Iterator[bytes], url: str) -> Iterator[tuple[str, int, byte
             header, buf, pos = _take(chunks, buf, pos, BLOCK_BYTES)
         if len(header) < BLOCK_BYTES:
             if not header:
+                if not end_of_archive and long_name is None and not pax:
+                    return
                 raise CorruptShardError(
                     f"{url}: ends at byte {offset} without the tar end-of-archive blocks; the shard "
                     "is truncated (an interrupted copy?), re-pack or re-upload it"
@@ -184,8 +191,9 @@ def _members(chunks: Iterator[bytes], url: str) -> Iterator[tuple[str, int, byte
             long_name, pax = None, {}
 
 
-def iter_samples(stream: ReadStream, *, url: str) -> Iterator[dict[str, object]]:
-    """Group consecutive members sharing a key into sample dicts.
+def iter_samples(stream: ReadStream, *, url: str, end_of_archive: bool = True) -> Iterator[dict[str, object]]:
+    """Group consecutive members sharing a key into sample dicts (``end_of_archive`` as
+    :func:`iter_members_at`: False for a byte range of a shard).
 
     Yields:
         ``{"__key__": key, "__shard__": url, ext: payload, ...}`` with ``payload`` as bytes.
@@ -195,7 +203,7 @@ def iter_samples(stream: ReadStream, *, url: str) -> Iterator[dict[str, object]]
             twice, or an extension is a reserved field name.
     """
     sample: dict[str, object] | None = None
-    for name, payload in iter_members(stream, url=url):
+    for name, payload in iter_members(stream, url=url, end_of_archive=end_of_archive):
         key, ext = split_key(name)
         if ext in RESERVED_FIELDS:
             raise CorruptShardError(f"{url}: member {name!r} uses reserved extension {ext!r}")

@@ -1,0 +1,311 @@
+"""Exact epochs: which samples each reader reads, in which order, and what a resume still owes.
+
+Everything here is a pure function of the index's per-shard sample counts and a few numbers
+(seed, epoch, world_size, num_workers, ...), so every rank computes the same split without
+talking to the others, and a checkpoint is those numbers, never a list of samples.
+
+An epoch, for a job of ``world_size`` ranks each with ``num_workers`` DataLoader workers:
+
+1. **Order.** The shards in a permutation seeded by ``(seed, epoch)``; their samples in shard
+   order make the epoch's sequence of the dataset's ``N`` samples. A sample is named by its
+   *id*, its position in index order (shard by shard), the same in every epoch.
+2. **Ranks.** The sequence is cut into ``world_size`` contiguous parts of exactly
+   ``ceil(N / world_size)`` samples (``pad``, the default: the parts are filled up by
+   repeating the first samples of the sequence) or ``floor(N / world_size)``
+   (``drop_last``: the last ``N mod world_size`` samples are left out). So shard-to-rank
+   assignment changes every epoch, and every rank gets the same count.
+3. **Workers.** A rank's part is cut into ``num_workers`` contiguous pieces whose sizes
+   differ by at most one, the same on every rank (so ranks also get the same number of
+   batches).
+4. **Reading order.** A worker's piece falls into *runs*, its samples of one shard. Runs are
+   dealt round-robin to ``max_open_shards`` lanes, read concurrently; the order in which
+   their samples arrive is a seeded uniformly random interleaving of the lanes. (Without
+   shuffle: one lane, index order.)
+5. **Shuffle buffer.** Arriving samples pass through a buffer of ``shuffle_buffer`` samples:
+   once full, each arrival evicts a seeded random slot. The emission order is computed on
+   the samples' positions alone, before any byte is read.
+
+Because (4) and (5) depend on nothing but these numbers, "``d`` samples delivered by worker
+``w``" names exactly which samples those were. A resume with the same ``world_size`` and
+``num_workers`` continues each worker's order where it stopped; a resume with another shape
+(elastic) closes the segment, takes the samples not yet delivered, in epoch order, and
+splits those anew as in (2)-(5). Samples in shuffle buffers and prefetch queues at the
+checkpoint were not delivered, so they are read again: none is lost, none repeated.
+
+Which samples a rank delivered follows from how a ``torch.utils.data.DataLoader`` hands out
+batches: in order, round-robin over the workers that still have data, each worker's last
+batch possibly short (:func:`consumed_per_worker`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "EpochPlan",
+    "Segment",
+    "WorkerPlan",
+    "buffer_order",
+    "consumed_per_worker",
+    "split_evenly",
+]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of an epoch run with one job shape, and how far each rank got.
+
+    ``samples_consumed`` is per rank (all ranks of a DDP job consume the same count);
+    ``worker_yielded`` instead gives each worker's count (as a StatefulDataLoader worker
+    reports it), for a resume of the same shape only. ``batch_size`` is the DataLoader's
+    (None: unbatched, one sample at a time).
+    """
+
+    world_size: int
+    num_workers: int
+    batch_size: int | None = None
+    samples_consumed: int | None = None
+    worker_yielded: tuple[tuple[int, int], ...] = ()  # ((worker_id, samples yielded), ...)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "world_size": self.world_size,
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
+            "samples_consumed": self.samples_consumed,
+            "worker_yielded": [list(x) for x in self.worker_yielded],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> Segment:
+        return cls(
+            world_size=int(d["world_size"]),  # type: ignore[call-overload]
+            num_workers=int(d["num_workers"]),  # type: ignore[call-overload]
+            batch_size=None if d.get("batch_size") is None else int(d["batch_size"]),  # type: ignore[call-overload]
+            samples_consumed=None if d.get("samples_consumed") is None else int(d["samples_consumed"]),  # type: ignore[call-overload]
+            worker_yielded=tuple((int(w), int(n)) for w, n in d.get("worker_yielded") or ()),  # type: ignore[attr-defined]
+        )
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` contiguous pieces of ``total`` items, differing by at most one,
+    larger first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def buffer_order(count: int, capacity: int, rng: np.random.Generator) -> np.ndarray:
+    """The emission order of a shuffle buffer of ``capacity`` samples fed ``0..count-1``:
+    once full, each arrival evicts a random slot; at the end the rest leave in random order.
+
+    Returns:
+        int64 array of shape ``(count,)``, a permutation of ``0..count-1``.
+    """
+    if capacity <= 1 or count <= 1:
+        return np.arange(count, dtype=np.int64)
+    fill = min(capacity, count)
+    buf = list(range(fill))
+    out = np.empty(count, dtype=np.int64)
+    picks = rng.integers(0, fill, size=count - fill).tolist()
+    for t, j in enumerate(picks, start=fill):
+        out[t - fill] = buf[j]
+        buf[j] = t
+    out[count - fill :] = rng.permutation(np.asarray(buf, dtype=np.int64))
+    return out
+
+
+def consumed_per_worker(lengths: Sequence[int], batch_size: int | None, samples_consumed: int) -> list[int]:
+    """How many samples each DataLoader worker had delivered when the rank had consumed
+    ``samples_consumed``: batches come in order, round-robin over the workers that still have
+    data, each worker's last batch possibly short.
+
+    Raises:
+        ValueError: ``samples_consumed`` is negative or more than the workers hold.
+    """
+    total = sum(lengths)
+    if not 0 <= samples_consumed <= total:
+        raise ValueError(
+            f"samples_consumed={samples_consumed} must be in [0, {total}] (the samples this rank has this epoch)"
+        )
+    size = batch_size or 1
+    done = [0] * len(lengths)
+    left = samples_consumed
+    rounds = max((math.ceil(n / size) for n in lengths), default=0)
+    full_rounds = min(left // max(1, size * len(lengths)), min((n // size for n in lengths), default=0))
+    for w in range(len(lengths)):  # whole rounds in which every worker gives a full batch
+        done[w] = full_rounds * size
+    left -= full_rounds * size * len(lengths)
+    for _ in range(full_rounds, rounds):
+        for w, n in enumerate(lengths):
+            if left == 0:
+                return done
+            take = min(size, n - done[w], left)
+            if take > 0:
+                done[w] += take
+                left -= take
+    return done
+
+
+@dataclass
+class WorkerPlan:
+    """What one worker reads and yields in one segment.
+
+    ``ids[t]`` is the sample id of the ``t``-th sample to arrive (reading order), ``lane[t]``
+    the lane it is read by; ``order`` is the emission order (a permutation of arrival
+    indices ``t``). ``skip`` leading entries of ``order`` were delivered before a resume.
+    """
+
+    ids: np.ndarray
+    lane: np.ndarray
+    order: np.ndarray
+    skip: int = 0
+
+    @property
+    def num_samples(self) -> int:
+        """Samples this worker still yields."""
+        return len(self.order) - self.skip
+
+
+@dataclass
+class EpochPlan:
+    """The split of one epoch over a job (module doc).
+
+    Args:
+        counts: samples per shard, in index order.
+        seed, epoch: the shuffle's seed and the epoch.
+        shuffle: permute shards, interleave lanes and shuffle samples; False keeps index order.
+        shuffle_buffer: samples in each worker's shuffle buffer.
+        max_open_shards: lanes (shards read at once) per worker.
+        drop_last: drop the fewest samples instead of padding with repeats.
+        segments: earlier segments of this epoch (from a checkpoint), oldest first.
+    """
+
+    counts: Sequence[int]
+    seed: int
+    epoch: int
+    shuffle: bool = True
+    shuffle_buffer: int = 1000
+    max_open_shards: int = 4
+    drop_last: bool = False
+    segments: Sequence[Segment] = ()
+    _starts: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._starts = np.concatenate([[0], np.cumsum(np.asarray(self.counts, dtype=np.int64))])
+
+    @property
+    def num_samples(self) -> int:
+        return int(self._starts[-1])
+
+    def shard_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, index within shard)`` of sample ids."""
+        shard = np.searchsorted(self._starts, ids, side="right") - 1
+        return shard, ids - self._starts[shard]
+
+    def sequence(self) -> np.ndarray:
+        """The epoch's sample ids in order: shards permuted by ``(seed, epoch)``."""
+        shards = np.arange(len(self.counts))
+        if self.shuffle:
+            shards = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.counts))
+        return np.concatenate(
+            [np.arange(self._starts[s], self._starts[s + 1], dtype=np.int64) for s in shards] or [np.empty(0, np.int64)]
+        )
+
+    def rank_parts(self, todo: np.ndarray, world_size: int) -> list[np.ndarray]:
+        """``todo`` (ids in epoch order) cut into ``world_size`` equal contiguous parts."""
+        if len(todo) == 0:
+            return [todo[:0] for _ in range(world_size)]
+        per_rank = len(todo) // world_size if self.drop_last else -(-len(todo) // world_size)
+        full = np.resize(todo, per_rank * world_size)  # pads by wrapping to the start
+        return [full[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]
+
+    def worker_plan(self, part: np.ndarray, *, seg: int, rank: int, worker_id: int, num_workers: int) -> WorkerPlan:
+        """The plan of worker ``worker_id`` of the rank whose part is ``part``."""
+        sizes = split_evenly(len(part), num_workers)
+        start = sum(sizes[:worker_id])
+        ids = part[start : start + sizes[worker_id]]
+        streams = [self.seed, self.epoch, seg, rank, worker_id]
+        if not self.shuffle or len(ids) == 0:
+            return WorkerPlan(ids=ids, lane=np.zeros(len(ids), np.int64), order=np.arange(len(ids), dtype=np.int64))
+        shard, index = self.shard_of(ids)
+        # A run ends where the shard changes or the index does not go up (a pad wraps).
+        breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1
+        run = np.zeros(len(ids), np.int64)
+        run[breaks] = 1
+        run = np.cumsum(run)
+        lanes = min(self.max_open_shards, int(run[-1]) + 1)
+        run_lane = run % lanes
+        # A uniformly random interleaving of the lanes: shuffle the multiset of lane labels.
+        labels = np.random.default_rng([*streams, 1]).permutation(np.sort(run_lane, kind="stable"))
+        # The k-th arrival from lane L is lane L's k-th sample (its samples keep their order).
+        arrival = np.empty(len(ids), np.int64)
+        arrival[np.argsort(labels, kind="stable")] = np.argsort(run_lane, kind="stable")
+        order = buffer_order(len(ids), self.shuffle_buffer, np.random.default_rng([*streams, 2]))
+        return WorkerPlan(ids=ids[arrival], lane=labels, order=order)
+
+    def segment_plans(self, todo: np.ndarray, seg: int, world_size: int, num_workers: int) -> list[list[WorkerPlan]]:
+        """Every worker's plan of a segment: ``[rank][worker_id]``."""
+        return [
+            [self.worker_plan(part, seg=seg, rank=r, worker_id=w, num_workers=num_workers) for w in range(num_workers)]
+            for r, part in enumerate(self.rank_parts(todo, world_size))
+        ]
+
+    def delivered(self, plans: list[list[WorkerPlan]], segment: Segment) -> np.ndarray:
+        """Ids delivered in a closed segment (every rank consumed ``samples_consumed``)."""
+        if segment.samples_consumed is None:
+            raise ValueError(
+                "this checkpoint was saved by DataLoader workers (StatefulDataLoader) and holds no "
+                "per-rank sample count; resume it with the same world_size and num_workers, or save "
+                "with shardstream.loader_state_dict(loader, samples_consumed) for an elastic resume"
+            )
+        out = []
+        for workers in plans:
+            counts = consumed_per_worker([len(p.order) for p in workers], segment.batch_size, segment.samples_consumed)
+            out.extend(p.ids[p.order[:d]] for p, d in zip(workers, counts))
+        return np.concatenate(out) if out else np.empty(0, np.int64)
+
+    def current(self, *, world_size: int, num_workers: int) -> tuple[int, np.ndarray, Segment | None]:
+        """Replay the checkpoint's segments for a job of this shape: the index of the segment
+        to run now, the ids it splits (epoch order), and the segment it continues (same
+        shape: skip what each worker delivered) or None (a new segment)."""
+        todo = self.sequence()
+        segments = list(self.segments)
+        for i, segment in enumerate(segments):
+            last = i == len(segments) - 1
+            if last and (segment.world_size, segment.num_workers) == (world_size, num_workers):
+                return i, todo, segment
+            plans = self.segment_plans(todo, i, segment.world_size, segment.num_workers)
+            assigned = np.unique(np.concatenate([p.ids for workers in plans for p in workers] or [todo[:0]]))
+            done = self.delivered(plans, segment)
+            todo = todo[np.isin(todo, assigned) & ~np.isin(todo, done)]
+        return len(segments), todo, None
+
+    def for_worker(self, *, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[WorkerPlan, int]:
+        """This worker's plan now (resumed where the checkpoint says) and the segment index."""
+        seg, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
+        parts = self.rank_parts(todo, world_size)
+        plan = self.worker_plan(parts[rank], seg=seg, rank=rank, worker_id=worker_id, num_workers=num_workers)
+        if continued is not None:
+            yielded = dict(continued.worker_yielded)
+            if worker_id in yielded:
+                plan.skip = yielded[worker_id]
+            elif continued.samples_consumed is not None:
+                lengths = split_evenly(len(parts[rank]), num_workers)
+                plan.skip = consumed_per_worker(lengths, continued.batch_size, continued.samples_consumed)[worker_id]
+            if plan.skip > len(plan.order):
+                raise ValueError(f"checkpoint says worker {worker_id} yielded {plan.skip} samples; it has {len(plan.order)}")
+        return plan, seg
+
+    def rank_count(self, *, world_size: int, num_workers: int, rank: int = 0) -> int:
+        """Samples each rank yields now (the same on every rank)."""
+        _, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
+        part = len(self.rank_parts(todo, world_size)[rank])
+        if continued is None:
+            return part
+        if continued.samples_consumed is not None and not continued.worker_yielded:
+            return part - continued.samples_consumed
+        return part - sum(n for _, n in continued.worker_yielded)
