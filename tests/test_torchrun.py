@@ -1,15 +1,22 @@
-"""Two ranks under a real torchrun (gloo), two DataLoader workers each, reading from S3."""
+"""Exact epochs under a real torchrun (gloo, CPU, 127.0.0.1) reading from the S3 server: one
+node of 2 ranks x 2 workers, two "nodes" of 2 ranks each, and a job killed mid-epoch that
+resumes at other world sizes (4 -> 2 -> 3)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from shardstream import pack
+import pytest
+
+from shardstream import Index, S3Config, pack
 
 
 def free_port() -> int:
@@ -18,40 +25,146 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_ranks_two_workers_read_disjoint_shards_covering_every_sample(tmp_path, s3_server, s3_bucket, s3_config):
-    src = tmp_path / "src"
-    for i in range(96):
-        (src / f"c{i % 4}").mkdir(parents=True, exist_ok=True)
-        (src / f"c{i % 4}" / f"{i:04d}.txt").write_text(str(i))
-    url = f"s3://{s3_bucket}/ranks"
-    pack(src, url, max_samples_per_shard=6, s3=s3_config, progress=False)  # 16 shards of 6
-    out = tmp_path / "seen.json"
-    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
-    script = Path(__file__).with_name("torchrun_read.py")
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}", str(script), url, str(out), "2", "2",
-    ]
-    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
+NUM_SAMPLES = 103  # prime: divides by no world size
 
-    all_keys = sorted(f"c{i % 4}/{i:04d}" for i in range(96))
-    assignments = []
-    for epoch in json.loads(out.read_text()):
-        assert len(epoch) == 2  # ranks
-        keys = [key for rank in epoch for key, _, _ in rank]
-        assert sorted(keys) == all_keys  # every sample once: none lost, none twice
-        slots = {}
-        for rank, seen in enumerate(epoch):
-            for _, shard, worker in seen:
-                slots.setdefault((rank, worker), set()).add(shard)
-        assert sorted(slots) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-        shard_sets = list(slots.values())
-        assert sum(len(s) for s in shard_sets) == len(set().union(*shard_sets)) == 16  # disjoint
-        assert all(len(s) == 4 for s in shard_sets)
-        assert all(len(rank) == 48 for rank in epoch)
-        assignments.append(slots)
-    assert assignments[0] != assignments[1]  # shards move between readers across epochs
+
+@pytest.fixture(scope="module")
+def uneven_dataset(tmp_path_factory, s3_server) -> str:
+    """103 samples (a .txt and a .cls each, 10 B to 3 KB) in shards of at most 16 KiB, so
+    shards hold unequal sample counts; on the S3 server."""
+    src = tmp_path_factory.mktemp("uneven")
+    rng = random.Random(7)
+    for i in range(NUM_SAMPLES):
+        (src / f"c{i % 4}").mkdir(exist_ok=True)
+        (src / f"c{i % 4}" / f"{i:04d}.txt").write_bytes(bytes(rng.randrange(256) for _ in range(rng.randrange(10, 3000))))
+        (src / f"c{i % 4}" / f"{i:04d}.cls").write_text(str(i % 4))
+    bucket = f"torchrun-{os.getpid()}"
+    s3_server.create_bucket(bucket)
+    info = s3_server.info
+    s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
+                  secret_access_key=info.secret_access_key, region_name=info.region_name)
+    report = pack(src, f"s3://{bucket}/uneven", max_shard_bytes=16 << 10, s3=s3, progress=False)
+    counts = {s.num_samples for s in Index.from_json(s3_read(s3, bucket, "uneven/index.json"), url="x").shards}
+    assert report.num_samples == NUM_SAMPLES and len(counts) > 2  # unequal shards
+    return f"s3://{bucket}/uneven"
+
+
+def s3_read(s3: S3Config, bucket: str, key: str) -> bytes:
+    from shardstream.storage import open_store
+
+    return open_store(f"s3://{bucket}", s3=s3).read_bytes(key)
+
+
+ALL_KEYS = sorted(f"c{i % 4}/{i:04d}" for i in range(NUM_SAMPLES))
+
+
+def torchrun(nproc: int, *args: str, env: dict[str, str], node: tuple[int, int, int] | None = None,
+             wait: bool = True) -> subprocess.Popen:
+    """torchrun of tests/torchrun_epochs.py; ``node`` = (node_rank, nnodes, port) for one
+    "node" of a multi-node job whose rendezvous is 127.0.0.1:port."""
+    script = Path(__file__).with_name("torchrun_epochs.py")
+    rendezvous = ([f"--nnodes={node[1]}", f"--node-rank={node[0]}", f"--rdzv-endpoint=127.0.0.1:{node[2]}"]
+                  if node else ["--master-addr=127.0.0.1", f"--master-port={free_port()}"])
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *rendezvous,
+               str(script), *args]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    if wait:
+        finish(process)
+    return process
+
+
+def finish(process: subprocess.Popen) -> None:
+    try:
+        _, err = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    assert process.returncode == 0, err[-3000:]
+
+
+def kill_when_ready(process: subprocess.Popen, out: Path, world_size: int) -> None:
+    """Wait until every rank has checkpointed, then SIGKILL the whole job, as a node loss."""
+    deadline = time.monotonic() + 300
+    while not all((out / f"ready-{r}").exists() for r in range(world_size)):
+        if process.poll() is not None:
+            raise AssertionError(f"torchrun exited early: {process.stderr.read()[-3000:]}")
+        assert time.monotonic() < deadline, "ranks did not reach their checkpoint"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def check_epoch(epoch: dict, *, world_size: int, drop_last: bool = False) -> list[list[str]]:
+    """Every rank the same count (len(dataset)) and the same number of batches; the union is
+    the dataset, nothing twice beyond the pad (or nothing missing beyond drop_last)."""
+    ranks = epoch["ranks"]
+    assert len(ranks) == world_size
+    per_rank = NUM_SAMPLES // world_size if drop_last else -(-NUM_SAMPLES // world_size)
+    assert [len(r["keys"]) for r in ranks] == [per_rank] * world_size
+    assert [r["len"] for r in ranks] == [per_rank] * world_size
+    assert len({r["batches"] for r in ranks}) == 1
+    keys = [k for r in ranks for k in r["keys"]]
+    if drop_last:
+        assert len(set(keys)) == len(keys) == per_rank * world_size
+        assert set(keys) <= set(ALL_KEYS)
+    else:
+        assert sorted(set(keys)) == ALL_KEYS
+        assert len(keys) - len(set(keys)) == per_rank * world_size - NUM_SAMPLES  # the pad, counted
+    return [r["keys"] for r in ranks]
+
+
+def test_one_node_two_ranks_two_workers_exact_epochs_from_s3(tmp_path, s3_server, uneven_dataset):
+    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
+    torchrun(2, uneven_dataset, str(tmp_path), "--workers=2", "--batch-size=4", "--epochs=2", env=env)
+    epochs = json.loads((tmp_path / "epochs.json").read_text())
+    assigned = [check_epoch(e, world_size=2) for e in epochs]
+    assert set(assigned[0][0]) != set(assigned[1][0])  # rank 0 reads other samples in epoch 1
+
+
+def test_two_nodes_of_two_ranks_drop_last(tmp_path, s3_server, uneven_dataset):
+    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
+    port = free_port()
+    args = (uneven_dataset, str(tmp_path), "--workers=1", "--batch-size=5", "--epochs=2", "--drop-last")
+    nodes = [torchrun(2, *args, env=env, node=(n, 2, port), wait=False) for n in (0, 1)]
+    for process in nodes:
+        finish(process)
+    for epoch in json.loads((tmp_path / "epochs.json").read_text()):
+        check_epoch(epoch, world_size=4, drop_last=True)
+
+
+def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_server, uneven_dataset):
+    """World size 4 is killed mid-epoch; 2 ranks resume it and are killed too; 3 ranks finish
+    it: every sample of the epoch is delivered (pads aside, counted), and the next epoch is
+    whole again."""
+    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
+    consumed: list[str] = []
+    state = None
+    for step, (world_size, stop_at) in enumerate([(4, 2), (2, 3)]):
+        out = tmp_path / f"run{step}"
+        out.mkdir()
+        resume = [f"--resume={state}"] if state else []
+        process = torchrun(world_size, uneven_dataset, str(out), "--workers=2", "--batch-size=3",
+                           f"--stop-at-batch={stop_at}", *resume, env=env, wait=False)
+        kill_when_ready(process, out, world_size)
+        for r in range(world_size):
+            keys = json.loads((out / f"consumed-{r}.json").read_text())
+            assert len(keys) == 3 * stop_at
+            consumed += keys
+        state = out / "state.json"
+    assert len(consumed) == 4 * 6 + 2 * 9
+    final = tmp_path / "final"
+    final.mkdir()
+    torchrun(3, uneven_dataset, str(final), "--workers=1", "--batch-size=3", "--epochs=2", f"--resume={state}",
+             env=env)
+    rest, next_epoch = json.loads((final / "epochs.json").read_text())
+    assert rest["epoch"] == 0 and next_epoch["epoch"] == 1
+    counts = [len(r["keys"]) for r in rest["ranks"]]
+    assert len(set(counts)) == 1 and counts[0] == rest["ranks"][0]["len"]
+    epoch0 = consumed + [k for r in rest["ranks"] for k in r["keys"]]
+    assert sorted(set(epoch0)) == ALL_KEYS  # none lost
+    assert len(epoch0) - len(set(epoch0)) <= (4 - 1) + (2 - 1) + (3 - 1)  # repeats only as pads
+    check_epoch(next_epoch, world_size=3)
 
 
 def test_spawned_workers_keep_the_rank_of_their_process(tmp_path):

@@ -1,0 +1,137 @@
+"""The epoch plan: exact splits, the DataLoader's batch order, and what a resume owes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from shardstream.plan import EpochPlan, Segment, buffer_order, consumed_per_worker
+
+COUNTS = [7, 13, 5, 9, 11, 3, 8, 1, 0, 20]  # 77 samples, unequal shards, one empty
+
+
+def rank_streams(plan: EpochPlan, world_size: int, num_workers: int) -> list[list[list[int]]]:
+    """[rank][worker] -> the sample ids that worker yields, in order."""
+    out = []
+    for r in range(world_size):
+        workers = []
+        for w in range(num_workers):
+            p, _ = plan.for_worker(rank=r, world_size=world_size, worker_id=w, num_workers=num_workers)
+            workers.append(p.ids[p.order[p.skip :]].tolist())
+        out.append(workers)
+    return out
+
+
+def dataloader_order(workers: list[list[int]], batch_size: int) -> list[int]:
+    """What a DataLoader delivers from these worker streams, by the round-robin rule."""
+    streams = [list(w) for w in workers]
+    out = []
+    while any(streams):
+        for s in streams:
+            if s:
+                out += s[:batch_size]
+                del s[:batch_size]
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_sample_once_and_equal_counts(world_size, num_workers, drop_last):
+    plan = EpochPlan(COUNTS, seed=3, epoch=1, shuffle_buffer=6, max_open_shards=3, drop_last=drop_last)
+    streams = rank_streams(plan, world_size, num_workers)
+    per_rank = [sum(len(w) for w in r) for r in streams]
+    n = sum(COUNTS)
+    expected = n // world_size if drop_last else -(-n // world_size)
+    assert per_rank == [expected] * world_size
+    assert plan.rank_count(world_size=world_size, num_workers=num_workers) == expected
+    assert len({len(w) for r in streams for w in r} | {0}) <= 3  # worker lengths differ by at most one
+    ids = [i for r in streams for w in r for i in w]
+    if drop_last:
+        assert len(set(ids)) == len(ids) == expected * world_size  # drops n mod world_size, repeats none
+    else:
+        assert sorted(set(ids)) == list(range(n))
+        assert len(ids) - len(set(ids)) == expected * world_size - n  # the pad: fewest repeats
+
+
+def test_orders_change_with_the_epoch_and_shuffle_mixes_shards():
+    a = rank_streams(EpochPlan(COUNTS, seed=0, epoch=0), 2, 1)
+    b = rank_streams(EpochPlan(COUNTS, seed=0, epoch=1), 2, 1)
+    assert set(a[0][0]) != set(b[0][0])  # samples move between ranks across epochs
+    assert a == rank_streams(EpochPlan(COUNTS, seed=0, epoch=0), 2, 1)  # and are reproducible
+    flat = a[0][0]
+    starts = np.concatenate([[0], np.cumsum(COUNTS)])
+    shard = np.searchsorted(starts, flat, side="right") - 1
+    assert np.mean(shard[1:] != shard[:-1]) > 0.3  # consecutive samples mostly from other shards
+    plain = rank_streams(EpochPlan(COUNTS, seed=0, epoch=0, shuffle=False), 1, 1)[0][0]
+    assert plain == list(range(sum(COUNTS)))
+
+
+def test_buffer_order_is_a_permutation_that_holds_at_most_capacity():
+    rng = np.random.default_rng(0)
+    order = buffer_order(1000, 50, rng)
+    assert sorted(order.tolist()) == list(range(1000))
+    # the t-th emitted sample (t < 950) arrived at most t + 50 samples in
+    assert all(order[t] <= t + 50 for t in range(950))
+    assert abs(np.corrcoef(order, np.arange(1000))[0, 1]) < 0.999
+
+
+class _Tagged(IterableDataset):
+    def __init__(self, lengths):
+        self.lengths = lengths
+
+    def __iter__(self):
+        w = get_worker_info().id
+        return iter((w, i) for i in range(self.lengths[w]))
+
+
+@pytest.mark.parametrize(("lengths", "batch_size"), [([10, 10], 3), ([7, 5, 6], 4), ([9, 8], 1)])
+def test_consumed_per_worker_matches_a_real_dataloader(lengths, batch_size):
+    loader = DataLoader(_Tagged(lengths), batch_size=batch_size, num_workers=len(lengths))
+    seen = [tuple(x) for batch in loader for x in zip(batch[0].tolist(), batch[1].tolist())]
+    assert len(seen) == sum(lengths)
+    for consumed in range(sum(lengths) + 1):
+        done = [sum(1 for w, _ in seen[:consumed] if w == k) for k in range(len(lengths))]
+        assert consumed_per_worker(lengths, batch_size, consumed) == done
+    with pytest.raises(ValueError, match="samples_consumed=99"):
+        consumed_per_worker(lengths, batch_size, 99)
+
+
+@pytest.mark.parametrize(("first", "second"), [((2, 2, 3), (2, 2)), ((4, 2, 3), (2, 1)), ((2, 1, 5), (3, 2)),
+                                               ((3, 3, 2), (1, 1))])
+@pytest.mark.parametrize("consumed", [0, 5, 11])
+def test_resume_delivers_exactly_what_is_left(first, second, consumed):
+    """A checkpoint after ``consumed`` samples per rank, resumed with the same or another shape:
+    together the two runs deliver the epoch (pads aside)."""
+    world_size, num_workers, batch_size = first
+    plan = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2)
+    before = [i for r in rank_streams(plan, world_size, num_workers)
+              for i in dataloader_order(r, batch_size)[:consumed]]
+    resumed = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2,
+                        segments=[Segment(world_size, num_workers, batch_size, consumed)])
+    after_streams = rank_streams(resumed, *second)
+    counts = [sum(len(w) for w in r) for r in after_streams]
+    assert len(set(counts)) == 1
+    assert counts[0] == resumed.rank_count(world_size=second[0], num_workers=second[1])
+    after = [i for r in after_streams for w in r for i in w]
+    both = before + after
+    assert sorted(set(both)) == list(range(sum(COUNTS)))
+    assert len(both) - len(set(both)) < world_size + second[0]
+    if (world_size, num_workers) == second:  # same shape: each worker continues its own order
+        full = [i for r in rank_streams(plan, world_size, num_workers) for w in r for i in w]
+        assert sorted(both) == sorted(full)
+
+
+def test_state_from_workers_alone_cannot_change_shape():
+    plan = EpochPlan(COUNTS, seed=0, epoch=0, segments=[Segment(2, 2, worker_yielded=((0, 3),))])
+    with pytest.raises(ValueError, match="same world_size and num_workers"):
+        plan.for_worker(rank=0, world_size=3, worker_id=0, num_workers=1)
+    p, _ = plan.for_worker(rank=0, world_size=2, worker_id=0, num_workers=2)
+    assert p.skip == 3
+
+
+def test_an_empty_dataset_plans_nothing():
+    plan = EpochPlan([0, 0], seed=0, epoch=0)
+    assert rank_streams(plan, 2, 2) == [[[], []], [[], []]]
+    assert plan.rank_count(world_size=2, num_workers=2) == 0

@@ -1,0 +1,76 @@
+"""Run under torchrun by tests/test_torchrun.py: each rank reads epochs of a ShardDataset
+through a DataLoader and all-gathers the keys it saw; rank 0 writes them to OUT_DIR/epochs.json.
+
+With --stop-at-batch N, every rank stops after N batches of its first epoch, writes the
+keys it consumed (OUT_DIR/consumed-<rank>.json) and rank 0 the data state
+(OUT_DIR/state.json, from shardstream.loader_state_dict), then waits to be killed. With
+--resume STATE the run continues that epoch from the state, at whatever world size it has.
+
+Usage: torchrun ... tests/torchrun_epochs.py SOURCE OUT_DIR [--workers K] [--batch-size B]
+       [--epochs E] [--drop-last] [--stop-at-batch N] [--resume STATE]
+"""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from shardstream import ShardDataset
+from shardstream.dataset import loader_state_dict
+
+
+def key_of(sample):
+    return sample["__key__"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("source")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--drop-last", action="store_true")
+    parser.add_argument("--stop-at-batch", type=int)
+    parser.add_argument("--resume", type=Path)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    dataset = ShardDataset(
+        args.source, decode=key_of, shuffle_buffer=8, seed=1, max_open_shards=2, drop_last=args.drop_last
+    )
+    first_epoch = 0
+    if args.resume is not None:
+        state = json.loads(args.resume.read_text())
+        dataset.load_state_dict(state)
+        first_epoch = state["epoch"]
+    epochs = []
+    for epoch in range(first_epoch, args.epochs):
+        dataset.set_epoch(epoch)  # the loaded epoch keeps its checkpoint; a new one starts afresh
+        expected = len(dataset)
+        loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
+        keys, batches = [], 0
+        for batch in loader:
+            keys.extend(batch)
+            batches += 1
+            if args.stop_at_batch is not None and epoch == first_epoch and batches == args.stop_at_batch:
+                state = loader_state_dict(loader, samples_consumed=len(keys))
+                (args.out_dir / f"consumed-{rank}.json").write_text(json.dumps(keys))
+                if rank == 0:
+                    (args.out_dir / "state.json").write_text(json.dumps(state))
+                (args.out_dir / f"ready-{rank}").touch()
+                while True:  # killed here by the test, as a node failure would
+                    time.sleep(1)
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, {"keys": keys, "batches": batches, "len": expected})
+        epochs.append({"epoch": epoch, "ranks": gathered})
+    if rank == 0:
+        (args.out_dir / "epochs.json").write_text(json.dumps(epochs))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
