@@ -116,10 +116,15 @@ def check_epoch(epoch: dict, *, world_size: int, drop_last: bool = False) -> lis
 
 def test_one_node_two_ranks_two_workers_exact_epochs_from_s3(tmp_path, s3_server, uneven_dataset):
     env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
-    torchrun(2, uneven_dataset, str(tmp_path), "--workers=2", "--batch-size=4", "--epochs=2", env=env)
+    torchrun(2, uneven_dataset, str(tmp_path), "--workers=2", "--batch-size=4", "--epochs=2", "--slow-rank=1",
+             "--slow-s=8", env=env)
     epochs = json.loads((tmp_path / "epochs.json").read_text())
     assigned = [check_epoch(e, world_size=2) for e in epochs]
     assert set(assigned[0][0]) != set(assigned[1][0])  # rank 0 reads other samples in epoch 1
+    # Nothing in iteration waits for other ranks: rank 0 read its whole first epoch before
+    # the slow rank 1 even started (they meet only at the test's own all_gather).
+    fast, slow = epochs[0]["ranks"]
+    assert fast["ended"] < slow["started"]
 
 
 def test_two_nodes_of_two_ranks_drop_last(tmp_path, s3_server, uneven_dataset):

@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--drop-last", action="store_true")
     parser.add_argument("--stop-at-batch", type=int)
     parser.add_argument("--resume", type=Path)
+    parser.add_argument("--slow-rank", type=int, help="this rank sleeps --slow-s before its first epoch")
+    parser.add_argument("--slow-s", type=float, default=0.0)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -53,6 +55,9 @@ def main() -> None:
         expected = len(dataset)
         loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
         keys, batches = [], 0
+        if rank == args.slow_rank and epoch == first_epoch:
+            time.sleep(args.slow_s)
+        started = time.time()
         for batch in loader:
             keys.extend(batch)
             batches += 1
@@ -64,8 +69,10 @@ def main() -> None:
                 (args.out_dir / f"ready-{rank}").touch()
                 while True:  # killed here by the test, as a node failure would
                     time.sleep(1)
+        ended = time.time()
         gathered = [None] * world_size
-        dist.all_gather_object(gathered, {"keys": keys, "batches": batches, "len": expected})
+        mine = {"keys": keys, "batches": batches, "len": expected, "started": started, "ended": ended}
+        dist.all_gather_object(gathered, mine)
         epochs.append({"epoch": epoch, "ranks": gathered})
     if rank == 0:
         (args.out_dir / "epochs.json").write_text(json.dumps(epochs))
