@@ -29,13 +29,16 @@ a torch DataLoader with 2 workers and batches of 64): shardstream with its ``Cpu
 (Pillow, draft mode); WebDataset (boto3 handler), Mosaic and LitData with Pillow and a
 torchvision-equivalent RandomResizedCrop (crop, then bilinear resize). Baseline: shardstream's
 ``CpuDecoder`` on the same JPEG bytes held in memory, in 2 forked processes; loader overhead =
-1 - loader images/s / in-memory images/s.
+1 - loader images/s / in-memory images/s. ``decode-memory-loader`` puts the same in-memory
+bytes through the same DataLoader (2 workers, batches of 64, collate, shared memory), which
+splits that overhead into what any DataLoader costs and what reading from S3 adds.
 
 A run that passes ``--cap-s`` seconds stops there and is marked ``capped`` (rate over what it
 read). The best of ``--repeat`` runs is shown (highest samples/s, lowest first-sample time,
 highest RSS). Then the targets are printed as met / NOT met, and a bar chart of samples/s is
 saved as a PNG. These machines are noisy: compare the ratios, which come from one run. On 2
-cores the S3 server shares the CPU with the readers, so S3 numbers include its cost. Each
+cores the S3 server shares the CPU with the readers, so S3 numbers include its cost (the
+table's "S3 srv cores": the server's CPU seconds per second of the run, set-up included). Each
 reader's output goes to ~/.cache/shardstream-bench/stream-logs/NAME-RUN.log.
 
 Usage:
@@ -535,6 +538,31 @@ def decode_in_memory(setup: Setup) -> Progress:
         yield sum(pool.map(_decode_share, range(WORKERS))), 0, 0
 
 
+class _MemoryShares:
+    """An IterableDataset over the preloaded samples, split by DataLoader worker (built lazily:
+    torch is imported only in readers that use it)."""
+
+    def __new__(cls) -> Any:
+        from torch.utils.data import IterableDataset, get_worker_info
+
+        from shardstream.decode import CpuDecoder, RandomResizedCrop
+
+        class Shares(IterableDataset):
+            def __iter__(self) -> Any:
+                info = get_worker_info()
+                share, count = (info.id, info.num_workers) if info else (0, 1)
+                decoder = CpuDecoder(image="torch", crop=RandomResizedCrop(size_px=CROP_PX))
+                return (decoder(sample) for sample in _IN_MEMORY[share::count])
+
+        return Shares()
+
+
+def decode_memory_loader(setup: Setup) -> Progress:
+    """The same decoder over the preloaded bytes, through the same DataLoader (2 workers,
+    batches, collate, shared-memory transfer): what a DataLoader costs before any reading."""
+    yield from batches(_MemoryShares())
+
+
 @dataclass(frozen=True)
 class Reader:
     label: str
@@ -565,6 +593,8 @@ READERS = {
     "local-litdata": Reader("litdata", "litdata", "raw", "local", read_litdata("local"), LITDATA),
     "decode-memory": Reader("CpuDecoder, bytes in memory", "limit", "decode", "memory", decode_in_memory,
                             LOADER, preload),
+    "decode-memory-loader": Reader("CpuDecoder, bytes in memory, DataLoader", "limit", "decode", "memory",
+                                   decode_memory_loader, LOADER, preload),
     "decode-shardstream": Reader("shardstream CpuDecoder", "shardstream", "decode", "s3", decode_shardstream,
                                  SS + LOADER),
     "decode-wds": Reader("webdataset boto3 + Pillow", "webdataset", "decode", "s3", decode_wds, WDS_S3 + LOADER),
@@ -621,6 +651,7 @@ class Result:
     vm_hwm: int = 0
     tree_peak: int = 0
     damaged: int = 0  # most damaged samples seen in one run
+    server_cpu_s: float = 0.0  # the S3 server's CPU seconds during the best run (imports and set-up included)
     error: str = ""  # why the last failed run failed
     runs: int = 0
     failures: int = 0
@@ -630,6 +661,7 @@ class Result:
         self.runs += 1
         if self.runs == 1 or run["seconds"] / max(run["samples"], 1) < self.seconds / max(self.samples, 1):
             self.samples, self.bytes, self.seconds, self.capped = run["samples"], run["bytes"], run["seconds"], run["capped"]
+            self.server_cpu_s = run.get("server_cpu_s", 0.0)
         if run["first_s"] is not None and (self.first_s is None or run["first_s"] < self.first_s):
             self.first_s = run["first_s"]
         self.vm_hwm, self.tree_peak = max(self.vm_hwm, run["vm_hwm"]), max(self.tree_peak, run["tree_peak"])
@@ -645,8 +677,17 @@ class Result:
         return self.samples_per_s(num_samples) * payload_bytes / num_samples / 1e6
 
 
-def run_reader(name: str, setup_path: Path, env: dict[str, str], log: Path, cap_s: float) -> dict[str, Any] | str:
-    """Run reader ``name`` in a subprocess logging to ``log``; its measurements, or why there are none."""
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_reader(name: str, setup_path: Path, env: dict[str, str], log: Path, cap_s: float,
+               server_pid: int) -> dict[str, Any] | str:
+    """Run reader ``name`` in a subprocess logging to ``log``; its measurements (with the S3
+    server's CPU seconds meanwhile), or why there are none."""
+    server_cpu_s = process_cpu_s(server_pid)
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, __file__, "--_reader", name, "--_setup", str(setup_path)],
                                    env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -663,7 +704,8 @@ def run_reader(name: str, setup_path: Path, env: dict[str, str], log: Path, cap_
     lines = log.read_text(errors="replace").splitlines()
     for line in lines:
         if line.startswith(RESULT_TAG):
-            return {**json.loads(line[len(RESULT_TAG):]), "tree_peak": tree_peak}
+            return {**json.loads(line[len(RESULT_TAG):]), "tree_peak": tree_peak,
+                    "server_cpu_s": process_cpu_s(server_pid) - server_cpu_s}
     last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
     return f"exit code {process.returncode}: {last[:200]} (log: {log})"
 
@@ -712,6 +754,11 @@ def print_targets(results: dict[str, Result], num_samples: int) -> None:
          lambda: rate["decode-shardstream"] / rate[decode_peer], 1.5, True, "x"),
         ("decode: loader overhead vs in-memory", ("decode-shardstream", "decode-memory"),
          lambda: 1 - rate["decode-shardstream"] / rate["decode-memory"], 0.10, False, "%"),
+        ("decode: of which the DataLoader alone (no target)", ("decode-memory-loader", "decode-memory"),
+         lambda: 1 - rate["decode-memory-loader"] / rate["decode-memory"], 1.0, False, "%"),
+        ("decode: shardstream + S3 server vs DataLoader from memory (no target)",
+         ("decode-shardstream", "decode-memory-loader"),
+         lambda: 1 - rate["decode-shardstream"] / rate["decode-memory-loader"], 1.0, False, "%"),
         (f"peak RSS of a shardstream reader (max_buffer_bytes {budget / 1e6:.0f} MB + 300)", rss_of,
          lambda: max(measured[n].vm_hwm for n in rss_of) / 1e6, budget / 1e6 + 300, False, " MB"),
     ]
@@ -724,6 +771,9 @@ def print_targets(results: dict[str, Result], num_samples: int) -> None:
         value = None if missing else compute()
         if value is None:
             outcome = f"n/a ({', '.join(missing) or 'no sample read'})"
+        elif "(no target)" in label:
+            print(f"  {label:66s} {show(value, unit):>9s}")
+            continue
         else:
             outcome = "met" if (value >= target if at_least else value <= target) else "NOT met"
         print(f"  {label:66s} {'-' if value is None else show(value, unit):>9s}  target "
@@ -732,18 +782,19 @@ def print_targets(results: dict[str, Result], num_samples: int) -> None:
 
 def print_table(results: dict[str, Result], num_samples: int, payload_bytes: int) -> None:
     print(f"\n{'group':6s} {'from':6s} {'reader':34s} {'samples/s':>10s} {'MB/s':>7s} {'first':>8s} "
-          f"{'RSS main':>9s} {'RSS tree':>9s}")
+          f"{'RSS main':>9s} {'RSS tree':>9s} {'S3 srv cores':>12s}")
     for r in results.values():
         head = f"{r.reader.group:6s} {r.reader.source:6s} {r.reader.label:34s}"
         if not r.runs:
             print(f"{head} failed: {r.error}")
             continue
         first = f"{r.first_s:7.3f}s" if r.first_s is not None and r.reader.system != "limit" else f"{'-':>8s}"
+        srv = f"{r.server_cpu_s / r.seconds:.2f}" if r.reader.source == "s3" else "-"
         note = f"  (capped after {r.samples} samples)" if r.capped else ""
         note += f"  ({r.damaged} damaged JPEGs in a run)" if r.damaged else ""
         note += f"  ({r.failures} run(s) failed: {r.error})" if r.failures else ""
         print(f"{head} {r.samples_per_s(num_samples):10.0f} {r.mb_per_s(num_samples, payload_bytes):7.0f} {first} "
-              f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB{note}")
+              f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB {srv:>12s}{note}")
 
 
 def save_chart(results: dict[str, Result], num_samples: int, path: Path, title: str) -> None:
@@ -851,7 +902,7 @@ def main() -> None:
         for repeat in range(args.repeat):
             for name in chosen:
                 print(f"run {repeat + 1}/{args.repeat}: {name} ...", end=" ", flush=True)
-                run = run_reader(name, setup_path, env, logs / f"{name}-{repeat + 1}.log", args.cap_s)
+                run = run_reader(name, setup_path, env, logs / f"{name}-{repeat + 1}.log", args.cap_s, server.pid)
                 shutil.rmtree(setup.scratch, ignore_errors=True)  # every run downloads anew
                 Path(setup.scratch).mkdir()
                 if isinstance(run, str):
