@@ -1,0 +1,103 @@
+"""shardstream.dali on the CPU (device_id=None): the same pipeline the GPU runs with
+device="mixed", checked for shapes, dtypes, value ranges, exact epochs and errors.
+
+DALI comes with the test extra (nvidia-dali-cuda120); SHARDSTREAM_NO_DALI=1 skips these
+tests on a machine that cannot install it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardstream import ShardDataset, pack
+from shardstream.errors import DecodeError
+from shardstream.synth import make_image_dataset
+
+if os.environ.get("SHARDSTREAM_NO_DALI") == "1":
+    pytest.skip("SHARDSTREAM_NO_DALI=1: DALI tests skipped on request", allow_module_level=True)
+
+from shardstream.dali import IMAGENET_MEAN, IMAGENET_STD, DaliLoader  # noqa: E402
+
+NUM_IMAGES = 45
+
+
+@pytest.fixture(scope="module")
+def images_dir(tmp_path_factory) -> Path:
+    """45 JPEGs (64-160 px) with .cls labels and an .id member holding each sample's number."""
+    root = tmp_path_factory.mktemp("dali")
+    make_image_dataset(root / "src", num_images=NUM_IMAGES, num_classes=5, min_side_px=64, max_side_px=160)
+    for jpg in sorted((root / "src").rglob("*.jpg")):
+        jpg.with_suffix(".id").write_text(str(int(jpg.stem)))
+    pack(root / "src", root / "ds", max_samples_per_shard=7, progress=False)
+    return root / "ds"
+
+
+def test_cpu_pipeline_float_batches_of_the_documented_shape(images_dir):
+    loader = DaliLoader(ShardDataset(images_dir, shuffle_buffer=10), batch_size=8, crop_px=32, device_id=None)
+    assert loader.device == torch.device("cpu") and len(loader) == 6  # 45 = 5 x 8 + 5
+    batches = list(loader)
+    assert [len(labels) for _, labels in batches] == [8, 8, 8, 8, 8, 5]
+    images = torch.cat([x for x, _ in batches])
+    labels = torch.cat([y for _, y in batches])
+    assert images.shape == (NUM_IMAGES, 3, 32, 32) and images.dtype == torch.float32
+    assert labels.dtype == torch.int64 and sorted(labels.tolist()) == sorted(i % 5 for i in range(NUM_IMAGES))
+    low = min(-m / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
+    high = max((1 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
+    assert low - 1e-4 <= images.min() and images.max() <= high + 1e-4
+    assert images.std() > 0.1  # real pixels, not a constant
+
+
+def test_every_sample_once_per_epoch_and_epochs_restart(images_dir):
+    loader = DaliLoader(ShardDataset(images_dir, shuffle_buffer=10), batch_size=4, crop_px=16, label_ext="id",
+                        dtype=torch.uint8, device_id=None, num_workers=2)
+    epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert len(batches) == len(loader) == 12
+        images = torch.cat([x for x, _ in batches])
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 16, 16) and images.max() > 100
+        epochs.append(torch.cat([y for _, y in batches]).tolist())
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(NUM_IMAGES))
+    assert epochs[0] != epochs[1]  # reshuffled
+
+
+def test_ranks_get_equal_batch_counts(images_dir, monkeypatch):
+    seen, counts = [], []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        dataset = ShardDataset(images_dir, drop_last=True)  # 22 per rank: no sample repeated to fill up
+        loader = DaliLoader(dataset, batch_size=5, crop_px=16, label_ext="id", device_id=None, last_batch="drop")
+        batches = list(loader)
+        counts.append((len(loader), len(batches)))
+        seen += torch.cat([y for _, y in batches]).tolist()
+    assert counts == [(4, 4), (4, 4)]  # 22 samples per rank, batches of 5, the short one dropped
+    assert len(seen) == len(set(seen)) == 40
+
+
+def test_bad_members_are_named(images_dir, tmp_path):
+    with pytest.raises(DecodeError, match=r"has no 'png' member"):
+        list(DaliLoader(ShardDataset(images_dir), batch_size=4, image_ext="png", device_id=None))
+    with pytest.raises(ValueError, match="decode=None"):
+        DaliLoader(ShardDataset(images_dir, decode="torch"), batch_size=4, device_id=None)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(np.zeros(10, np.uint8).tobytes())
+    (src / "a.cls").write_text("cat")
+    pack(src, tmp_path / "ds", progress=False)
+    with pytest.raises(DecodeError, match=r"'a' member 'cls' is not an integer label"):
+        list(DaliLoader(ShardDataset(tmp_path / "ds"), batch_size=4, device_id=None))
+
+
+def test_a_missing_dali_names_the_extra(monkeypatch):
+    import shardstream.dali as module
+
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)
+    with pytest.raises(ImportError, match=r"pip install 'shardstream\[dali\]'"):
+        module._import_dali()
