@@ -1,0 +1,113 @@
+"""Decode + augmentation throughput: DALI (GPU when present, else CPU) against Pillow in
+DataLoader workers, on the same shards.
+
+Both paths do the same work per image: JPEG decode, a random resized crop to ``--crop-px``
+and a tensor of the batch. Pillow runs shardstream's ``CpuDecoder`` (draft-mode decode, crop,
+torch antialiased resize) in ``--threads`` DataLoader workers; DALI runs
+``shardstream.dali.DaliLoader`` (``image_random_crop`` + resize + flip + normalise) with
+``--threads`` CPU threads, on the GPU (``mixed`` decoder) when torch and DALI see one. On a
+GPU machine the DALI path is also timed with shards streamed from a local S3 server
+(SeaweedFS), and the GPU's memory in use is printed. Each path reads one warm-up epoch, then
+the best of ``--repeat`` timed epochs is kept. The corpus is the benchmark's photo JPEGs
+(``bench/corpus.py``).
+
+Usage:
+    python bench/dali.py [--num-images 2000] [--batch-size 64] [--crop-px 224] [--threads 2] [--repeat 2] [--s3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus import photo_corpus  # noqa: E402
+
+from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack  # noqa: E402
+from shardstream.dali import DaliLoader, gpu_available  # noqa: E402
+
+
+def best_rate(epoch: Callable[[], Iterable[int]], repeat: int) -> float:
+    """Images/s of the fastest of ``repeat`` epochs after one warm-up epoch."""
+    sum(epoch())
+    best = 0.0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        count = sum(epoch())
+        best = max(best, count / (time.perf_counter() - started))
+    return best
+
+
+def pillow_epoch(source: str, args: argparse.Namespace) -> Callable[[], Iterable[int]]:
+    from torch.utils.data import DataLoader
+
+    decoder = CpuDecoder("torch", crop=RandomResizedCrop(size_px=args.crop_px))
+    loader = DataLoader(ShardDataset(source, decode=decoder), batch_size=args.batch_size, num_workers=args.threads)
+    return lambda: (len(batch["jpg"]) for batch in loader)
+
+
+def dali_epoch(source: str, args: argparse.Namespace, device_id: int | None, s3: object = None) -> Callable[[], Iterable[int]]:
+    dataset = ShardDataset(source, s3=s3)
+    loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.crop_px, num_threads=args.threads,
+                        device_id=device_id, num_workers=1)
+    return lambda: (len(labels) for _, labels in loader)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-images", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--crop-px", type=int, default=224)
+    parser.add_argument("--threads", type=int, default=2, help="DataLoader workers for Pillow, DALI CPU threads")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--s3", action="store_true", help="also time DALI from S3 (always on a GPU)")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    gpu = gpu_available()
+    device_id = 0 if gpu else None
+    where = torch.cuda.get_device_name(0) if gpu else f"CPU ({os.cpu_count()} cores; DALI device_id=None)"
+    print(f"device: {where}; {args.num_images} images, batches of {args.batch_size}, crop {args.crop_px} px, "
+          f"{args.threads} threads/workers")
+    corpus = photo_corpus(args.num_images)
+    rows: list[tuple[str, float]] = []
+    with tempfile.TemporaryDirectory(prefix="shardstream-bench-dali-") as tmp:
+        local = f"{tmp}/shards"
+        files = Path(tmp, "files.txt")  # the images and labels, not the corpus's completion marker
+        files.write_text("".join(f"{p.relative_to(corpus)}\n" for p in sorted(corpus.rglob("*.*")) if p.suffix != ""
+                                 and not p.name.startswith(".")))
+        pack(corpus, local, max_shard_bytes=64 << 20, files_from=files, progress=False)
+        rows.append((f"Pillow CpuDecoder, {args.threads} DataLoader workers, local", best_rate(pillow_epoch(local, args), args.repeat)))
+        free_before = torch.cuda.mem_get_info(0)[0] if gpu else 0
+        rows.append((f"DALI {'mixed (GPU)' if gpu else 'CPU'}, local", best_rate(dali_epoch(local, args, device_id), args.repeat)))
+        gpu_used = (free_before - torch.cuda.mem_get_info(0)[0]) if gpu else 0
+        if gpu or args.s3:
+            from shardstream import S3Config
+            from shardstream.testing import SeaweedS3Server
+
+            with SeaweedS3Server() as server:
+                server.create_bucket("bench")
+                info = server.info
+                s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
+                              secret_access_key=info.secret_access_key, region_name=info.region_name)
+                pack(corpus, "s3://bench/shards", max_shard_bytes=64 << 20, files_from=files, s3=s3, progress=False)
+                rate = best_rate(dali_epoch("s3://bench/shards", args, device_id, s3), args.repeat)
+                rows.append((f"DALI {'mixed (GPU)' if gpu else 'CPU'}, S3 (local SeaweedFS)", rate))
+    print(f"\n{'path':60s} {'images/s':>10s}")
+    for label, rate in rows:
+        print(f"{label:60s} {rate:10.0f}")
+    print(f"\nDALI / Pillow (local): {rows[1][1] / rows[0][1]:.2f}x")
+    if gpu:
+        print(f"GPU memory taken by the DALI run: {gpu_used / 2**20:.0f} MiB")
+    print("command: python bench/dali.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
