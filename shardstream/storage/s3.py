@@ -331,47 +331,67 @@ class S3Store:
     ) -> tuple[bytes, int, str]:
         """Bytes ``[start, end)`` of object ``name``, with the object's total size and ETag.
 
-        A body cut off mid-transfer (which botocore does not retry) is requested again, up to
-        ``S3Config.max_attempts`` attempts in all; ``on_retry`` is told of each retry.
+        A body cut off mid-transfer (which botocore neither wraps nor retries) is resumed at
+        the first byte not received, with a ranged GET conditioned on the ETag of the first
+        response (``IfMatch``), up to ``S3Config.max_attempts`` attempts in all; ``on_retry``
+        is told of each. Nothing received is fetched twice.
 
         Returns:
             ``(data, object_size_bytes, etag)``; ``data`` is shorter than asked only when the
             object ends before ``end``.
 
         Raises:
-            ShardNotFoundError: no such object; CorruptShardError: ``start`` lies beyond its end.
+            ShardNotFoundError: no such object; CorruptShardError: ``start`` lies beyond its
+                end, or the object changed between attempts (its ETag no longer matches).
             StorageAccessError, StorageConnectionError, StorageError: other S3 failures.
         """
         import aiohttp
         from botocore.exceptions import ResponseStreamingError
 
         url = self.url_of(name)
+        pieces: list[bytes] = []
+        received = 0
+        etag: str | None = None
+        total = 0
         for attempt in range(1, self.s3.max_attempts + 1):
+            condition = {"IfMatch": etag} if etag else {}
             try:
                 response = await self.call(
-                    "get_object", url=url, Bucket=self.bucket, Key=self.key_of(name), Range=f"bytes={start}-{end - 1}"
+                    "get_object", url=url, Bucket=self.bucket, Key=self.key_of(name),
+                    Range=f"bytes={start + received}-{end - 1}", **condition,
                 )
             except StorageError as exc:
                 if "InvalidRange" in str(exc):
                     raise CorruptShardError(
-                        f"{url}: ends before byte {start}; the shard is shorter than its index says "
-                        "(stale index or truncated upload), re-pack or re-upload it"
+                        f"{url}: ends before byte {start + received}; the shard is shorter than its index "
+                        "says (stale index or truncated upload), re-pack or re-upload it"
+                    ) from exc
+                if etag and ("PreconditionFailed" in str(exc) or "HTTP 412" in str(exc)):
+                    raise CorruptShardError(
+                        f"{url}: changed while it was being read (ETag {etag} no longer matches at byte "
+                        f"{start + received}); do not overwrite shards of a dataset in use"
                     ) from exc
                 raise
+            etag = etag or str(response.get("ETag", ""))
+            content_range = str(response.get("ContentRange", ""))
+            total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else 0
             try:
                 async with response["Body"] as body:
-                    data = await body.read()
+                    while piece := await body.read(1 << 20):
+                        pieces.append(piece)
+                        received += len(piece)
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ResponseStreamingError,
                     asyncio.TimeoutError) as exc:
                 if attempt == self.s3.max_attempts:
                     raise _translate(exc, url=url, endpoint=self.endpoint) from exc
                 if on_retry is not None:
                     on_retry(exc)
+                if received >= end - start:
+                    break  # all bytes are here; only the end of the response was lost
                 continue
-            content_range = str(response.get("ContentRange", ""))
-            total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else start + len(data)
-            return data, total, str(response.get("ETag", ""))
-        raise AssertionError("unreachable")  # the loop returns or raises
+            break
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return data, total or start + len(data), etag or ""
 
     async def iter_chunks(self, name: str, chunk_bytes: int) -> AsyncIterator[bytes]:
         """The object's bytes in order, in chunks of ``chunk_bytes`` (the last may be shorter).
