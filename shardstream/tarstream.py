@@ -1,8 +1,9 @@
 """A streaming tar reader: members and samples from any object with ``read(n)``.
 
 It parses 512-byte headers itself (ustar, GNU long names, PAX names and sizes), checks each
-header's checksum, skips non-file members (directories, links) and hands each payload on as
-one ``bytes`` object read once from the stream.
+header's checksum, skips directories, refuses links, devices, FIFOs, absolute paths and
+``..`` (CorruptShardError: nothing is ever extracted, but a shard holding them was not made
+by pack), and hands each payload on as one ``bytes`` object read once from the stream.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from .format import BLOCK_BYTES, RESERVED_FIELDS, padded_size, split_key
 __all__ = ["ReadStream", "iter_members", "iter_members_at", "iter_samples"]
 
 _FILE_TYPES = frozenset({b"0", b"\0", b"7"})
+_REFUSED_TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device",
+                  b"6": "FIFO"}
 
 
 class ReadStream(Protocol):
@@ -161,6 +164,11 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
                     prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                     name = f"{prefix}/{name}"
             long_name, pax = None, {}
+            if name.startswith("/") or ".." in name.split("/"):
+                raise CorruptShardError(
+                    f"{url}: member {name!r} at byte {offset - padded - BLOCK_BYTES} has an absolute path or "
+                    "'..'; refused (shards hold relative paths only: re-pack with shardstream pack)"
+                )
             end = pos + padded
             if end <= len(buf):
                 payload, pos = buf[pos : pos + size], end
@@ -187,7 +195,12 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             long_name = body[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
         elif typeflag == b"x":
             pax = _pax_records(body[:size], url=url, offset=data_offset)
-        elif typeflag != b"g":  # a directory, link or device: skipped with its long name
+        elif typeflag in _REFUSED_TYPES:
+            raise CorruptShardError(
+                f"{url}: member at byte {data_offset - BLOCK_BYTES} is a {_REFUSED_TYPES[typeflag]}; refused "
+                "(shards hold regular files only: re-pack with shardstream pack)"
+            )
+        elif typeflag != b"g":  # a directory: skipped with its long name
             long_name, pax = None, {}
 
 

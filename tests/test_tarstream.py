@@ -66,3 +66,29 @@ def test_duplicate_extension_in_a_sample_is_an_error():
     data = make_tar([("k.txt", b"1"), ("k.txt", b"2")])
     with pytest.raises(CorruptShardError, match="'k' holds extension 'txt' twice"):
         list(iter_samples(io.BytesIO(data), url="x.tar"))
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    (tarfile.SYMTYPE, "is a symbolic link; refused"),
+    (tarfile.LNKTYPE, "is a hard link; refused"),
+    (tarfile.CHRTYPE, "is a character device; refused"),
+    (tarfile.BLKTYPE, "is a block device; refused"),
+    (tarfile.FIFOTYPE, "is a FIFO; refused"),
+])
+def test_links_and_devices_are_refused(kind, message):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(tarfile.TarInfo("ok.txt"), io.BytesIO(b""))
+        info = tarfile.TarInfo("evil")
+        info.type = kind
+        info.linkname = "/etc/passwd"
+        tar.addfile(info)
+    with pytest.raises(CorruptShardError, match=rf"x.tar: member at byte 512 {message}"):
+        list(iter_members(io.BytesIO(buf.getvalue()), url="x.tar"))
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd.txt", "a/../../b.txt", "../up.txt"])
+def test_absolute_and_parent_paths_are_refused(name):
+    data = make_tar([(name, b"x")])
+    with pytest.raises(CorruptShardError, match="absolute path or '..'; refused"):
+        list(iter_members(io.BytesIO(data), url="x.tar"))
