@@ -137,17 +137,29 @@ class CpuDecoder:
             the full image.
         rng: random source for crops; default the ``random`` module's, which torch's
             DataLoader seeds differently in each worker.
+        max_image_pixels: images with more pixels (width x height, from the header, before
+            any decoding) are refused as possible decompression bombs; default Pillow's
+            ``Image.MAX_IMAGE_PIXELS`` (89,478,485); None: no limit.
 
     Raises (when called):
-        DecodeError: a member cannot be decoded; names the shard, key and extension.
+        DecodeError: a member cannot be decoded, or an image is larger than
+            ``max_image_pixels``; names the shard, key and extension.
     """
 
-    def __init__(self, image: ImageFormat = "numpy", *, crop: RandomResizedCrop | None = None, rng: random.Random | None = None) -> None:
+    def __init__(self, image: ImageFormat = "numpy", *, crop: RandomResizedCrop | None = None,
+                 rng: random.Random | None = None, max_image_pixels: int | None | str = "pillow") -> None:
         if image not in get_args(ImageFormat):
             raise ValueError(f"image={image!r} must be one of {get_args(ImageFormat)}")
+        if max_image_pixels == "pillow":
+            from PIL import Image
+
+            max_image_pixels = Image.MAX_IMAGE_PIXELS
+        if max_image_pixels is not None and (not isinstance(max_image_pixels, int) or max_image_pixels < 1):
+            raise ValueError(f"{max_image_pixels=} must be an int >= 1 or None")
         self.image = image
         self.crop = crop
         self.rng = rng
+        self.max_image_pixels = max_image_pixels
 
     def __call__(self, sample: Sample) -> Sample:
         out: Sample = {}
@@ -179,6 +191,15 @@ class CpuDecoder:
 
     def _image(self, data: bytes) -> Any:
         from PIL import Image
+
+        if self.max_image_pixels is not None:
+            with Image.open(io.BytesIO(data)) as header:  # reads the header only
+                width, height = header.size
+            if width * height > self.max_image_pixels:
+                raise ValueError(
+                    f"the image is {width}x{height} pixels, more than max_image_pixels={self.max_image_pixels} "
+                    "(a decompression bomb?); raise CpuDecoder(max_image_pixels=...) if it is genuine"
+                )
 
         if self.crop is not None and self.image != "pil":
             tensor = self.crop.tensor(data, self.rng or random)  # the module has the same methods

@@ -51,6 +51,29 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+_warned_endpoints: set[str] = set()
+
+
+def warn_plain_http(endpoint: str | None) -> None:
+    """Warn once per endpoint that an ``http://`` endpoint off this machine sends requests and
+    data unencrypted (loopback endpoints, like the local test server, are fine)."""
+    from urllib.parse import urlsplit
+
+    if not endpoint or not endpoint.lower().startswith("http://") or endpoint in _warned_endpoints:
+        return
+    host = (urlsplit(endpoint).hostname or "").lower()
+    if host == "localhost" or host == "::1" or host.startswith("127."):
+        return
+    _warned_endpoints.add(endpoint)
+    import warnings
+
+    warnings.warn(
+        f"S3 endpoint {endpoint} is plain http:// on another host: requests and data travel unencrypted "
+        "(signatures do not hide them); use https:// unless the network is trusted",
+        stacklevel=3,
+    )
+
+
 async def _client_for(cfg: S3Config) -> Any:
     global _clients_pid, _clients_lock
     if _clients_pid != os.getpid():
@@ -62,6 +85,7 @@ async def _client_for(cfg: S3Config) -> Any:
     async with _clients_lock:
         client = _clients.get(cfg)
         if client is None:
+            warn_plain_http(cfg.resolved_endpoint_url())
             from aiobotocore.config import AioConfig
             from aiobotocore.session import AioSession
 
