@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset
 from .assign import WorkerSlot, assign_shards, current_slot, distributed_rank
 from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
-from .errors import CorruptShardError, ShardNotFoundError
+from .errors import CorruptShardError, DecodeError, ShardNotFoundError
 from .fetch import iter_shard_streams
 from .index import INDEX_NAME, Index
 from .plan import EpochPlan, Segment, WorkerPlan
@@ -79,6 +79,12 @@ class ShardDataset(IterableDataset):
         drop_last: when the samples do not divide by world_size, drop the fewest
             (``N mod world_size``) instead of repeating the fewest (the default, pad).
         max_open_shards: shards each reader reads at once and mixes (lanes).
+        on_error: ``"raise"`` (default): a corrupt shard or undecodable sample raises
+            (CorruptShardError / DecodeError naming shard, key and byte offset). ``"skip"``:
+            the undecodable sample, or the rest of a shard's run from the corrupt point on,
+            is skipped, counted in ``stats().skipped`` and logged once per shard; each skipped
+            sample is replaced by a repeat of the reader's previous good sample, so every rank
+            still yields ``len(dataset)`` samples (S3 and connection errors always raise).
         resampled: an endless stream instead of epochs: each reader draws shards at random
             with replacement (weighted by sample count, seeded by ``(seed, epoch, reader)``)
             and passes their samples through the shuffle buffer. No ``len``, no resume.
@@ -111,8 +117,11 @@ class ShardDataset(IterableDataset):
         drop_last: bool = False,
         max_open_shards: int = 4,
         resampled: bool = False,
+        on_error: str = "raise",
     ) -> None:
         super().__init__()
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"{on_error=} must be 'raise' or 'skip'")
         if not isinstance(max_open_shards, int) or max_open_shards < 1:
             raise ValueError(f"{max_open_shards=} must be an int >= 1")
         if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
@@ -137,6 +146,7 @@ class ShardDataset(IterableDataset):
         self.drop_last = drop_last
         self.max_open_shards = max_open_shards
         self.resampled = resampled
+        self.on_error = on_error
         self._segments: tuple[Segment, ...] = ()  # this epoch's earlier segments (load_state_dict)
         self._iter_seg: tuple[int, int] | None = None  # (segment index, samples skipped) of this iterator
         self._yielded = 0
@@ -329,6 +339,9 @@ class ShardDataset(IterableDataset):
         decode = self.decode
         log_every_s = self.log_every_s if slot.worker_id == 0 else None
         next_log = time.monotonic() + log_every_s if log_every_s else float("inf")
+        if self.on_error == "skip":
+            samples = _repeat_over_skips(samples, decode, stats)
+            decode = None
         for sample in samples:
             self._yielded += 1
             stats.sample(_payload_bytes(sample))
@@ -395,27 +408,36 @@ class ShardDataset(IterableDataset):
         # The streams come first in the zip, so the generator runs to its end after the last
         # run: that is where it finishes and commits the last shard's cache entry.
         for (url, stream), (s, items), byte_range in zip(streams, runs, ranges):
-            _, _, keys = self._sample_bounds(s)
-            lo, hi = items[0][1], items[-1][1]
-            pending = iter(items)
-            t, want = next(pending)
-            i = lo
-            for sample in iter_samples(stream, url=url, end_of_archive=byte_range is None):
-                if i > hi or sample["__key__"] != keys[i]:
-                    raise CorruptShardError(
-                        f"{url}: sample {i} is {sample['__key__']!r} but the index says "
-                        f"{keys[i] if i <= hi else 'nothing more in this range'!r}; the shard or index.json is "
-                        "stale or damaged, re-pack or re-upload the dataset"
-                    )
-                if i == want:
-                    yield t, sample
-                    t, want = next(pending, (-1, -1))
-                i += 1
-            if i != hi + 1 and (byte_range is not None or i != len(keys)):
+            if self.on_error == "skip":
+                yield from _skip_corrupt(self._read_run(url, stream, s, items, byte_range), items, url)
+            else:
+                yield from self._read_run(url, stream, s, items, byte_range)
+
+    def _read_run(
+        self, url: str, stream: Any, s: int, items: list[tuple[int, int]], byte_range: tuple[int, int] | None
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """The wanted samples of one run ``(arrival index, sample)``, checked against the index."""
+        _, _, keys = self._sample_bounds(s)
+        lo, hi = items[0][1], items[-1][1]
+        pending = iter(items)
+        t, want = next(pending)
+        i = lo
+        for sample in iter_samples(stream, url=url, end_of_archive=byte_range is None):
+            if i > hi or sample["__key__"] != keys[i]:
                 raise CorruptShardError(
-                    f"{url}: holds {i - lo} samples from sample {lo} but the index says {hi + 1 - lo}; the "
-                    "shard or index.json is stale or damaged, re-pack or re-upload the dataset"
+                    f"{url}: sample {i} is {sample['__key__']!r} but the index says "
+                    f"{keys[i] if i <= hi else 'nothing more in this range'!r}; the shard or index.json is "
+                    "stale or damaged, re-pack or re-upload the dataset"
                 )
+            if i == want:
+                yield t, sample
+                t, want = next(pending, (-1, -1))
+            i += 1
+        if i != hi + 1 and (byte_range is not None or i != len(keys)):
+            raise CorruptShardError(
+                f"{url}: holds {i - lo} samples from sample {lo} but the index says {hi + 1 - lo}; the "
+                "shard or index.json is stale or damaged, re-pack or re-upload the dataset"
+            )
 
     def _sample_bounds(self, s: int) -> tuple[list[int], list[int], list[str]]:
         """Per sample of shard ``s``: start and end byte (its first header to its last
@@ -490,6 +512,55 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
     if getattr(loader, "in_order", True) is False:
         raise ValueError("DataLoader(in_order=False) delivers batches in no fixed order; a checkpoint needs in_order")
     return dataset.state_dict(samples_consumed, batch_size=loader.batch_size, num_workers=loader.num_workers)
+
+
+def _skip_corrupt(
+    run: Iterator[tuple[int, dict[str, Any]]], items: list[tuple[int, int]], url: str
+) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """A run's samples; from a CorruptShardError on, ``None`` for each wanted sample left
+    (logged once)."""
+    done = 0
+    try:
+        for item in run:
+            done += 1
+            yield item
+    except CorruptShardError as exc:
+        log.warning("skipping %d samples of %s: %s", len(items) - done, url, exc)
+        for t, _ in items[done:]:
+            yield t, None
+
+
+def _repeat_over_skips(
+    samples: Iterator[dict[str, Any] | None], decode: Callable[[dict[str, Any]], Any] | None, stats: ReaderStats
+) -> Iterator[Any]:
+    """Decoded samples; a skipped (None) or undecodable one is counted and replaced by a
+    repeat of the previous good one (or of the next, at the start), so the count is kept."""
+    last: Any = None
+    owed = 0
+    warned: set[str] = set()
+    for sample in samples:
+        if sample is not None and decode is not None:
+            try:
+                sample = decode(sample)
+            except DecodeError as exc:
+                shard = str(sample.get("__shard__"))
+                if shard not in warned:
+                    warned.add(shard)
+                    log.warning("skipping undecodable samples of %s (first: %s)", shard, exc)
+                sample = None
+        if sample is None:
+            stats.add("skipped", 1)
+            if last is None:
+                owed += 1
+                continue
+            sample = last
+        last = sample
+        for _ in range(owed):
+            yield sample
+        owed = 0
+        yield sample
+    if owed:
+        raise CorruptShardError(f"on_error='skip': all {owed} samples of this reader were skipped; nothing to repeat")
 
 
 def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:

@@ -400,10 +400,12 @@ def _open_local(
     chunks when it is empty (which cannot be mapped) or not a regular file."""
     actual = os.fstat(f.fileno()).st_size
     if size_bytes is not None and actual != size_bytes:
-        raise CorruptShardError(
+        # Raised when the stream is read, like a bad S3 part: the next shards stay readable.
+        yield _Failing(CorruptShardError(
             f"{url}: is {actual} bytes but the index says {size_bytes}; the shard is truncated or "
             "was replaced, or index.json is stale: re-pack or re-copy the dataset"
-        )
+        ))
+        return
     if byte_range is not None and not 0 <= byte_range[0] <= byte_range[1] <= actual:
         raise ValueError(f"{url}: byte range {byte_range[0]}-{byte_range[1]} is outside its {actual} bytes")
     try:
@@ -437,6 +439,20 @@ class _Window:
     def __getitem__(self, key: slice) -> bytes:
         a, b, _ = key.indices(self._len)
         return self._map[self._start + a : self._start + max(a, b)]
+
+
+class _Failing:
+    """A stream whose first read raises ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self._error = error
+
+    def read(self, n: int) -> bytes:
+        raise self._error
+
+    def chunks(self) -> Iterator[bytes]:
+        raise self._error
+        yield b""  # a generator
 
 
 class _Limited:

@@ -32,6 +32,7 @@ FIELDS = (
     "cache_misses",
     "retries",  # S3 requests or body reads sent again after a failure
     "bytes_in_flight",  # gauge: bytes held by downloads not yet consumed
+    "skipped",  # samples replaced under on_error="skip" (undecodable, or in a corrupt part of a shard)
 )
 _COL = {name: i for i, name in enumerate(FIELDS)}
 
@@ -52,6 +53,7 @@ class StatsSnapshot:
             is hits / lookups (None without lookups).
         retries: S3 requests or body reads sent again after a failure.
         bytes_in_flight: bytes held by downloads not yet consumed, now.
+        skipped: samples skipped under ``on_error="skip"`` (each replaced by a repeat).
     """
 
     readers: int
@@ -67,6 +69,7 @@ class StatsSnapshot:
     cache_hit_rate: float | None
     retries: int
     bytes_in_flight: int
+    skipped: int = 0
 
     def log_line(self) -> str:
         """One human-readable line of these figures."""
@@ -75,7 +78,7 @@ class StatsSnapshot:
         return (
             f"shardstream: {self.samples} samples, {self.samples_per_s:.0f} samples/s, "
             f"{self.bytes_per_s / 1e6:.1f} MB/s, stall {self.stall_s:.1f} s, first sample {first}, "
-            f"cache hits {hit}, retries {self.retries}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
+            f"cache hits {hit}, retries {self.retries}, skipped {self.skipped}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
             f"({self.readers} readers)"
         )
 
@@ -148,6 +151,7 @@ class StatsBoard:
             cache_hit_rate=hits / (hits + misses) if hits + misses else None,
             retries=int(col["retries"].sum()),
             bytes_in_flight=int(col["bytes_in_flight"].sum()),
+            skipped=int(col["skipped"].sum()),
         )
 
 
