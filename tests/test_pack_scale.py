@@ -110,7 +110,7 @@ def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_pa
     dest = tmp_path / "out"
     command = [SHARDSTREAM, "pack", str(src), str(dest), "--workers", "2", "--max-samples-per-shard", "2", "--no-progress"]
     total_shards = 10 * 150 // 2
-    for threshold in (5, 120, 380, 600):
+    for threshold in (5, 120, 300):  # the last leaves ~450 shards to go: the kill lands well before the end
         process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while len(list(dest.glob("*.tar"))) < threshold and process.poll() is None and time.monotonic() < deadline:
