@@ -3,7 +3,7 @@ nothing behind.
 
 Packs a small image dataset into a local SeaweedFS, then reads ``--epochs`` epochs through
 ``DataLoader(ShardDataset(..., cache_dir=...), num_workers=2)``. After each epoch it prints
-the RSS of this process and of its whole process tree, the number of threads, child
+the RSS of this process and (mid-epoch) of its whole process tree, the number of threads, child
 processes, open file descriptors and shardstream files in /dev/shm and the temp directory.
 At the end it checks: RSS of the last epoch within 10% (+20 MB) of the second's, and, once
 the loader and dataset are gone, no child process, no extra thread, no shardstream file left.
@@ -91,9 +91,13 @@ def main() -> None:
         server_pids = set(tree(server.pid))
         for epoch in range(args.epochs):
             dataset.set_epoch(epoch)
-            count = sum(len(batch["cls"]) for batch in loader)
-            mine = [p for p in tree(me) if p not in server_pids]
-            rss.append((rss_bytes(me), sum(rss_bytes(p) for p in mine if Path(f"/proc/{p}").exists())))
+            count, tree_rss = 0, 0
+            for i, batch in enumerate(loader):
+                count += len(batch["cls"])
+                if i == 20:  # mid-epoch, workers alive: the whole tree (this process and its workers)
+                    mine = [p for p in tree(me) if p not in server_pids]
+                    tree_rss = sum(rss_bytes(p) for p in mine if Path(f"/proc/{p}").exists())
+            rss.append((rss_bytes(me), tree_rss))
             hit = dataset.stats().cache_hit_rate
             print(f"{epoch:5d} {count:8d} {rss[-1][0] / 1e6:8.0f}M {rss[-1][1] / 1e6:8.0f}M "
                   f"{threading.active_count():8d} {len([p for p in children(me) if p not in server_pids]):9d} "
@@ -103,9 +107,10 @@ def main() -> None:
         left_children = [p for p in children(me) if p not in server_pids]
         left_files = [f for f in leftovers() if f not in before]
         grown = rss[-1][0] - rss[1][0]
-        flat = rss[-1][0] <= rss[1][0] * 1.10 + 20e6
-        print(f"\nmain RSS epoch 1 -> {args.epochs - 1}: {rss[1][0] / 1e6:.0f} -> {rss[-1][0] / 1e6:.0f} MB "
-              f"({grown / 1e6:+.0f} MB): {'flat' if flat else 'GROWING'}")
+        flat = all(late <= early * 1.10 + 20e6 for late, early in zip(rss[-1], rss[1]))
+        print(f"\nRSS epoch 1 -> {args.epochs - 1}: main {rss[1][0] / 1e6:.0f} -> {rss[-1][0] / 1e6:.0f} MB "
+              f"({grown / 1e6:+.0f} MB), tree {rss[1][1] / 1e6:.0f} -> {rss[-1][1] / 1e6:.0f} MB: "
+              f"{'flat' if flat else 'GROWING'}")
         print(f"after the loader is gone: {len(left_children)} child processes, "
               f"{threading.active_count() - threads_before:+d} threads (the I/O loop thread may stay), "
               f"{len(left_files)} shardstream files left in /dev/shm or tmp")
