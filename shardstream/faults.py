@@ -46,6 +46,8 @@ class FaultProxy:
         max_faults: stop injecting after this many faults (None: no bound).
         cut_after_bytes: body bytes sent before a ``cut``.
         delay_s, trickle_s: the ``delay`` and the pause between ``trickle`` pieces (seconds).
+        on_fault: called as ``on_fault(fault, method, path)`` after a fault was injected (in
+            the proxy's thread; a test can change the object there).
 
     Use as a context manager; ``endpoint_url`` is where clients connect.
     """
@@ -61,6 +63,7 @@ class FaultProxy:
         cut_after_bytes: int = 100_000,
         delay_s: float = 0.5,
         trickle_s: float = 0.01,
+        on_fault: Callable[[str, str, str], None] | None = None,
     ) -> None:
         unknown = set(rates) - set(FAULTS)
         if unknown:
@@ -73,6 +76,7 @@ class FaultProxy:
         self.max_faults = max_faults
         self.cut_after_bytes = cut_after_bytes
         self.delay_s, self.trickle_s = delay_s, trickle_s
+        self.on_fault = on_fault
         self.counts: Counter[str] = Counter()
         self.requests = 0
         self._rng = random.Random(seed)
@@ -127,6 +131,8 @@ class FaultProxy:
                 if fault == "cut" and sent + len(chunk) >= cut_at:
                     await response.write(chunk[: max(0, cut_at - sent)])
                     await asyncio.sleep(0.01)  # let the partial body reach the client first
+                    if self.on_fault is not None:  # before the cut: the client's retry comes after it
+                        await asyncio.to_thread(self.on_fault, fault, request.method, request.path)
                     request.transport.abort()
                     return response
                 if fault == "trickle":

@@ -11,6 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from shardstream import FetchConfig, ShardDataset, pack
+from shardstream.errors import CorruptShardError
 from shardstream.faults import FaultProxy
 from shardstream.verify import verify
 
@@ -95,3 +96,27 @@ def test_pack_through_faults_gives_a_dataset_verify_accepts(tmp_path, s3_server,
     assert report.num_samples == 60 and sum(proxy.counts.values()) >= 2, proxy.counts
     checks = list(verify("s3://faults-pack/data", s3=s3_config))
     assert checks and all(c.ok for c in checks)
+
+
+def test_a_shard_replaced_between_a_cut_and_its_resume_is_named(tmp_path, s3_server, s3_config):
+    """The resume asks for the rest with IfMatch on the first response's ETag: a shard
+    overwritten meanwhile (same size, other bytes) is an error naming it, never a mix."""
+    from shardstream.storage import open_store
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"{i:02d}.bin").write_bytes(bytes([i]) * 5000)
+    s3_server.create_bucket("faults-etag")
+    pack(src, "s3://faults-etag/data", s3=s3_config, progress=False)
+    store = open_store("s3://faults-etag/data", s3=s3_config)
+    shard = store.read_bytes("data-000000.tar")
+
+    def overwrite(fault: str, method: str, path: str) -> None:
+        store.write_bytes("data-000000.tar", shard.replace(bytes([7]) * 5000, bytes([8]) * 5000))
+
+    with FaultProxy(s3_config.endpoint_url, rates={"cut": 1.0}, match=shard_gets, max_faults=1,
+                    cut_after_bytes=30_000, on_fault=overwrite) as proxy:
+        dataset = ShardDataset("s3://faults-etag/data", s3=via(proxy, s3_config), fetch=FetchConfig(part_bytes=1 << 20))
+        with pytest.raises(CorruptShardError, match=r"s3://faults-etag/data/data-000000.tar: changed while it was being read"):
+            list(dataset)
