@@ -120,3 +120,21 @@ def test_a_shard_replaced_between_a_cut_and_its_resume_is_named(tmp_path, s3_ser
         dataset = ShardDataset("s3://faults-etag/data", s3=via(proxy, s3_config), fetch=FetchConfig(part_bytes=1 << 20))
         with pytest.raises(CorruptShardError, match=r"s3://faults-etag/data/data-000000.tar: changed while it was being read"):
             list(dataset)
+
+
+def test_pack_from_an_s3_prefix_lists_and_reads_through_faults(s3_server, s3_config):
+    from shardstream.storage import open_store
+
+    s3_server.create_bucket("faults-list")
+    raw = open_store("s3://faults-list/raw", s3=s3_config)
+    files = {f"d{i % 3}/{i:03d}.txt": hashlib.sha256(str(i).encode()).hexdigest().encode() * 30 for i in range(120)}
+    for name, data in files.items():
+        raw.write_bytes(name, data)
+    with FaultProxy(s3_config.endpoint_url, rates={"slowdown": 0.1, "reset": 0.05, "cut": 0.05}, seed=9) as proxy:
+        faulty = via(proxy, s3_config)
+        report = pack("s3://faults-list/raw", "s3://faults-list/packed", max_samples_per_shard=25, s3=faulty,
+                      fetch=FETCH, progress=False)
+    assert report.num_samples == 120 and sum(proxy.counts.values()) >= 5, proxy.counts
+    assert proxy.counts["slowdown"] + proxy.counts["reset"] >= 1
+    got = {s["__key__"] + "." + "txt": s["txt"] for s in ShardDataset("s3://faults-list/packed", s3=s3_config)}
+    assert got == files

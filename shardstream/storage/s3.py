@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import FetchConfig, S3Config
@@ -241,17 +241,8 @@ class S3Store:
         return True
 
     def read_bytes(self, name: str) -> bytes:
-        url = self.url_of(name)
-
-        async def read() -> bytes:
-            response = await self.call("get_object", url=url, Bucket=self.bucket, Key=self.key_of(name))
-            try:
-                async with response["Body"] as body:
-                    return await body.read()
-            except Exception as exc:
-                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-
-        return loop.run(read())
+        """The whole object; a body cut mid-transfer is resumed as :meth:`get_range` does."""
+        return loop.run(self.get_range(name, 0, None))[0]
 
     def write_bytes(self, name: str, data: bytes) -> None:
         loop.run(self.call("put_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name), Body=data))
@@ -351,9 +342,10 @@ class S3Store:
         return int(response["ContentLength"]), str(response.get("ETag", ""))
 
     async def get_range(
-        self, name: str, start: int, end: int, *, on_retry: Callable[[BaseException], None] | None = None
+        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
     ) -> tuple[bytes, int, str]:
-        """Bytes ``[start, end)`` of object ``name``, with the object's total size and ETag.
+        """Bytes ``[start, end)`` of object ``name`` (``end=None``: to its end), with the
+        object's total size and ETag.
 
         A body cut off mid-transfer (which botocore neither wraps nor retries) is resumed at
         the first byte not received, with a ranged GET conditioned on the ETag of the first
@@ -378,11 +370,12 @@ class S3Store:
         etag: str | None = None
         total = 0
         for attempt in range(1, self.s3.max_attempts + 1):
-            condition = {"IfMatch": etag} if etag else {}
+            condition: dict[str, str] = {"IfMatch": etag} if etag else {}
+            if end is not None or start + received > 0:  # "bytes=0-" of an empty object is refused
+                condition["Range"] = f"bytes={start + received}-{'' if end is None else end - 1}"
             try:
                 response = await self.call(
-                    "get_object", url=url, Bucket=self.bucket, Key=self.key_of(name),
-                    Range=f"bytes={start + received}-{end - 1}", **condition,
+                    "get_object", url=url, Bucket=self.bucket, Key=self.key_of(name), **condition
                 )
             except StorageError as exc:
                 if "InvalidRange" in str(exc):
@@ -398,7 +391,7 @@ class S3Store:
                 raise
             etag = etag or str(response.get("ETag", ""))
             content_range = str(response.get("ContentRange", ""))
-            total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else 0
+            total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else int(response.get("ContentLength", 0))
             try:
                 async with response["Body"] as body:
                     while piece := await body.read(1 << 20):
@@ -410,39 +403,12 @@ class S3Store:
                     raise _translate(exc, url=url, endpoint=self.endpoint) from exc
                 if on_retry is not None:
                     on_retry(exc)
-                if received >= end - start:
+                if end is not None and received >= end - start:
                     break  # all bytes are here; only the end of the response was lost
                 continue
             break
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return data, total or start + len(data), etag or ""
-
-    async def iter_chunks(self, name: str, chunk_bytes: int) -> AsyncIterator[bytes]:
-        """The object's bytes in order, in chunks of ``chunk_bytes`` (the last may be shorter).
-
-        Raises:
-            ShardNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
-        """
-        url = self.url_of(name)
-        response = await self.call("get_object", url=url, Bucket=self.bucket, Key=self.key_of(name))
-        async with response["Body"] as body:
-            pieces: list[bytes] = []
-            held = 0
-            while True:
-                try:
-                    piece = await body.read(chunk_bytes - held)
-                except Exception as exc:
-                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-                if not piece:
-                    break
-                pieces.append(piece)
-                held += len(piece)
-                if held >= chunk_bytes:
-                    yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
-                    pieces, held = [], 0
-            if pieces:
-                yield b"".join(pieces)
-
 
 class _S3Sink:
     """A multipart upload: parts of ``fetch.upload_part_bytes`` go up while the shard is written."""
