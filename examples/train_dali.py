@@ -11,16 +11,20 @@ resume mid-epoch (at any number of processes).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from train_torchrun import demo_dataset, save, small_cnn  # the sibling example
+from train_torchrun import (  # the sibling example
+    checkpointer,
+    common_arguments,
+    demo_dataset,
+    resume,
+    small_cnn,
+    train_step,
+)
 
 from shardstream import ShardDataset
 from shardstream.dali import DaliLoader, gpu_available
@@ -28,24 +32,14 @@ from shardstream.synth import CLASS_NAMES
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dataset", nargs="?", help="packed dataset (dir or s3://...); default: make one")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--size-px", type=int, default=64, help="crop size fed to the network")
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda (each rank takes cuda:LOCAL_RANK)")
-    parser.add_argument("--checkpoint", type=Path, help="saved every --checkpoint-every steps; resumed if present")
-    parser.add_argument("--checkpoint-every", type=int, default=5, help="steps")
-    parser.add_argument("--stop-after-steps", type=int, help="exit after this many steps (to try a resume)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/shardstream-train-dali"))
-    args = parser.parse_args()
+    args = common_arguments(__doc__, "/tmp/shardstream-train-dali").parse_args()
 
     cuda = args.device.startswith("cuda")
     if cuda and not gpu_available():
         raise SystemExit("--device cuda: no GPU that both torch and DALI can use; run with --device cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if rank == 0 and not cuda:
         print("DALI decodes on the CPU (device_id=None): no --device cuda given"
@@ -58,37 +52,18 @@ def main() -> None:
     model = DistributedDataParallel(small_cnn(len(CLASS_NAMES)).to(device), device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
-    start_epoch = 0
-    if args.checkpoint is not None and args.checkpoint.exists():
-        checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-        model.module.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_epoch = checkpoint["epoch"]
-        if checkpoint["data"] is not None:
-            dataset.load_state_dict(checkpoint["data"])
-        if rank == 0:
-            print(f"resumed from {args.checkpoint}: epoch {start_epoch}, {len(loader)} batches per rank left", flush=True)
-
-    def checkpoint(epoch: int, data: dict | None) -> None:
-        if args.checkpoint is not None and rank == 0:
-            save(args.checkpoint, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                   "epoch": epoch, "data": data})
+    start_epoch = resume(args, model, optimizer, dataset)
+    if rank == 0 and args.checkpoint is not None and args.checkpoint.exists():
+        print(f"resumed from {args.checkpoint}: epoch {start_epoch}, {len(loader)} batches per rank left", flush=True)
+    checkpoint = checkpointer(args, model, optimizer)
 
     steps = 0
-    loss_fn = nn.CrossEntropyLoss()
     for epoch in range(start_epoch, args.epochs):
         loader.set_epoch(epoch)
         started, consumed, correct, loss_sum = time.perf_counter(), 0, 0, 0.0
         for images, labels in loader:  # float32 (B, 3, size, size), normalised, on `device`
-            logits = model(images)
-            loss = loss_fn(logits, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            consumed += len(labels)
-            correct += int((logits.argmax(1) == labels).sum())
-            loss_sum += loss.item() * len(labels)
-            steps += 1
+            right, loss = train_step(model, optimizer, images, labels)
+            consumed, correct, loss_sum, steps = consumed + len(labels), correct + right, loss_sum + loss, steps + 1
             if steps % args.checkpoint_every == 0 or steps == args.stop_after_steps:
                 checkpoint(epoch, loader.state_dict())
             if steps == args.stop_after_steps:

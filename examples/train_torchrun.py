@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -65,24 +66,66 @@ def save(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def common_arguments(doc: str, workdir: str) -> argparse.ArgumentParser:
+    """The command line both training examples take."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset", nargs="?", help="packed dataset (dir or s3://...); default: make one")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per rank")
     parser.add_argument("--size-px", type=int, default=64, help="crop size fed to the network")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (each rank takes cuda:LOCAL_RANK)")
     parser.add_argument("--checkpoint", type=Path, help="saved every --checkpoint-every steps; resumed if present")
     parser.add_argument("--checkpoint-every", type=int, default=5, help="steps")
     parser.add_argument("--stop-after-steps", type=int, help="exit after this many steps (to try a resume)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/shardstream-train-torchrun"))
+    parser.add_argument("--workdir", type=Path, default=Path(workdir))
+    return parser
+
+
+def resume(args: argparse.Namespace, model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+           dataset: ShardDataset) -> int:
+    """Load ``args.checkpoint`` if it exists; the epoch to start at (the dataset resumes inside it)."""
+    if args.checkpoint is None or not args.checkpoint.exists():
+        return 0
+    checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    model.module.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    if checkpoint["data"] is not None:
+        dataset.load_state_dict(checkpoint["data"])
+    return checkpoint["epoch"]
+
+
+def checkpointer(args: argparse.Namespace, model: DistributedDataParallel,
+                 optimizer: torch.optim.Optimizer) -> Callable[[int, dict | None], None]:
+    """``save(epoch, data_state)``: rank 0 writes model, optimizer and data state atomically."""
+
+    def checkpoint(epoch: int, data: dict | None) -> None:
+        if args.checkpoint is not None and dist.get_rank() == 0:
+            save(args.checkpoint, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                                   "epoch": epoch, "data": data})
+
+    return checkpoint
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
+               labels: torch.Tensor) -> tuple[int, float]:
+    """One optimiser step on a batch; (correct predictions, summed loss)."""
+    logits = model(images)
+    loss = nn.functional.cross_entropy(logits, labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return int((logits.argmax(1) == labels).sum()), loss.item() * len(labels)
+
+
+def main() -> None:
+    parser = common_arguments(__doc__, "/tmp/shardstream-train-torchrun")
+    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per rank")
     args = parser.parse_args()
 
     cuda = args.device.startswith("cuda")
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
     if not cuda:
         torch.set_num_threads(1)
     source = args.dataset or demo_dataset(args.workdir)
@@ -92,40 +135,21 @@ def main() -> None:
     model = DistributedDataParallel(small_cnn(len(CLASS_NAMES)).to(device), device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
-    start_epoch = 0
-    if args.checkpoint is not None and args.checkpoint.exists():
-        checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
-        model.module.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        start_epoch = checkpoint["epoch"]
-        if checkpoint["data"] is not None:
-            dataset.load_state_dict(checkpoint["data"])
-        if rank == 0:
-            print(f"resumed from {args.checkpoint}: epoch {start_epoch}, {len(dataset)} samples per rank left "
-                  f"at world size {world_size}", flush=True)
-
-    def checkpoint(epoch: int, data: dict | None) -> None:
-        if args.checkpoint is not None and rank == 0:
-            save(args.checkpoint, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                   "epoch": epoch, "data": data})
+    start_epoch = resume(args, model, optimizer, dataset)
+    if rank == 0 and args.checkpoint is not None and args.checkpoint.exists():
+        print(f"resumed from {args.checkpoint}: epoch {start_epoch}, {len(dataset)} samples per rank left "
+              f"at world size {world_size}", flush=True)
+    checkpoint = checkpointer(args, model, optimizer)
 
     steps = 0
-    loss_fn = nn.CrossEntropyLoss()
     for epoch in range(start_epoch, args.epochs):
         dataset.set_epoch(epoch)  # keeps a loaded checkpoint's place in its own epoch
         started, consumed, correct, loss_sum = time.perf_counter(), 0, 0, 0.0
         for batch in loader:
             images = batch["jpg"].to(device, non_blocking=True).float().div_(255)
             labels = batch["cls"].to(device, non_blocking=True)
-            logits = model(images)
-            loss = loss_fn(logits, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            consumed += len(labels)
-            correct += int((logits.argmax(1) == labels).sum())
-            loss_sum += loss.item() * len(labels)
-            steps += 1
+            right, loss = train_step(model, optimizer, images, labels)
+            consumed, correct, loss_sum, steps = consumed + len(labels), correct + right, loss_sum + loss, steps + 1
             if steps % args.checkpoint_every == 0:
                 checkpoint(epoch, loader_state_dict(loader, samples_consumed=consumed))
             if args.stop_after_steps is not None and steps >= args.stop_after_steps:
