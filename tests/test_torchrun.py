@@ -4,6 +4,7 @@ resumes at other world sizes (4 -> 2 -> 3)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -78,7 +79,7 @@ def finish(process: subprocess.Popen) -> None:
     try:
         _, err = process.communicate(timeout=300)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process.pid)
         raise
     assert process.returncode == 0, err[-3000:]
 
@@ -91,8 +92,36 @@ def kill_when_ready(process: subprocess.Popen, out: Path, world_size: int) -> No
             raise AssertionError(f"torchrun exited early: {process.stderr.read()[-3000:]}")
         assert time.monotonic() < deadline, "ranks did not reach their checkpoint"
         time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_tree(process.pid)
     process.wait()
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants: torchrun starts each rank in a session of
+    its own, so killing torchrun's process group would leave the ranks running."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    doomed, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        doomed.append(current)
+        todo += parents.get(current, [])
+    for victim in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
 
 
 def check_epoch(epoch: dict, *, world_size: int, drop_last: bool = False) -> list[list[str]]:
@@ -152,6 +181,8 @@ def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_serv
         process = torchrun(world_size, uneven_dataset, str(out), "--workers=2", "--batch-size=3",
                            f"--stop-at-batch={stop_at}", *resume, env=env, wait=False)
         kill_when_ready(process, out, world_size)
+        survivors = [p for p in os.listdir("/proc") if p.isdigit() and str(out).encode() in _cmdline(p)]
+        assert not survivors, f"ranks of the killed job still run: {survivors}"
         for r in range(world_size):
             keys = json.loads((out / f"consumed-{r}.json").read_text())
             assert len(keys) == 3 * stop_at
