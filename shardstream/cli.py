@@ -147,8 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(v)
 
-    x = commands.add_parser("index", help="index commands")
-    x_commands = x.add_subparsers(dest="index_command", required=True)
+    x = commands.add_parser("index", help="index commands: merge, or --dali DEST")
+    x.add_argument("--dali", metavar="DEST", help="write DALI .idx files (as wds2idx does) next to the shards "
+                   "of the local dataset DEST, from its index.json")
+    x.add_argument("--out-dir", help="with --dali: write the .idx files here instead")
+    x_commands = x.add_subparsers(dest="index_command")
     m = x_commands.add_parser("merge", help="write DEST/index.json once every part of a split pack is done")
     m.add_argument("dest", metavar="DEST")
     _add_s3_args(m)
@@ -191,7 +194,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_info(args.source, ds.index))
         elif args.command == "verify":
             return _verify(args)
+        elif args.command == "index" and args.dali:
+            from .dali_index import write_dali_index
+
+            written = write_dali_index(args.dali, out_dir=args.out_dir)
+            where = args.out_dir or args.dali
+            print(f"wrote {len(written)} DALI index files (.idx) to {where}")
         elif args.command == "index":
+            if args.index_command != "merge":
+                raise ValueError("shardstream index: give a command: merge DEST, or --dali DEST")
             from .journal import SPEC_NAME, PackSpec, merge
             from .storage import open_store
 
