@@ -151,3 +151,17 @@ def test_fuzz_500_mutated_shards_end_in_documented_outcomes(clean, tmp_path):
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     assert slowest < 5.0, slowest
     assert outcomes.get("raise: CorruptShardError", 0) > 50 and outcomes.get("skip: read with skips", 0) > 50, outcomes
+
+
+def test_verify_checksums_catches_changed_bytes_the_tar_structure_cannot(clean, tmp_path):
+    offset, size = member_offset(clean, 1, 5, "cls")
+
+    def change(d: bytearray) -> bytearray:
+        d[offset] = ord("2") if d[offset] != ord("2") else ord("1")  # a valid label, another one
+        return d
+
+    dest = damaged(clean, tmp_path, change)
+    assert len(list(ShardDataset(dest, shuffle=False))) == 16  # structure and keys are intact
+    with pytest.raises(CorruptShardError, match=r"data-000001.tar: CRC-32 [0-9a-f]{8} but the index says [0-9a-f]{8}"):
+        list(ShardDataset(dest, shuffle=False, verify_checksums=True))
+    assert len(list(ShardDataset(clean, verify_checksums=True, max_open_shards=2))) == 16
