@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import photo_corpus  # noqa: E402
+from corpus import photo_corpus
 
-from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack  # noqa: E402
-from shardstream.dali import DaliLoader, gpu_available  # noqa: E402
+from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
+from shardstream.dali import DaliLoader, gpu_available
 
 
 def best_rate(epoch: Callable[[], Iterable[int]], repeat: int) -> float:

@@ -154,7 +154,7 @@ def test_fuzz_500_mutated_shards_end_in_documented_outcomes(clean, tmp_path):
 
 
 def test_verify_checksums_catches_changed_bytes_the_tar_structure_cannot(clean, tmp_path):
-    offset, size = member_offset(clean, 1, 5, "cls")
+    offset, _ = member_offset(clean, 1, 5, "cls")
 
     def change(d: bytearray) -> bytearray:
         d[offset] = ord("2") if d[offset] != ord("2") else ord("1")  # a valid label, another one

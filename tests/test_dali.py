@@ -21,7 +21,7 @@ from shardstream.synth import make_image_dataset
 if os.environ.get("SHARDSTREAM_NO_DALI") == "1":
     pytest.skip("SHARDSTREAM_NO_DALI=1: DALI tests skipped on request", allow_module_level=True)
 
-from shardstream.dali import IMAGENET_MEAN, IMAGENET_STD, DaliLoader  # noqa: E402
+from shardstream.dali import IMAGENET_MEAN, IMAGENET_STD, DaliLoader
 
 NUM_IMAGES = 45
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_dataset import make_dataset
 from torch.utils.data import DataLoader
 
 from shardstream import ShardDataset
 from shardstream.dataset import loader_state_dict
-from test_dataset import make_dataset
 
 
 def key_of(sample):
