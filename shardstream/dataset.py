@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import zlib
 import os
 import random
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
