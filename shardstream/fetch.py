@@ -89,7 +89,7 @@ class _Shard:
         self.byte_range = byte_range  # None: the whole shard
         self.etag: str | None = None
         self.items: queue.Queue[Any] = queue.Queue()
-        self.tasks: set[asyncio.Task[bytes]] = set()  # in flight only: a done task holds its part's bytes
+        self.tasks: set[asyncio.Task[list[bytes]]] = set()  # in flight only: a done task holds its part's bytes
         self.fill: Any = None
 
 
@@ -143,14 +143,14 @@ class _Producer:
             task = asyncio.ensure_future(self._get(shard, start, end))
             shard.tasks.add(task)
             task.add_done_callback(shard.tasks.discard)
-            item: concurrent.futures.Future[bytes] = concurrent.futures.Future()
+            item: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
             task.add_done_callback(lambda t, item=item: _copy_outcome(t, item))
             shard.items.put((item, end - start))
         shard.items.put(_END)
 
-    async def _get(self, shard: _Shard, start: int, end: int) -> bytes:
+    async def _get(self, shard: _Shard, start: int, end: int) -> list[bytes]:
         try:
-            data, total, etag = await shard.store.get_range(
+            pieces, total, etag = await shard.store.get_range(
                 shard.name, start, end, on_retry=lambda exc: self._count("retries", 1)
             )
         finally:
@@ -167,9 +167,10 @@ class _Producer:
                 f"{shard.url}: changed while it was being read (ETag {shard.etag} then {etag}); "
                 "do not overwrite shards of a dataset in use"
             )
-        if len(data) != end - start:
-            raise CorruptShardError(f"{shard.url}: bytes {start}-{end} came back as {len(data)} bytes")
-        return data
+        received = sum(map(len, pieces))
+        if received != end - start:
+            raise CorruptShardError(f"{shard.url}: bytes {start}-{end} came back as {received} bytes")
+        return pieces
 
     async def _in_thread(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``func(...)`` in a thread (cache locks block); a cached file or fill it returns
@@ -234,7 +235,7 @@ def _close_orphan(future: asyncio.Future[Any]) -> None:
         (orphan.abort if hasattr(orphan, "abort") else orphan.close)()
 
 
-def _copy_outcome(task: asyncio.Task[bytes], item: concurrent.futures.Future[bytes]) -> None:
+def _copy_outcome(task: asyncio.Task[list[bytes]], item: concurrent.futures.Future[list[bytes]]) -> None:
     if task.cancelled():
         item.cancel()
     elif task.exception() is not None:
@@ -285,7 +286,8 @@ class _SlicedStream:
 
 
 class _PartStream(_SlicedStream):
-    """``read(n)`` over a shard's parts as they arrive; one copy per payload."""
+    """``read(n)`` over a shard's parts as they arrive, each the pieces aiohttp received
+    (sliced in place: one copy per payload)."""
 
     def __init__(
         self, shard: _Shard, producer: _Producer, stats: ReaderStats | None, wait_s: float, first: Any
@@ -298,11 +300,20 @@ class _PartStream(_SlicedStream):
         self._chunk = b""
         self._pos = 0
         self._held = 0
+        self._pieces: Iterator[bytes] = iter(())  # the rest of the current part
         self._eof = False
 
     def _refill(self) -> bool:
-        if self._eof:
-            return False
+        while not self._eof:
+            piece = next(self._pieces, None)
+            if piece is not None:
+                self._chunk, self._pos = piece, 0
+                return True
+            self._next_part()
+        self._chunk, self._pos = b"", 0
+        return False
+
+    def _next_part(self) -> None:
         if self._held:
             self._producer.release(self._held)
             self._held = 0
@@ -311,20 +322,19 @@ class _PartStream(_SlicedStream):
         self._pending = None
         if item is _END:
             self._eof = True
-            self._chunk, self._pos = b"", 0
         else:
             future, nbytes = item
             self._held = nbytes
             try:
-                data = future.result(self._wait_s)
+                pieces = future.result(self._wait_s)
             except concurrent.futures.TimeoutError:
                 raise _stalled(self._shard, self._wait_s) from None
             if self._shard.fill is not None:
-                self._shard.fill.write(data)
-            self._chunk, self._pos = data, 0
+                for piece in pieces:
+                    self._shard.fill.write(piece)
+            self._pieces = iter(pieces)
         if self._stats is not None:
             self._stats.add("stall_s", time.perf_counter() - started)
-        return not self._eof
 
     def finish(self) -> None:
         """Take the remaining parts (the tar tail after the end-of-archive blocks), so the cache

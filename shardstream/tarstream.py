@@ -97,12 +97,13 @@ def _read_chunks(stream: ReadStream, chunk_bytes: int = 1 << 20) -> Iterator[byt
 
 def _take(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[bytes, bytes, int]:
     """``n`` bytes from ``buf[pos:]`` and then the next chunks (fewer only at the end), and the
-    new ``(buf, pos)``. Only the bytes asked for are copied, never the rest of a chunk."""
-    pieces = [buf[pos:]]
+    new ``(buf, pos)``. Only the bytes asked for are copied, once (bytes chunks are joined
+    through memoryviews), never the rest of a chunk."""
+    pieces = [memoryview(buf)[pos:] if type(buf) is bytes else buf[pos:]]
     need = n - (len(buf) - pos)
     for chunk in chunks:
         if len(chunk) >= need:
-            pieces.append(chunk[:need])
+            pieces.append(memoryview(chunk)[:need] if type(chunk) is bytes else chunk[:need])
             return b"".join(pieces), chunk, need
         pieces.append(chunk)
         need -= len(chunk)

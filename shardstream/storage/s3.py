@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from ..config import FetchConfig, S3Config
@@ -242,7 +242,7 @@ class S3Store:
 
     def read_bytes(self, name: str) -> bytes:
         """The whole object; a body cut mid-transfer is resumed as :meth:`get_range` does."""
-        return loop.run(self.get_range(name, 0, None))[0]
+        return b"".join(loop.run(self.get_range(name, 0, None))[0])
 
     def write_bytes(self, name: str, data: bytes) -> None:
         loop.run(self.call("put_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name), Body=data))
@@ -343,9 +343,10 @@ class S3Store:
 
     async def get_range(
         self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
-    ) -> tuple[bytes, int, str]:
-        """Bytes ``[start, end)`` of object ``name`` (``end=None``: to its end), with the
-        object's total size and ETag.
+    ) -> tuple[list[bytes], int, str]:
+        """Bytes ``[start, end)`` of object ``name`` (``end=None``: to its end) as the pieces
+        they arrived in (uncopied, up to 256 KiB each from aiohttp), with the object's total
+        size and ETag.
 
         A body cut off mid-transfer (which botocore neither wraps nor retries) is resumed at
         the first byte not received, with a ranged GET conditioned on the ETag of the first
@@ -353,8 +354,8 @@ class S3Store:
         is told of each. Nothing received is fetched twice.
 
         Returns:
-            ``(data, object_size_bytes, etag)``; ``data`` is shorter than asked only when the
-            object ends before ``end``.
+            ``(pieces, object_size_bytes, etag)``; the pieces hold fewer bytes than asked only
+            when the object ends before ``end``.
 
         Raises:
             ShardNotFoundError: no such object; CorruptShardError: ``start`` lies beyond its
@@ -394,7 +395,7 @@ class S3Store:
             total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else int(response.get("ContentLength", 0))
             try:
                 async with response["Body"] as body:
-                    while piece := await body.read(1 << 20):
+                    async for piece in _body_pieces(body):
                         pieces.append(piece)
                         received += len(piece)
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ResponseStreamingError,
@@ -407,8 +408,25 @@ class S3Store:
                     break  # all bytes are here; only the end of the response was lost
                 continue
             break
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        return data, total or start + len(data), etag or ""
+        return pieces, total or start + received, etag or ""
+
+
+async def _body_pieces(body: Any) -> AsyncIterator[bytes]:
+    """The pieces of a response body as aiohttp received them, without the copy that
+    ``body.read(n)`` makes joining them (aiobotocore 3 names the aiohttp response
+    ``raw_stream``; 2.x proxies it). Other HTTP backends are read through ``body.read``."""
+    content = getattr(getattr(body, "raw_stream", body), "content", None)
+    if not hasattr(content, "readchunk"):
+        while piece := await body.read(1 << 20):
+            yield piece
+        return
+    while True:
+        piece, end_of_http_chunk = await content.readchunk()
+        if piece:
+            yield piece
+        elif not end_of_http_chunk:  # (b"", False): the end of the body
+            return
+
 
 class _S3Sink:
     """A multipart upload: parts of ``fetch.upload_part_bytes`` go up while the shard is written."""
