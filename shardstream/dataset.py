@@ -20,7 +20,7 @@ from .decode.cpu import ImageFormat, make_decoder
 from .errors import CorruptShardError, DecodeError, ShardNotFoundError
 from .fetch import iter_shard_streams
 from .index import INDEX_NAME, Index
-from .plan import EpochPlan, Segment, WorkerPlan
+from .plan import EpochPlan, Segment, WorkerPlan, ramp_samples
 from .shuffle import shuffle_buffer
 from .stats import ReaderStats, StatsBoard, StatsSnapshot
 from .storage import is_s3_url, open_store, split_url
@@ -343,7 +343,10 @@ class ShardDataset(IterableDataset):
             samples = self._read_resampled(slot, stats) if self.resampled else self._read(self.shards_for(slot), stats)
             if self.shuffle and self.shuffle_buffer > 1:
                 seed = int(np.random.SeedSequence([self.seed, self.epoch, slot.index]).generate_state(1)[0])
-                samples = shuffle_buffer(samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed))
+                samples = shuffle_buffer(
+                    samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed),
+                    initial_samples=ramp_samples(self.shuffle_buffer),
+                )
         decode = self.decode
         log_every_s = self.log_every_s if slot.worker_id == 0 else None
         next_log = time.monotonic() + log_every_s if log_every_s else float("inf")

@@ -22,6 +22,7 @@ An epoch, for a job of ``world_size`` ranks each with ``num_workers`` DataLoader
    their samples arrive is a seeded uniformly random interleaving of the lanes. (Without
    shuffle: one lane, index order.)
 5. **Shuffle buffer.** Arriving samples pass through a buffer of ``shuffle_buffer`` samples:
+   it starts emitting at a tenth full and grows to full by taking two arrivals per emission;
    once full, each arrival evicts a seeded random slot. The emission order is computed on
    the samples' positions alone, before any byte is read.
 
@@ -51,6 +52,7 @@ __all__ = [
     "WorkerPlan",
     "buffer_order",
     "consumed_per_worker",
+    "ramp_samples",
     "split_evenly",
 ]
 
@@ -98,24 +100,38 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
+def ramp_samples(capacity: int) -> int:
+    """Samples a shuffle buffer of ``capacity`` holds before it first emits: a tenth of it."""
+    return max(1, capacity // 10)
+
+
 def buffer_order(count: int, capacity: int, rng: np.random.Generator) -> np.ndarray:
-    """The emission order of a shuffle buffer of ``capacity`` samples fed ``0..count-1``:
-    once full, each arrival evicts a random slot; at the end the rest leave in random order.
+    """The emission order of a shuffle buffer of ``capacity`` samples fed ``0..count-1``.
+
+    It emits its first sample once it holds :func:`ramp_samples` of them, and takes in two
+    arrivals per emission until it holds ``capacity`` (as WebDataset's buffer does), so the
+    first sample does not wait for a full buffer; from then on each arrival evicts a random
+    slot; at the end the rest leave in random order.
 
     Returns:
         int64 array of shape ``(count,)``, a permutation of ``0..count-1``.
     """
     if capacity <= 1 or count <= 1:
         return np.arange(count, dtype=np.int64)
-    fill = min(capacity, count)
-    buf = list(range(fill))
-    out = np.empty(count, dtype=np.int64)
-    picks = rng.integers(0, fill, size=count - fill).tolist()
-    for t, j in enumerate(picks, start=fill):
-        out[t - fill] = buf[j]
-        buf[j] = t
-    out[count - fill :] = rng.permutation(np.asarray(buf, dtype=np.int64))
-    return out
+    buf = list(range(min(ramp_samples(capacity), count)))
+    arrived = len(buf)
+    out: list[int] = []
+    draws = rng.random(count).tolist()
+    while arrived < count:
+        j = int(draws[len(out)] * len(buf))
+        out.append(buf[j])
+        buf[j] = arrived
+        arrived += 1
+        if len(buf) < capacity and arrived < count:
+            buf.append(arrived)
+            arrived += 1
+    out.extend(rng.permutation(np.asarray(buf, dtype=np.int64)).tolist())
+    return np.asarray(out, dtype=np.int64)
 
 
 def consumed_per_worker(lengths: Sequence[int], batch_size: int | None, samples_consumed: int) -> list[int]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shardstream.plan import EpochPlan, Segment, buffer_order, consumed_per_worker
+from shardstream.plan import EpochPlan, Segment, buffer_order, consumed_per_worker, ramp_samples
 
 COUNTS = [7, 13, 5, 9, 11, 3, 8, 1, 0, 20]  # 77 samples, unequal shards, one empty
 
@@ -75,6 +75,9 @@ def test_buffer_order_is_a_permutation_that_holds_at_most_capacity():
     # the t-th emitted sample (t < 950) arrived at most t + 50 samples in
     assert all(order[t] <= t + 50 for t in range(950))
     assert abs(np.corrcoef(order, np.arange(1000))[0, 1]) < 0.999
+    assert order[0] < ramp_samples(50) == 5  # emitting starts at a tenth full, not when full
+    # while the buffer grows it takes two arrivals per emission, then one
+    assert max(order[:45]) < 5 + 2 * 45 and max(order[:100]) >= 60
 
 
 class _Tagged(IterableDataset):
