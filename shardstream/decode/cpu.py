@@ -77,8 +77,7 @@ class RandomResizedCrop:
         """Decode image bytes into a cropped, resized RGB ``PIL.Image.Image``."""
         from PIL import Image
 
-        image, box = self._decode_for_crop(data, rng)
-        return image.resize((self.size_px, self.size_px), Image.Resampling.BILINEAR, box=box)
+        return self._crop_pil(Image.open(io.BytesIO(data)), rng)
 
     def tensor(self, data: bytes, rng: Any) -> Any:
         """Decode image bytes into a cropped, resized CPU ``torch.Tensor`` of shape
@@ -87,11 +86,24 @@ class RandomResizedCrop:
         Same crop as :meth:`__call__`, resized by torch's antialiased bilinear uint8 kernel,
         about 3x faster than Pillow's on these sizes (values within a few levels of it).
         """
+        from PIL import Image
+
+        return self._crop_tensor(Image.open(io.BytesIO(data)), rng)
+
+    def _crop_pil(self, image: Any, rng: Any) -> Any:
+        """:meth:`__call__` of an opened, not yet decoded image."""
+        from PIL import Image
+
+        image, box = self._draft_for_crop(image, rng)
+        return image.convert("RGB").resize((self.size_px, self.size_px), Image.Resampling.BILINEAR, box=box)
+
+    def _crop_tensor(self, image: Any, rng: Any) -> Any:
+        """:meth:`tensor` of an opened, not yet decoded image."""
         import numpy as np
         import torch
         import torch.nn.functional as F
 
-        image, (left, top, right, bottom) = self._decode_for_crop(data, rng, convert=False)
+        image, (left, top, right, bottom) = self._draft_for_crop(image, rng)
         left, top = int(left), int(top)
         # never past the edge: Image.crop would pad with black there
         right = min(max(math.ceil(right), left + 1), image.size[0])
@@ -103,28 +115,21 @@ class RandomResizedCrop:
         resized = F.interpolate(batch, size=(self.size_px, self.size_px), mode="bilinear", antialias=True)
         return resized[0].contiguous()
 
-    def _decode_for_crop(
-        self, data: bytes, rng: Any, *, convert: bool = True
-    ) -> tuple[Any, tuple[float, float, float, float]]:
-        """The decoded image (JPEGs at the smallest DCT scale still covering the crop), in
-        RGB when ``convert``, and the crop box in its pixels."""
-        from PIL import Image
-
-        image = Image.open(io.BytesIO(data))
+    def _draft_for_crop(self, image: Any, rng: Any) -> tuple[Any, tuple[float, float, float, float]]:
+        """An opened image set to decode JPEGs at the smallest DCT scale still covering the
+        crop, and the crop box in its pixels."""
         width, height = image.size
         left, top, right, bottom = self.box(width, height, rng)
-        if image.format == "JPEG":
-            request = (
-                math.ceil(width * self.size_px / (right - left)),
-                math.ceil(height * self.size_px / (bottom - top)),
-            )
-            image.draft("RGB", request)
-            # the DCT scale rounds odd sizes up, so each axis has its own factor
-            fx, fy = image.size[0] / width, image.size[1] / height
-            box = (left * fx, top * fy, right * fx, bottom * fy)
-        else:
-            box = (left, top, right, bottom)
-        return (image.convert("RGB") if convert else image), box
+        if image.format != "JPEG":
+            return image, (left, top, right, bottom)
+        request = (
+            math.ceil(width * self.size_px / (right - left)),
+            math.ceil(height * self.size_px / (bottom - top)),
+        )
+        image.draft("RGB", request)
+        # the DCT scale rounds odd sizes up, so each axis has its own factor
+        fx, fy = image.size[0] / width, image.size[1] / height
+        return image, (left * fx, top * fy, right * fx, bottom * fy)
 
 
 class CpuDecoder:
@@ -192,22 +197,21 @@ class CpuDecoder:
     def _image(self, data: bytes) -> Any:
         from PIL import Image
 
+        image = Image.open(io.BytesIO(data))  # reads the header only; decoding comes later
         if self.max_image_pixels is not None:
-            with Image.open(io.BytesIO(data)) as header:  # reads the header only
-                width, height = header.size
+            width, height = image.size
             if width * height > self.max_image_pixels:
                 raise ValueError(
                     f"the image is {width}x{height} pixels, more than max_image_pixels={self.max_image_pixels} "
                     "(a decompression bomb?); raise CpuDecoder(max_image_pixels=...) if it is genuine"
                 )
-
         if self.crop is not None and self.image != "pil":
-            tensor = self.crop.tensor(data, self.rng or random)  # the module has the same methods
+            tensor = self.crop._crop_tensor(image, self.rng or random)  # the module has the same methods
             return tensor if self.image == "torch" else tensor.permute(1, 2, 0).contiguous().numpy()
         if self.crop is not None:
-            image = self.crop(data, self.rng or random)
+            image = self.crop._crop_pil(image, self.rng or random)
         else:
-            image = Image.open(io.BytesIO(data)).convert("RGB")
+            image = image.convert("RGB")
         if self.image == "pil":
             return image
         import numpy as np
