@@ -21,7 +21,9 @@ from shardstream.synth import make_image_dataset
 if os.environ.get("SHARDSTREAM_NO_DALI") == "1":
     pytest.skip("SHARDSTREAM_NO_DALI=1: DALI tests skipped on request", allow_module_level=True)
 
-from shardstream.dali import IMAGENET_MEAN, IMAGENET_STD, DaliLoader
+from shardstream.dali import IMAGENET_MEAN, IMAGENET_STD, DaliLoader, gpu_available
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU that torch and DALI can use here")
 
 NUM_IMAGES = 45
 
@@ -79,6 +81,33 @@ def test_ranks_get_equal_batch_counts(images_dir, monkeypatch):
         seen += torch.cat([y for _, y in batches]).tolist()
     assert counts == [(4, 4), (4, 4)]  # 22 samples per rank, batches of 5, the short one dropped
     assert len(seen) == len(set(seen)) == 40
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_pipeline_gives_cuda_batches_and_every_sample_once(images_dir):
+    """The mixed (nvJPEG) path: batches on cuda:0, documented shapes, dtypes and ranges, exact epochs."""
+    low = min(-m / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
+    high = max((1 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
+    for dtype in (torch.float32, torch.uint8):
+        loader = DaliLoader(ShardDataset(images_dir, shuffle_buffer=10), batch_size=8, crop_px=32, label_ext="id",
+                            dtype=dtype, device_id="auto")
+        assert loader.device == torch.device("cuda", 0)
+        epochs = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert [len(y) for _, y in batches] == [8, 8, 8, 8, 8, 5]
+            images = torch.cat([x for x, _ in batches])
+            labels = torch.cat([y for _, y in batches])
+            assert images.device == labels.device == torch.device("cuda", 0)
+            assert images.shape == (NUM_IMAGES, 3, 32, 32) and images.dtype == dtype and labels.dtype == torch.int64
+            if dtype == torch.uint8:
+                assert images.max() > 100
+            else:
+                assert low - 1e-4 <= images.min() and images.max() <= high + 1e-4 and images.std() > 0.1
+            epochs.append(labels.tolist())
+        assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(NUM_IMAGES)) and epochs[0] != epochs[1]
 
 
 def test_bad_members_are_named(images_dir, tmp_path):
