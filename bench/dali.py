@@ -13,6 +13,7 @@ the best of ``--repeat`` timed epochs is kept. The corpus is the benchmark's pho
 
 Usage:
     python bench/dali.py [--num-images 2000] [--batch-size 64] [--crop-px 224] [--threads 2] [--repeat 2] [--s3]
+                          [--dali-workers 0,1,2]
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ def pillow_epoch(source: str, args: argparse.Namespace) -> Callable[[], Iterable
     return lambda: (len(batch["jpg"]) for batch in loader)
 
 
-def dali_epoch(source: str, args: argparse.Namespace, device_id: int | None, s3: object = None) -> Callable[[], Iterable[int]]:
+def dali_epoch(source: str, args: argparse.Namespace, device_id: int | None, workers: int,
+               s3: object = None) -> Callable[[], Iterable[int]]:
     dataset = ShardDataset(source, s3=s3)
     loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.crop_px, num_threads=args.threads,
-                        device_id=device_id, num_workers=1)
+                        device_id=device_id, num_workers=workers)
     return lambda: (len(labels) for _, labels in loader)
 
 
@@ -68,6 +70,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="DataLoader workers for Pillow, DALI CPU threads")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--s3", action="store_true", help="also time DALI from S3 (always on a GPU)")
+    parser.add_argument("--dali-workers", default="1",
+                        help="DaliLoader num_workers (processes reading shards); a comma list times each")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -86,7 +90,10 @@ def main() -> None:
         pack(corpus, local, max_shard_bytes=64 << 20, files_from=files, progress=False)
         rows.append((f"Pillow CpuDecoder, {args.threads} DataLoader workers, local", best_rate(pillow_epoch(local, args), args.repeat)))
         free_before = torch.cuda.mem_get_info(0)[0] if gpu else 0
-        rows.append((f"DALI {'mixed (GPU)' if gpu else 'CPU'}, local", best_rate(dali_epoch(local, args, device_id), args.repeat)))
+        kind = "mixed (GPU)" if gpu else "CPU"
+        workers = [int(w) for w in args.dali_workers.split(",")]
+        for w in workers:
+            rows.append((f"DALI {kind}, {w} reading workers, local", best_rate(dali_epoch(local, args, device_id, w), args.repeat)))
         gpu_used = (free_before - torch.cuda.mem_get_info(0)[0]) if gpu else 0
         if gpu or args.s3:
             from shardstream import S3Config
@@ -98,12 +105,12 @@ def main() -> None:
                 s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
                               secret_access_key=info.secret_access_key, region_name=info.region_name)
                 pack(corpus, "s3://bench/shards", max_shard_bytes=64 << 20, files_from=files, s3=s3, progress=False)
-                rate = best_rate(dali_epoch("s3://bench/shards", args, device_id, s3), args.repeat)
-                rows.append((f"DALI {'mixed (GPU)' if gpu else 'CPU'}, S3 (local SeaweedFS)", rate))
+                rate = best_rate(dali_epoch("s3://bench/shards", args, device_id, workers[-1], s3), args.repeat)
+                rows.append((f"DALI {kind}, {workers[-1]} reading workers, S3 (local SeaweedFS)", rate))
     print(f"\n{'path':60s} {'images/s':>10s}")
     for label, rate in rows:
         print(f"{label:60s} {rate:10.0f}")
-    print(f"\nDALI / Pillow (local): {rows[1][1] / rows[0][1]:.2f}x")
+    print(f"\nDALI / Pillow (local): {max(rate for _, rate in rows[1:1 + len(workers)]) / rows[0][1]:.2f}x")
     if gpu:
         print(f"GPU memory taken by the DALI run: {gpu_used / 2**20:.0f} MiB")
     print("command: python bench/dali.py " + " ".join(sys.argv[1:]))

@@ -6,10 +6,11 @@ epochs, resume); DALI decodes them: ``fn.decoders.image_random_crop`` on the GPU
 (``device="mixed"``: nvJPEG and the hardware JPEG decoder) or, with ``device_id=None``, the
 same pipeline on the CPU, then a resize, a random horizontal flip and normalisation.
 
-A feeder thread reads the dataset (or a DataLoader over it with ``num_workers`` processes)
-and assembles whole batches of encoded bytes and labels ``prefetch_batches`` ahead, so
-DALI's ``fn.external_source`` callback only takes a ready batch off a queue; DALI copies it
-into its own pinned staging buffers for the GPU.
+A feeder thread assembles whole batches of encoded bytes and labels ``prefetch_batches``
+ahead, read in this process or by DataLoader workers (``num_workers``) that send
+``batch_size`` encoded images per message, so DALI's ``fn.external_source`` callback only
+takes a ready batch off a queue; DALI copies it into its own pinned staging buffers for the
+GPU.
 
 Epochs: each iteration of a :class:`DaliLoader` is one epoch of the dataset (call
 :meth:`DaliLoader.set_epoch`). It yields ``len(loader)`` batches on every rank, because
@@ -19,6 +20,7 @@ yielded (``last_batch="partial"``, default) or dropped (``"drop"``).
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -66,17 +68,17 @@ def gpu_available() -> bool:
 
 
 class _Feed:
-    """Whole batches ``(encoded images, labels)`` read ahead in a thread: DALI's callback
-    only pops them. Ends the epoch with StopIteration; errors from reading are re-raised in
-    the caller's thread."""
+    """Whole batches ``(encoded images, labels)`` assembled ahead in a thread from
+    ``(image bytes, label)`` pairs: DALI's callback only pops them. Ends the epoch with
+    StopIteration; errors from reading are re-raised in the caller's thread."""
 
     _END = object()
 
-    def __init__(self, samples: Iterator[dict[str, Any]], *, batch_size: int, image_ext: str, label_ext: str | None,
-                 drop_last: bool, prefetch_batches: int) -> None:
+    def __init__(self, pairs: Iterator[tuple[bytes, int]], *, batch_size: int, drop_last: bool,
+                 prefetch_batches: int) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch_batches)
         self._stop = threading.Event()
-        self._args = (samples, batch_size, image_ext, label_ext, drop_last)
+        self._args = (pairs, batch_size, drop_last)
         self._thread = threading.Thread(target=self._run, name="shardstream-dali-feed", daemon=True)
         self._thread.start()
 
@@ -90,13 +92,13 @@ class _Feed:
         return False
 
     def _run(self) -> None:
-        samples, batch_size, image_ext, label_ext, drop_last = self._args
+        pairs, batch_size, drop_last = self._args
         images: list[np.ndarray] = []
         labels: list[np.ndarray] = []
         try:
-            for sample in samples:
-                images.append(np.frombuffer(_member(sample, image_ext), dtype=np.uint8))
-                labels.append(np.array([_label(sample, label_ext)], dtype=np.int64))
+            for image, label in pairs:
+                images.append(np.frombuffer(image, dtype=np.uint8))
+                labels.append(np.array([label], dtype=np.int64))
                 if len(images) == batch_size:
                     if not self._put((images, labels)):
                         return
@@ -131,6 +133,12 @@ def _member(sample: dict[str, Any], ext: str) -> bytes:
         ) from None
 
 
+def _encoded(samples: list[dict[str, Any]], *, image_ext: str, label_ext: str | None) -> list[tuple[bytes, int]]:
+    """``(image bytes, label)`` of each sample: the DataLoader collate of the workers, so a
+    worker sends a batch of them in one message instead of one message per sample."""
+    return [(_member(sample, image_ext), _label(sample, label_ext)) for sample in samples]
+
+
 def _label(sample: dict[str, Any], ext: str | None) -> int:
     if ext is None:
         return -1
@@ -162,7 +170,8 @@ class DaliLoader:
         device_id: the GPU to decode on (``"auto"``: ``LOCAL_RANK``'s GPU when DALI sees one,
             else the CPU); ``None``: the CPU.
         num_threads: DALI CPU threads.
-        num_workers: DataLoader processes reading the dataset (0: a thread of this process).
+        num_workers: DataLoader processes reading the dataset, each sending ``batch_size``
+            encoded images per message (0: a thread of this process reads it).
         prefetch_batches: whole batches read ahead of DALI.
         last_batch: ``"partial"`` yields the short last batch; ``"drop"`` drops it.
         seed: DALI's random seed (crops, flips); rank-specific seeds are derived from it.
@@ -246,15 +255,20 @@ class DaliLoader:
     def state_dict(self) -> dict[str, Any]:
         """The data state after the batches yielded so far in this epoch (see
         :meth:`ShardDataset.state_dict`); resume with ``loader.dataset.load_state_dict``."""
-        return self.dataset.state_dict(self._consumed, batch_size=None, num_workers=self.num_workers)
+        batch_size = self.batch_size if self.num_workers else None
+        return self.dataset.state_dict(self._consumed, batch_size=batch_size, num_workers=self.num_workers)
 
-    def _samples(self) -> Iterator[dict[str, Any]]:
+    def _pairs(self) -> Iterator[tuple[bytes, int]]:
+        """``(image bytes, label)`` in the dataset's order: read here, or by DataLoader
+        workers that each send ``batch_size`` of them at a time (round-robin over workers,
+        each worker's last batch possibly short), which ``state_dict`` accounts for."""
+        encoded = functools.partial(_encoded, image_ext=self.image_ext, label_ext=self.label_ext)
         if self.num_workers == 0:
-            return iter(self.dataset)
+            return (pair for sample in self.dataset for pair in encoded([sample]))
         from torch.utils.data import DataLoader
 
-        # batch_size=None: samples one by one, in round-robin over workers of one sample each
-        return iter(DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers))
+        loader = DataLoader(self.dataset, batch_size=self.batch_size, num_workers=self.num_workers, collate_fn=encoded)
+        return (pair for batch in loader for pair in batch)
 
     def _pipeline(self, feed: _Feed) -> Any:
         dali = _import_dali()
@@ -286,8 +300,8 @@ class DaliLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        feed = _Feed(self._samples(), batch_size=self.batch_size, image_ext=self.image_ext, label_ext=self.label_ext,
-                     drop_last=self.last_batch == "drop", prefetch_batches=self.prefetch_batches)
+        feed = _Feed(self._pairs(), batch_size=self.batch_size, drop_last=self.last_batch == "drop",
+                     prefetch_batches=self.prefetch_batches)
         self._consumed = 0
         try:
             pipe = self._pipeline(feed)

@@ -69,6 +69,25 @@ def test_every_sample_once_per_epoch_and_epochs_restart(images_dir):
     assert epochs[0] != epochs[1]  # reshuffled
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_dict_resumes_with_exactly_the_samples_not_yet_yielded(images_dir, num_workers):
+    def loader_of(state=None):
+        dataset = ShardDataset(images_dir, shuffle_buffer=10)
+        if state is not None:
+            dataset.load_state_dict(state)
+        return DaliLoader(dataset, batch_size=4, crop_px=16, label_ext="id", device_id=None, num_workers=num_workers)
+
+    loader = loader_of()
+    seen = []
+    for _, labels in loader:  # stop after 3 batches, with more read ahead by the workers and the feed
+        seen += labels.tolist()
+        if len(seen) == 12:
+            break
+    state = loader.state_dict()
+    rest = [i for _, labels in loader_of(state) for i in labels.tolist()]
+    assert len(rest) == NUM_IMAGES - 12 and sorted(seen + rest) == list(range(NUM_IMAGES))
+
+
 def test_ranks_get_equal_batch_counts(images_dir, monkeypatch):
     seen, counts = [], []
     for rank in range(2):
