@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="DataLoader workers for Pillow, DALI CPU threads")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--s3", action="store_true", help="also time DALI from S3 (always on a GPU)")
-    parser.add_argument("--dali-workers", default="1",
+    parser.add_argument("--dali-workers", default="0",
                         help="DaliLoader num_workers (processes reading shards); a comma list times each")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -48,7 +48,7 @@ def main() -> None:
         torch.set_num_threads(1)
     dataset = ShardDataset(args.dataset or demo_dataset(args.workdir), shuffle_buffer=200)
     loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.size_px, scale=(0.35, 1.0),
-                        device_id=local_rank if cuda else None, num_workers=1)
+                        device_id=local_rank if cuda else None)
     model = DistributedDataParallel(small_cnn(len(CLASS_NAMES)).to(device), device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
