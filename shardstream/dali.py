@@ -43,7 +43,8 @@ def _import_dali() -> Any:
         import nvidia.dali as dali
     except ImportError as exc:
         raise ImportError(
-            "shardstream.dali needs NVIDIA DALI: pip install 'shardstream[dali]' (nvidia-dali-cuda120)"
+            "shardstream.dali needs NVIDIA DALI: pip install 'shardstream[dali]' (nvidia-dali-cuda120; "
+            "for a CUDA 13 build of torch, pip install nvidia-dali-cuda130)"
         ) from exc
     return dali
 
