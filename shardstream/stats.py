@@ -1,23 +1,19 @@
 """Reader metrics shared by a dataset's DataLoader workers.
 
 Each reader (the main process, or one DataLoader worker) owns one row of float64 counters in
-a small file that every process of the dataset maps (``/dev/shm`` when it exists), so
+a small file that every process of the dataset maps (:mod:`shardstream.shm`), so
 :meth:`ShardDataset.stats` in the training process sums what its workers did without any
 message passing. Updating a counter is a store into shared memory: nothing per step beyond that.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import tempfile
 import time
-import uuid
-import weakref
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+from .shm import SharedFile
 
 __all__ = ["ReaderStats", "StatsBoard", "StatsSnapshot"]
 
@@ -86,23 +82,22 @@ class StatsSnapshot:
 class StatsBoard:
     """The shared counters file of one dataset: ``num_rows`` rows of :data:`FIELDS`.
 
-    Created by the dataset in the training process (which removes the file when the board is
-    garbage-collected or the process exits); DataLoader workers re-open it by path after
-    unpickling. Row 0 is the main process; row ``worker_id + 1`` a DataLoader worker.
+    Created by the dataset in the training process (:class:`~shardstream.shm.SharedFile`);
+    DataLoader workers re-open it by path after unpickling. Row 0 is the main process; row
+    ``worker_id + 1`` a DataLoader worker.
     """
 
     def __init__(self, num_rows: int = 257) -> None:
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        self.path = str(Path(folder) / f"shardstream-stats-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         self.num_rows = num_rows
-        with open(self.path, "wb") as f:
-            f.truncate(num_rows * len(FIELDS) * 8)
-        self._owner_pid = os.getpid()
+        self._file = SharedFile("shardstream-stats", num_rows * len(FIELDS) * 8)
         self._table: np.ndarray | None = None
-        weakref.finalize(self, _remove, self.path, self._owner_pid)
+
+    @property
+    def path(self) -> str:
+        return self._file.path
 
     def __getstate__(self) -> dict[str, object]:
-        return {"path": self.path, "num_rows": self.num_rows, "_owner_pid": self._owner_pid, "_table": None}
+        return {"num_rows": self.num_rows, "_file": self._file, "_table": None}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -110,10 +105,8 @@ class StatsBoard:
     def table(self) -> np.ndarray | None:
         """The mapped ``(num_rows, len(FIELDS))`` float64 array; None if the file is gone."""
         if self._table is None:
-            try:
-                with open(self.path, "r+b") as f:
-                    mapped = mmap.mmap(f.fileno(), 0)
-            except (FileNotFoundError, ValueError):
+            mapped = self._file.buffer()
+            if mapped is None:
                 return None
             self._table = np.ndarray((self.num_rows, len(FIELDS)), dtype=np.float64, buffer=mapped)
         return self._table
@@ -176,10 +169,3 @@ class ReaderStats:
         row[_COL["samples"]] += 1
         row[_COL["bytes"]] += payload_bytes
 
-
-def _remove(path: str, owner_pid: int) -> None:
-    if os.getpid() == owner_pid:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
