@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 from .assign import WorkerSlot, assign_shards, current_slot, distributed_rank
 from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
+from .epochs import EpochBoard, PassState, PassView
 from .errors import CorruptShardError, DecodeError, ShardNotFoundError
 from .fetch import iter_shard_streams
 from .index import INDEX_NAME, Index
@@ -146,7 +147,6 @@ class ShardDataset(IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.decode = make_decoder(decode)
-        self.epoch = 0
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self.cache_limit_bytes = cache_limit_bytes
         self.log_every_s = log_every_s
@@ -155,7 +155,11 @@ class ShardDataset(IterableDataset):
         self.resampled = resampled
         self.on_error = on_error
         self.verify_checksums = verify_checksums
-        self._segments: tuple[Segment, ...] = ()  # this epoch's earlier segments (load_state_dict)
+        self._epochs = EpochBoard()  # the epoch of each pass, shared with DataLoader workers
+        self._set = self._epochs.set(0, [])  # (generation, state) of the latest set_epoch / load here
+        self._reader_pid = -1  # the process whose passes self._pass describes
+        self._pass: PassState | None = None  # this reader's pass in progress
+        self._loaded: PassState | None = None  # a state loaded in this worker for its next pass
         self._iter_seg: tuple[int, int] | None = None  # (segment index, samples skipped) of this iterator
         self._yielded = 0
         self._bounds: dict[int, tuple[list[int], list[int], list[str]]] = {}
@@ -182,22 +186,45 @@ class ShardDataset(IterableDataset):
         sample, cache hit rate, retries, bytes in flight (:class:`~shardstream.stats.StatsSnapshot`)."""
         return self._board.snapshot()
 
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s shard order and shuffle from the next iteration on.
+    @property
+    def epoch(self) -> int:
+        """The epoch of the pass in progress (the latest one started by this process or its
+        DataLoader workers), or, before any since the latest :meth:`set_epoch` /
+        :meth:`load_state_dict`, the epoch the next pass reads."""
+        if self._pass is not None and _in_worker():
+            return self._pass.epoch
+        return self._view().latest.epoch
 
-        Call it before creating the DataLoader iterator of each epoch (with
-        ``persistent_workers=True`` the workers keep the epoch they started with). Setting
-        another epoch than the one a loaded checkpoint is in starts that epoch from its start.
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch``'s shard order and shuffle in the next pass, in this process and in
+        every DataLoader worker, persistent ones included (the value goes through shared
+        memory; each worker reads it when its next iterator starts).
+
+        Call it in the training process before creating each epoch's DataLoader iterator.
+        Without it, each new pass reads the next epoch (:mod:`shardstream.epochs`). Setting
+        the epoch a loaded checkpoint is in, before iterating, keeps the checkpoint's place;
+        any other call starts ``epoch`` from its start.
+
+        Raises:
+            ValueError: ``epoch`` is not an int >= 0.
         """
-        if not isinstance(epoch, int) or epoch < 0:
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"{epoch=} must be an int >= 0")
-        if epoch != self.epoch:
-            self._segments = ()
-        self.epoch = epoch
+        view = self._view()
+        pending = view.latest if not view.started else None
+        keep = pending is not None and pending.epoch == epoch and pending.segments
+        self._set = self._epochs.set(epoch, pending.segments if keep else [])  # type: ignore[union-attr,arg-type]
+
+    def _view(self, num_workers: int | None = None) -> PassView:
+        slot = current_slot(self.__dict__.get("_parent_rank"))
+        return self._epochs.view(rank=slot.rank, num_workers=num_workers)
 
     def __len__(self) -> int:
-        """Samples this rank yields in this epoch (from a loaded checkpoint: those still to
-        come), the same on every rank.
+        """Samples this rank yields in the pass in progress or, when none is, in the next
+        pass: the same on every rank. After :meth:`load_state_dict` of a
+        ``state_dict(samples_consumed)`` checkpoint: those still to come in its epoch; after a
+        ``StatefulDataLoader`` checkpoint, the epoch's whole count, as that loader (and
+        Lightning, which counts batches from the epoch's start) expects.
 
         Raises:
             TypeError: no index (bare shard URLs) or ``resampled``: the count is unknown.
@@ -207,22 +234,25 @@ class ShardDataset(IterableDataset):
                 "len() needs a dataset with an index.json (written by shardstream pack) and resampled=False"
             )
         slot = current_slot(self.__dict__.get("_parent_rank"))
+        upcoming = self._epochs.view(rank=slot.rank).upcoming
+        segments = _segments(upcoming)
         num_workers = 1
-        if self._segments and self._segments[-1].world_size == slot.world_size:
-            num_workers = self._segments[-1].num_workers
-        return self._plan().rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
+        if segments and segments[-1].world_size == slot.world_size:
+            num_workers = segments[-1].num_workers
+        plan = self._plan(PassState(upcoming.epoch, [x.to_dict() for x in segments]))
+        return plan.rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
 
-    def _plan(self) -> EpochPlan:
+    def _plan(self, state: PassState) -> EpochPlan:
         assert self.index is not None  # internal invariant: callers check
         return EpochPlan(
             counts=[s.num_samples for s in self.index.shards],
             seed=self.seed,
-            epoch=self.epoch,
+            epoch=state.epoch,
             shuffle=self.shuffle,
             shuffle_buffer=self.shuffle_buffer if self.shuffle else 0,
             max_open_shards=self.max_open_shards if self.shuffle else 1,
             drop_last=self.drop_last,
-            segments=self._segments,
+            segments=_segments(state),
         )
 
     def state_dict(
@@ -237,27 +267,36 @@ class ShardDataset(IterableDataset):
         - ``state_dict(samples_consumed, batch_size=, num_workers=)`` in the training
           process (or :func:`loader_state_dict`, which reads the DataLoader's settings):
           ``samples_consumed`` is how many samples this rank took from the DataLoader
-          iterator created after the last :meth:`load_state_dict` / :meth:`set_epoch` (all
-          ranks take the same number). Resumes at the same or another world size.
+          iterator of the pass in progress (all ranks take the same number). Resumes at the
+          same or another world size.
         - ``state_dict()`` with no arguments, as ``torchdata``'s ``StatefulDataLoader`` calls
-          it inside each worker: what this reader has yielded. Resumes with the same
-          world_size and num_workers.
+          it inside each worker: what this reader has yielded in its pass. Resumes with the
+          same world_size and num_workers.
 
         Raises:
             TypeError: no index, or ``resampled``.
+            ValueError: a bad ``samples_consumed``, or a mix of the two kinds within an epoch.
         """
         if self.index is None or self.resampled:
             raise TypeError("state_dict() needs a dataset with an index.json and resampled=False")
         slot = current_slot(self.__dict__.get("_parent_rank"))
-        segments = list(self._segments)
         if samples_consumed is None:  # a reader's own count (StatefulDataLoader)
-            seg, skip = self._iter_seg if self._iter_seg is not None else (len(segments), 0)
+            state = self._pass or self._loaded or self._view().upcoming
+            segments = _segments(state)
+            seg, skip = self._iter_seg if self._pass is not None and self._iter_seg else (len(segments), 0)
             workers = max(1, slot.num_workers)
             current = Segment(slot.world_size, workers, worker_yielded=((slot.worker_id, skip + self._yielded),))
         else:
             if not isinstance(samples_consumed, int) or samples_consumed < 0:
                 raise ValueError(f"{samples_consumed=} must be an int >= 0")
             workers = max(1, num_workers or 0)
+            state = self._view(num_workers or 0).latest
+            if state.segments is None:
+                raise ValueError(
+                    "the DataLoader workers resumed this epoch from a StatefulDataLoader checkpoint; keep saving "
+                    "with StatefulDataLoader.state_dict() for this epoch"
+                )
+            segments = _segments(state)
             seg, base = len(segments), 0
             last = segments[-1] if segments else None
             if last is not None and (last.world_size, last.num_workers) == (slot.world_size, workers):
@@ -277,7 +316,7 @@ class ShardDataset(IterableDataset):
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "seed": self.seed,
-            "epoch": self.epoch,
+            "epoch": state.epoch,
             "shuffle": self.shuffle,
             "shuffle_buffer": self.shuffle_buffer,
             "max_open_shards": self.max_open_shards,
@@ -288,9 +327,11 @@ class ShardDataset(IterableDataset):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration yields exactly the samples of
-        that epoch not yet consumed (split over this job's ranks and workers; a job of another
-        world size splits them anew).
+        """Resume from :meth:`state_dict`: the next pass yields exactly the samples of that
+        epoch not yet consumed (split over this job's ranks and workers; a job of another
+        world size splits them anew); the passes after it read the next epochs. Called in the
+        training process it reaches every DataLoader worker, persistent ones included; called
+        inside a worker (as ``StatefulDataLoader`` does) it applies to that worker.
 
         Raises:
             ValueError: the state is not a shardstream state, or was saved for another
@@ -313,13 +354,19 @@ class ShardDataset(IterableDataset):
         if differ:
             detail = ", ".join(f"{k}: checkpoint {a!r}, dataset {b!r}" for k, (a, b) in differ.items())
             raise ValueError(f"the state was saved for another dataset or settings ({detail}); construct the same")
-        self.epoch = int(state["epoch"])
-        self._segments = tuple(Segment.from_dict(x) for x in state["segments"])
+        segments = [Segment.from_dict(x).to_dict() for x in state["segments"]]  # validates them
+        loaded = PassState(int(state["epoch"]), segments)
+        if _in_worker():
+            self._loaded = loaded
+        else:
+            self._set = self._epochs.set(loaded.epoch, segments)
 
     def shards_for(self, slot: WorkerSlot) -> list[str]:
-        """The shard URLs ``slot`` reads this epoch, in reading order."""
-        ids = assign_shards(self.num_shards, slot, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
-        return [self.shard_urls[i] for i in ids]
+        """The shard URLs ``slot`` reads in :attr:`epoch`, in reading order."""
+        return [self.shard_urls[i] for i in self._shard_ids(slot, self.epoch)]
+
+    def _shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
+        return assign_shards(self.num_shards, slot, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
 
     def __getstate__(self) -> dict[str, Any]:
         # Runs in the main process when a DataLoader hands the dataset to spawned workers,
@@ -329,24 +376,58 @@ class ShardDataset(IterableDataset):
         return state
 
     def __iter__(self) -> Iterator[Any]:
-        slot = current_slot(self.__dict__.get("_parent_rank"))
-        stats = self._board.reader(slot.worker_id + 1 if _in_worker() else 0)
+        """One pass: its epoch is fixed here, when the iterator is created (as a DataLoader
+        worker does at the start of each DataLoader iterator), so ``state_dict()`` describes
+        it before the first sample. Errors of that set-up are raised by the first ``next``."""
+        try:
+            slot = current_slot(self.__dict__.get("_parent_rank"))
+            in_worker = _in_worker()
+            worker_id = slot.worker_id if in_worker else None
+            first_here = in_worker and self._reader_pid != os.getpid()  # a worker process's first pass
+            state, first_advance = self._epochs.start_pass(
+                rank=slot.rank, worker_id=worker_id, num_workers=slot.num_workers, loaded=self._loaded,
+                copied=self._set if first_here else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            return _raise(exc)
+        self._loaded = None
+        self._pass, self._reader_pid = state, os.getpid()
+        if first_advance:  # logged, not warnings.warn: a worker's warning filters may be the parent's
+            log.warning(
+                "ShardDataset: a new pass started without set_epoch(), so it reads epoch %d (each pass without "
+                "set_epoch() reads the next epoch, not the same order again). Call dataset.set_epoch(epoch) "
+                "before each epoch to choose the epoch yourself.", state.epoch,
+            )
+        stats = self._board.reader(slot.worker_id + 1 if in_worker else 0)
         self._yielded = 0
         self._iter_seg = None
         if self.index is not None and not self.resampled:
-            plan, seg = self._plan().for_worker(
-                rank=slot.rank, world_size=slot.world_size, worker_id=slot.worker_id, num_workers=slot.num_workers
-            )
-            self._iter_seg = (seg, plan.skip)
-            samples = self._read_plan(plan, stats)
+            plan = self._plan(state)
+            try:
+                mine, seg = plan.for_worker(
+                    rank=slot.rank, world_size=slot.world_size, worker_id=slot.worker_id, num_workers=slot.num_workers
+                )
+            except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+                return _raise(exc)
+            self._iter_seg = (seg, mine.skip)
+            samples = self._read_plan(plan, mine, stats)
         else:
-            samples = self._read_resampled(slot, stats) if self.resampled else self._read(self.shards_for(slot), stats)
+            if self.resampled:
+                samples = self._read_resampled(slot, stats, state.epoch)
+            else:
+                samples = self._read([self.shard_urls[i] for i in self._shard_ids(slot, state.epoch)], stats)
             if self.shuffle and self.shuffle_buffer > 1:
-                seed = int(np.random.SeedSequence([self.seed, self.epoch, slot.index]).generate_state(1)[0])
+                seed = int(np.random.SeedSequence([self.seed, state.epoch, slot.index]).generate_state(1)[0])
                 samples = shuffle_buffer(
                     samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed),
                     initial_samples=ramp_samples(self.shuffle_buffer),
                 )
+        return self._deliver(samples, slot, stats, worker_id)
+
+    def _deliver(
+        self, samples: Iterator[dict[str, Any] | None], slot: WorkerSlot, stats: ReaderStats, worker_id: int | None
+    ) -> Iterator[Any]:
+        """The pass's samples, decoded, counted and logged; marks the pass finished at its end."""
         decode = self.decode
         log_every_s = self.log_every_s if slot.worker_id == 0 else None
         next_log = time.monotonic() + log_every_s if log_every_s else float("inf")
@@ -355,11 +436,12 @@ class ShardDataset(IterableDataset):
             decode = None
         for sample in samples:
             self._yielded += 1
-            stats.sample(_payload_bytes(sample))
+            stats.sample(_payload_bytes(sample))  # type: ignore[arg-type]
             if time.monotonic() >= next_log:
                 log.info("%s", self.stats().log_line())
                 next_log = time.monotonic() + log_every_s  # type: ignore[operator]
             yield decode(sample) if decode is not None else sample
+        self._epochs.finish_pass(rank=slot.rank, worker_id=worker_id)
 
     def _cache(self) -> Any:
         if self.cache_dir is None:
@@ -368,7 +450,7 @@ class ShardDataset(IterableDataset):
 
         return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
 
-    def _read_plan(self, plan: WorkerPlan, stats: ReaderStats) -> Iterator[dict[str, Any]]:
+    def _read_plan(self, epoch_plan: EpochPlan, plan: WorkerPlan, stats: ReaderStats) -> Iterator[dict[str, Any]]:
         """A worker's samples in its plan's emission order, skipping those delivered before a
         resume: each lane reads its runs (byte ranges of shards, from the index's member
         offsets), arrivals follow the plan's interleaving, and a sample is held only until its
@@ -378,7 +460,7 @@ class ShardDataset(IterableDataset):
             return
         wanted = np.ones(count, dtype=bool)
         wanted[plan.order[: plan.skip]] = False
-        shard, index = self._plan().shard_of(plan.ids)
+        shard, index = epoch_plan.shard_of(plan.ids)
         lanes = np.unique(plan.lane)
         fetch = _lane_fetch(self.fetch, len(lanes))
         readers = {}
@@ -465,10 +547,10 @@ class ShardDataset(IterableDataset):
             self._bounds[s] = ([0, *ends[:-1]], ends, keys)
         return self._bounds[s]
 
-    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats) -> Iterator[dict[str, Any]]:
+    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats, epoch: int) -> Iterator[dict[str, Any]]:
         """Endless: shards drawn with replacement, weighted by their sample counts (or
         uniformly without an index), 64 at a time so S3 reads run ahead."""
-        rng = np.random.default_rng([self.seed, self.epoch, slot.index, 3])
+        rng = np.random.default_rng([self.seed, epoch, slot.index, 3])
         counts = np.array([s.num_samples for s in self.index.shards] if self.index else [1] * self.num_shards, float)
         if counts.sum() == 0:
             raise ValueError("resampled=True needs a dataset with at least one sample")
@@ -627,6 +709,17 @@ def _runs(arrivals: np.ndarray, shard: np.ndarray, index: np.ndarray) -> list[tu
     cuts = (np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1).tolist()
     bounds = zip([0, *cuts], [*cuts, len(arrivals)])
     return [(int(shard[a]), list(zip(arrivals[a:b].tolist(), index[a:b].tolist()))) for a, b in bounds]
+
+
+def _segments(state: PassState) -> tuple[Segment, ...]:
+    """The checkpoint segments a pass resumes (none when unknown here: a worker's own state)."""
+    return tuple(Segment.from_dict(x) for x in state.segments or ())
+
+
+def _raise(exc: BaseException) -> Iterator[Any]:
+    """An iterator that raises ``exc`` at its first ``next``."""
+    raise exc
+    yield
 
 
 def _payload_bytes(sample: dict[str, Any]) -> int:

@@ -317,11 +317,12 @@ class EpochPlan:
         return plan, seg
 
     def rank_count(self, *, world_size: int, num_workers: int, rank: int = 0) -> int:
-        """Samples each rank yields now (the same on every rank)."""
+        """Samples each rank yields now (the same on every rank): after a segment counted in
+        ``samples_consumed``, those still to come; after one counted per worker (a
+        StatefulDataLoader's checkpoint), the segment's whole count, since such loaders (and
+        Lightning) count batches from the epoch's start."""
         _, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
         part = len(self.rank_parts(todo, world_size)[rank])
-        if continued is None:
+        if continued is None or continued.worker_yielded or continued.samples_consumed is None:
             return part
-        if continued.samples_consumed is not None and not continued.worker_yielded:
-            return part - continued.samples_consumed
-        return part - sum(n for _, n in continued.worker_yielded)
+        return part - continued.samples_consumed

@@ -129,6 +129,7 @@ def check_epoch(epoch: dict, *, world_size: int, drop_last: bool = False) -> lis
     the dataset, nothing twice beyond the pad (or nothing missing beyond drop_last)."""
     ranks = epoch["ranks"]
     assert len(ranks) == world_size
+    assert [r["epoch"] for r in ranks] == [epoch["epoch"]] * world_size  # what each rank read
     per_rank = NUM_SAMPLES // world_size if drop_last else -(-NUM_SAMPLES // world_size)
     assert [len(r["keys"]) for r in ranks] == [per_rank] * world_size
     assert [r["len"] for r in ranks] == [per_rank] * world_size
@@ -157,9 +158,10 @@ def test_one_node_two_ranks_two_workers_exact_epochs_from_s3(tmp_path, s3_server
 
 
 def test_two_nodes_of_two_ranks_drop_last(tmp_path, s3_server, uneven_dataset):
+    """Also: one DataLoader with persistent workers for both epochs."""
     env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
     port = free_port()
-    args = (uneven_dataset, str(tmp_path), "--workers=1", "--batch-size=5", "--epochs=2", "--drop-last")
+    args = (uneven_dataset, str(tmp_path), "--workers=1", "--batch-size=5", "--epochs=2", "--drop-last", "--persistent")
     nodes = [torchrun(2, *args, env=env, node=(n, 2, port), wait=False) for n in (0, 1)]
     for process in nodes:
         finish(process)
@@ -168,18 +170,19 @@ def test_two_nodes_of_two_ranks_drop_last(tmp_path, s3_server, uneven_dataset):
 
 
 def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_server, uneven_dataset):
-    """World size 4 is killed mid-epoch; 2 ranks resume it and are killed too; 3 ranks finish
-    it: every sample of the epoch is delivered (pads aside, counted), and the next epoch is
-    whole again."""
+    """World size 4 is killed mid-epoch; 2 ranks resume it (persistent workers) and are killed
+    too; 3 ranks finish it (persistent workers, no set_epoch: the pass after the resumed one
+    reads epoch 1 by itself): every sample of the epoch is delivered (pads aside, counted), and
+    the next epoch is whole again."""
     env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
     consumed: list[str] = []
     state = None
-    for step, (world_size, stop_at) in enumerate([(4, 2), (2, 3)]):
+    for step, (world_size, stop_at, mode) in enumerate([(4, 2, ()), (2, 3, ("--persistent",))]):
         out = tmp_path / f"run{step}"
         out.mkdir()
         resume = [f"--resume={state}"] if state else []
         process = torchrun(world_size, uneven_dataset, str(out), "--workers=2", "--batch-size=3",
-                           f"--stop-at-batch={stop_at}", *resume, env=env, wait=False)
+                           f"--stop-at-batch={stop_at}", *resume, *mode, env=env, wait=False)
         kill_when_ready(process, out, world_size)
         survivors = [p for p in os.listdir("/proc") if p.isdigit() and str(out).encode() in _cmdline(p)]
         assert not survivors, f"ranks of the killed job still run: {survivors}"
@@ -191,8 +194,8 @@ def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_serv
     assert len(consumed) == 4 * 6 + 2 * 9
     final = tmp_path / "final"
     final.mkdir()
-    torchrun(3, uneven_dataset, str(final), "--workers=1", "--batch-size=3", "--epochs=2", f"--resume={state}",
-             env=env)
+    torchrun(3, uneven_dataset, str(final), "--workers=2", "--batch-size=3", "--epochs=2", f"--resume={state}",
+             "--persistent", "--no-set-epoch", env=env)
     rest, next_epoch = json.loads((final / "epochs.json").read_text())
     assert rest["epoch"] == 0 and next_epoch["epoch"] == 1
     counts = [len(r["keys"]) for r in rest["ranks"]]

@@ -6,8 +6,12 @@ keys it consumed (OUT_DIR/consumed-<rank>.json) and rank 0 the data state
 (OUT_DIR/state.json, from shardstream.loader_state_dict), then waits to be killed. With
 --resume STATE the run continues that epoch from the state, at whatever world size it has.
 
+With --persistent one DataLoader with persistent workers serves every epoch (else a new one
+per epoch); with --no-set-epoch the loop never calls set_epoch, so each pass reads the next epoch.
+
 Usage: torchrun ... tests/torchrun_epochs.py SOURCE OUT_DIR [--workers K] [--batch-size B]
-       [--epochs E] [--drop-last] [--stop-at-batch N] [--resume STATE]
+       [--epochs E] [--drop-last] [--stop-at-batch N] [--resume STATE] [--persistent]
+       [--no-set-epoch]
 """
 
 import argparse
@@ -38,6 +42,8 @@ def main() -> None:
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--slow-rank", type=int, help="this rank sleeps --slow-s before its first epoch")
     parser.add_argument("--slow-s", type=float, default=0.0)
+    parser.add_argument("--persistent", action="store_true")
+    parser.add_argument("--no-set-epoch", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -50,10 +56,17 @@ def main() -> None:
         dataset.load_state_dict(state)
         first_epoch = state["epoch"]
     epochs = []
+
+    def make_loader() -> DataLoader:
+        return DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
+                          persistent_workers=args.persistent and args.workers > 0)
+
+    shared = make_loader() if args.persistent else None
     for epoch in range(first_epoch, args.epochs):
-        dataset.set_epoch(epoch)  # the loaded epoch keeps its checkpoint; a new one starts afresh
+        if not args.no_set_epoch:
+            dataset.set_epoch(epoch)  # the loaded epoch keeps its checkpoint; a new one starts afresh
         expected = len(dataset)
-        loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers)
+        loader = shared if shared is not None else make_loader()
         keys, batches = [], 0
         if rank == args.slow_rank and epoch == first_epoch:
             time.sleep(args.slow_s)
@@ -71,7 +84,8 @@ def main() -> None:
                     time.sleep(1)
         ended = time.time()
         gathered = [None] * world_size
-        mine = {"keys": keys, "batches": batches, "len": expected, "started": started, "ended": ended}
+        mine = {"keys": keys, "batches": batches, "len": expected, "started": started, "ended": ended,
+                "epoch": dataset.epoch}
         dist.all_gather_object(gathered, mine)
         epochs.append({"epoch": epoch, "ranks": gathered})
     if rank == 0:

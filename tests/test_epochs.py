@@ -1,0 +1,171 @@
+"""Epochs advance wherever a user trains: set_epoch reaches persistent DataLoader workers, a
+pass without set_epoch reads the next epoch (warned once), an explicit set_epoch wins, and
+len / resume hold with persistent workers as without."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+from test_dataset import make_dataset
+from torch.utils.data import DataLoader
+
+from shardstream import ShardDataset
+from shardstream.dataset import loader_state_dict
+
+
+def key_of(sample):
+    return sample["__key__"]
+
+
+def flat(batches) -> list[str]:
+    return [k for b in batches for k in b]
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("epochs"), num_samples=117, per_shard=8)  # 15 shards, the last of 5
+
+
+def reference(dest, epoch: int, num_workers: int) -> list[str]:
+    """Epoch ``epoch`` as a fresh dataset and a fresh DataLoader read it."""
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    dataset.set_epoch(epoch)
+    return flat(DataLoader(dataset, batch_size=4, num_workers=num_workers))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_set_epoch_reaches_persistent_workers(dataset_dir, persistent):
+    dest, keys = dataset_dir
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
+    epochs = []
+    for epoch in (0, 1, 2):
+        dataset.set_epoch(epoch)
+        assert len(dataset) == len(keys) and dataset.epoch == epoch
+        epochs.append(flat(loader))
+        assert sorted(epochs[-1]) == sorted(keys)  # every sample once
+    assert len({tuple(e) for e in epochs}) == 3  # three different orders
+    assert epochs[2] == reference(dest, 2, num_workers=2)  # epoch 2's order, as fresh workers read it
+
+
+@pytest.fixture
+def shardstream_log_to_stderr():
+    """The "shardstream" logger writing to stderr (captured by capfd, DataLoader workers too)."""
+
+    class ToStderr(logging.Handler):  # the sys.stderr of the moment: pytest swaps it between phases
+        def emit(self, record):
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+
+    handler = ToStderr()
+    logger = logging.getLogger("shardstream")
+    logger.addHandler(handler)
+    yield
+    logger.removeHandler(handler)
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_each_pass_without_set_epoch_reads_the_next_epoch(dataset_dir, num_workers, persistent, capfd,
+                                                          shardstream_log_to_stderr):
+    dest, keys = dataset_dir
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    loader = DataLoader(dataset, batch_size=4, num_workers=num_workers, persistent_workers=persistent)
+    passes = [flat(loader) for _ in range(3)]
+    assert dataset.epoch == 2
+    dataset.set_epoch(7)  # an explicit epoch wins over the count
+    seventh = flat(loader)
+    eighth = flat(loader)
+    err = capfd.readouterr().err
+    advanced = [line for line in err.splitlines() if "started without set_epoch()" in line]
+    assert passes == [reference(dest, e, num_workers) for e in (0, 1, 2)]
+    assert seventh == reference(dest, 7, num_workers) and eighth == reference(dest, 8, num_workers)
+    assert len(advanced) == 1 and "reads epoch 1" in advanced[0]  # once per dataset, in whichever process
+
+
+def test_a_pass_repeats_an_epoch_only_when_told_to(dataset_dir, caplog):
+    dest, _ = dataset_dir
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    dataset.set_epoch(4)
+    first = list(dataset)
+    dataset.set_epoch(4)
+    assert list(dataset) == first
+    assert "set_epoch" not in caplog.text  # explicit epochs never warn
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_with_persistent_workers_and_the_epoch_after(dataset_dir, persistent):
+    dest, keys = dataset_dir
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
+    flat(loader)  # epoch 0
+    it = iter(loader)  # epoch 1, without set_epoch
+    before = flat(next(it) for _ in range(5))
+    state = json.loads(json.dumps(loader_state_dict(loader, samples_consumed=len(before))))
+    del it
+    assert state["epoch"] == 1
+
+    fresh = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    fresh.load_state_dict(state)
+    resumed_loader = DataLoader(fresh, batch_size=4, num_workers=2, persistent_workers=persistent)
+    assert len(fresh) == len(keys) - len(before) and fresh.epoch == 1
+    after = flat(resumed_loader)
+    assert sorted(before + after) == sorted(keys)  # none repeated, none lost
+    assert len(fresh) == len(keys)  # the pass after the resumed one is a whole epoch
+    following = flat(resumed_loader)  # epoch 2, without set_epoch
+    assert fresh.epoch == 2 and following == reference(dest, 2, num_workers=2)
+
+
+def test_a_checkpoint_loaded_after_persistent_workers_started_reaches_them(dataset_dir):
+    dest, keys = dataset_dir
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
+    dataset.set_epoch(5)
+    it = iter(loader)
+    before = flat(next(it) for _ in range(3))
+    state = loader_state_dict(loader, samples_consumed=len(before))
+    del it
+    dataset.set_epoch(0)
+    flat(loader)  # the workers read a whole other epoch meanwhile
+    dataset.load_state_dict(state)  # the same loader, its workers alive since epoch 5
+    dataset.set_epoch(5)  # the loaded epoch: keeps the checkpoint's place
+    after = flat(loader)
+    assert sorted(before + after) == sorted(keys)
+
+
+def test_workers_that_would_read_different_epochs_raise(dataset_dir):
+    dest, _ = dataset_dir
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    flat(DataLoader(dataset, batch_size=4, num_workers=1))
+    it = iter(DataLoader(dataset, batch_size=4, num_workers=2))  # its worker 1 never read epoch 0
+    with pytest.raises(ValueError, match=r"DataLoader workers of this ShardDataset have read \[2, [01]\] passes"):
+        next(it)
+    dataset.set_epoch(1)  # while that iterator's worker 1 may still be starting: it keeps its own epoch
+    assert sorted(flat(DataLoader(dataset, batch_size=4, num_workers=2))) == sorted(reference(dest, 0, 0))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stateful_dataloader_resumes_then_advances(dataset_dir, persistent):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dest, keys = dataset_dir
+
+    def make():
+        dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+        return dataset, StatefulDataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
+
+    dataset, loader = make()
+    flat(loader)  # epoch 0
+    it = iter(loader)  # epoch 1
+    before = flat(next(it) for _ in range(6))
+    state = loader.state_dict()
+    del it
+    resumed_dataset, resumed = make()
+    resumed.load_state_dict(state)
+    assert len(resumed) == len(loader)  # the epoch's whole length, as StatefulDataLoader counts
+    after = flat(resumed)
+    following = flat(resumed)
+    assert sorted(before + after) == sorted(keys)
+    assert resumed_dataset.epoch == 2 and following == reference(dest, 2, num_workers=2)
