@@ -33,6 +33,7 @@ STATE_FORMAT = "shardstream-state"
 STATE_VERSION = 1
 
 log = logging.getLogger("shardstream")
+_UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
 
 Source = str | os.PathLike[str] | Sequence[str]
 
@@ -81,6 +82,13 @@ class ShardDataset(IterableDataset):
         drop_last: when the samples do not divide by world_size, drop the fewest
             (``N mod world_size``) instead of repeating the fewest (the default, pad).
         max_open_shards: shards each reader reads at once and mixes (lanes).
+        batch_size: the ``batch_size`` of the DataLoader that reads the dataset. Each
+            DataLoader worker then gets whole batches (only the rank's last batch short), so
+            the DataLoader yields exactly ``len(loader) = ceil(len(dataset) / batch_size)``
+            batches: the count Lightning and Hugging Face's Trainer stop at. Without it, each
+            of ``num_workers > 1`` workers ends with its own short batch, up to
+            ``num_workers - 1`` batches more than ``len(loader)``, which such loops never
+            read (logged once). None: the DataLoader does not batch, or has one worker.
         verify_checksums: check each shard read whole against the CRC-32 in the index (one
             more pass over the bytes: about half the local read speed); a mismatch is a
             CorruptShardError (or skipped, see ``on_error``). Runs that are byte ranges of a
@@ -123,6 +131,7 @@ class ShardDataset(IterableDataset):
         log_every_s: float | None = None,
         drop_last: bool = False,
         max_open_shards: int = 4,
+        batch_size: int | None = None,
         resampled: bool = False,
         on_error: str = "raise",
         verify_checksums: bool = False,
@@ -130,6 +139,8 @@ class ShardDataset(IterableDataset):
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise ValueError(f"{on_error=} must be 'raise' or 'skip'")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"{batch_size=} must be an int >= 1 (the DataLoader's) or None")
         if not isinstance(max_open_shards, int) or max_open_shards < 1:
             raise ValueError(f"{max_open_shards=} must be an int >= 1")
         if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
@@ -152,6 +163,7 @@ class ShardDataset(IterableDataset):
         self.log_every_s = log_every_s
         self.drop_last = drop_last
         self.max_open_shards = max_open_shards
+        self.batch_size = batch_size
         self.resampled = resampled
         self.on_error = on_error
         self.verify_checksums = verify_checksums
@@ -253,6 +265,7 @@ class ShardDataset(IterableDataset):
             max_open_shards=self.max_open_shards if self.shuffle else 1,
             drop_last=self.drop_last,
             segments=_segments(state),
+            batch_size=self.batch_size,
         )
 
     def state_dict(
@@ -285,7 +298,8 @@ class ShardDataset(IterableDataset):
             segments = _segments(state)
             seg, skip = self._iter_seg if self._pass is not None and self._iter_seg else (len(segments), 0)
             workers = max(1, slot.num_workers)
-            current = Segment(slot.world_size, workers, worker_yielded=((slot.worker_id, skip + self._yielded),))
+            current = Segment(slot.world_size, workers, worker_yielded=((slot.worker_id, skip + self._yielded),),
+                              split_batch_size=self.batch_size)
         else:
             if not isinstance(samples_consumed, int) or samples_consumed < 0:
                 raise ValueError(f"{samples_consumed=} must be an int >= 0")
@@ -299,7 +313,9 @@ class ShardDataset(IterableDataset):
             segments = _segments(state)
             seg, base = len(segments), 0
             last = segments[-1] if segments else None
-            if last is not None and (last.world_size, last.num_workers) == (slot.world_size, workers):
+            if last is not None and (last.world_size, last.num_workers, last.split_batch_size) == (
+                slot.world_size, workers, self.batch_size
+            ):
                 if last.samples_consumed is None:
                     raise ValueError(
                         "the loaded checkpoint came from StatefulDataLoader workers; keep saving with "
@@ -311,7 +327,8 @@ class ShardDataset(IterableDataset):
                         "an epoch with the DataLoader batch size it started with"
                     )
                 seg, base = len(segments) - 1, last.samples_consumed
-            current = Segment(slot.world_size, workers, batch_size, base + samples_consumed)
+            current = Segment(slot.world_size, workers, batch_size, base + samples_consumed,
+                              split_batch_size=self.batch_size)
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
@@ -410,6 +427,15 @@ class ShardDataset(IterableDataset):
             except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
                 return _raise(exc)
             self._iter_seg = (seg, mine.skip)
+            if self.batch_size is None and slot.num_workers > 1 and self._epochs.once(_UNBATCHED):
+                log.warning(
+                    "ShardDataset read by %d DataLoader workers without ShardDataset(batch_size=...): if the "
+                    "DataLoader batches, each worker ends with a short batch, so it may yield up to "
+                    "num_workers - 1 = %d batches more than len(loader), which loops that stop at len(loader) "
+                    "(Lightning, Hugging Face's Trainer) never train on. Pass the DataLoader's batch_size to "
+                    "ShardDataset.",
+                    slot.num_workers, slot.num_workers - 1,
+                )
             samples = self._read_plan(plan, mine, stats)
         else:
             if self.resampled:
@@ -599,7 +625,8 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
 
     Raises:
         TypeError: the loader's dataset is not a ShardDataset.
-        ValueError: the loader drops last batches or delivers out of order.
+        ValueError: the loader drops last batches, delivers out of order, or batches other than
+            the dataset's ``batch_size``.
 
     Resume: ``dataset.load_state_dict(state)``, then create the DataLoader iterator as usual.
     """
@@ -610,6 +637,11 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
         raise ValueError("DataLoader(drop_last=True) drops each worker's short last batch; use ShardDataset(drop_last=)")
     if getattr(loader, "in_order", True) is False:
         raise ValueError("DataLoader(in_order=False) delivers batches in no fixed order; a checkpoint needs in_order")
+    if dataset.batch_size is not None and dataset.batch_size != loader.batch_size:
+        raise ValueError(
+            f"ShardDataset(batch_size={dataset.batch_size}) but the DataLoader's batch_size is {loader.batch_size}; "
+            "give the dataset the DataLoader's batch size"
+        )
     return dataset.state_dict(samples_consumed, batch_size=loader.batch_size, num_workers=loader.num_workers)
 
 

@@ -42,7 +42,8 @@ __all__ = ["EpochBoard", "PassState"]
 RANK_SLOTS = 16  # ranks sharing one dataset object at most (rank % RANK_SLOTS picks the block)
 ROWS_PER_RANK = 257  # the training process, then up to 256 DataLoader workers
 STATE_BYTES = 64 << 10  # JSON of the latest set_epoch / load_state_dict
-_HEADER = 4  # int64: generation, warned, state length, unused
+_HEADER = 4  # int64: generation, flags (once), state length, unused
+_ADVANCED = 1  # flag: a pass advanced the epoch by itself (warned)
 _SEEN, _EPOCH, _PASSES, _FINISHED, _LOCAL = range(5)  # int64 columns of a reader's row
 _COLUMNS = 5
 
@@ -173,8 +174,8 @@ class EpochBoard:
             else:
                 state, me[_LOCAL] = PassState(int(me[_EPOCH]) + 1, []), 0
                 me[_PASSES] += 1
-                first_advance = not header[1]
-                header[1] = 1
+                first_advance = not header[1] & _ADVANCED
+                header[1] |= _ADVANCED
             me[_SEEN], me[_EPOCH], me[_FINISHED] = gen, state.epoch, 0
             if worker_id is not None and loaded is None:
                 self._check_workers(rows, rank, num_workers, gen, int(me[_PASSES]))
@@ -190,6 +191,15 @@ class EpochBoard:
                 "the last set_epoch(), so they would read different epochs: the dataset was iterated by a "
                 "DataLoader with another num_workers in between. Call dataset.set_epoch(epoch) before each epoch"
             )
+
+    def once(self, flag: int) -> bool:
+        """True the first time any process of the dataset asks for ``flag`` (a bit > 1), so a
+        message is logged once per dataset, not once per worker."""
+        with self._file.lock():
+            header = self._map()[0]
+            first = not header[1] & flag
+            header[1] |= flag
+            return bool(first)
 
     def finish_pass(self, *, rank: int, worker_id: int | None) -> None:
         """A reader read its pass to the end."""

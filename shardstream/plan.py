@@ -14,9 +14,13 @@ An epoch, for a job of ``world_size`` ranks each with ``num_workers`` DataLoader
    repeating the first samples of the sequence) or ``floor(N / world_size)``
    (``drop_last``: the last ``N mod world_size`` samples are left out). So shard-to-rank
    assignment changes every epoch, and every rank gets the same count.
-3. **Workers.** A rank's part is cut into ``num_workers`` contiguous pieces whose sizes
-   differ by at most one, the same on every rank (so ranks also get the same number of
-   batches).
+3. **Workers.** A rank's part is cut into ``num_workers`` contiguous pieces, the same on
+   every rank (so ranks also get the same number of batches). With the DataLoader's
+   ``batch_size`` known, the pieces hold the batches the DataLoader deals round-robin (batch
+   ``j`` to worker ``j mod num_workers``, only the last one short), so the DataLoader yields
+   exactly ``ceil(part / batch_size)`` batches, the ``len(loader)`` that Lightning and Hugging
+   Face's Trainer stop at; without it, sizes differ by at most one, and each worker's last
+   batch may be short.
 4. **Reading order.** A worker's piece falls into *runs*, its samples of one shard. Runs are
    dealt round-robin to ``max_open_shards`` lanes, read concurrently; the order in which
    their samples arrive is a seeded uniformly random interleaving of the lanes. (Without
@@ -54,6 +58,7 @@ __all__ = [
     "consumed_per_worker",
     "ramp_samples",
     "split_evenly",
+    "split_workers",
 ]
 
 
@@ -64,7 +69,8 @@ class Segment:
     ``samples_consumed`` is per rank (all ranks of a DDP job consume the same count);
     ``worker_yielded`` instead gives each worker's count (as a StatefulDataLoader worker
     reports it), for a resume of the same shape only. ``batch_size`` is the DataLoader's
-    (None: unbatched, one sample at a time).
+    (None: unbatched, one sample at a time); ``split_batch_size`` the one the workers' pieces
+    were cut by (:func:`split_workers`; the dataset's ``batch_size``).
     """
 
     world_size: int
@@ -72,6 +78,7 @@ class Segment:
     batch_size: int | None = None
     samples_consumed: int | None = None
     worker_yielded: tuple[tuple[int, int], ...] = ()  # ((worker_id, samples yielded), ...)
+    split_batch_size: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -80,6 +87,7 @@ class Segment:
             "batch_size": self.batch_size,
             "samples_consumed": self.samples_consumed,
             "worker_yielded": [list(x) for x in self.worker_yielded],
+            "split_batch_size": self.split_batch_size,
         }
 
     @classmethod
@@ -90,6 +98,7 @@ class Segment:
             batch_size=None if d.get("batch_size") is None else int(d["batch_size"]),  # type: ignore[call-overload]
             samples_consumed=None if d.get("samples_consumed") is None else int(d["samples_consumed"]),  # type: ignore[call-overload]
             worker_yielded=tuple((int(w), int(n)) for w, n in d.get("worker_yielded") or ()),  # type: ignore[attr-defined]
+            split_batch_size=None if d.get("split_batch_size") is None else int(d["split_batch_size"]),  # type: ignore[call-overload]
         )
 
 
@@ -98,6 +107,22 @@ def split_evenly(total: int, parts: int) -> list[int]:
     larger first."""
     base, extra = divmod(total, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def split_workers(total: int, num_workers: int, batch_size: int | None) -> list[int]:
+    """Samples of each of ``num_workers`` DataLoader workers, of a rank's ``total``.
+
+    With ``batch_size``: the DataLoader's batches dealt round-robin (batch ``j`` to worker
+    ``j mod num_workers``, the last one short), so a DataLoader of that batch size yields
+    exactly ``ceil(total / batch_size)`` batches. Without: :func:`split_evenly`.
+    """
+    if not batch_size:
+        return split_evenly(total, num_workers)
+    full, rest = divmod(total, batch_size)
+    sizes = [batch_size * n for n in split_evenly(full, num_workers)]
+    if rest:
+        sizes[full % num_workers] += rest
+    return sizes
 
 
 def ramp_samples(capacity: int) -> int:
@@ -198,6 +223,8 @@ class EpochPlan:
         max_open_shards: lanes (shards read at once) per worker.
         drop_last: drop the fewest samples instead of padding with repeats.
         segments: earlier segments of this epoch (from a checkpoint), oldest first.
+        batch_size: the DataLoader's batch size the workers' pieces are cut by
+            (:func:`split_workers`); None: evenly.
     """
 
     counts: Sequence[int]
@@ -208,6 +235,7 @@ class EpochPlan:
     max_open_shards: int = 4
     drop_last: bool = False
     segments: Sequence[Segment] = ()
+    batch_size: int | None = None
     _starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -239,9 +267,12 @@ class EpochPlan:
         full = np.resize(todo, per_rank * world_size)  # pads by wrapping to the start
         return [full[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]
 
-    def worker_plan(self, part: np.ndarray, *, seg: int, rank: int, worker_id: int, num_workers: int) -> WorkerPlan:
-        """The plan of worker ``worker_id`` of the rank whose part is ``part``."""
-        sizes = split_evenly(len(part), num_workers)
+    def worker_plan(
+        self, part: np.ndarray, *, seg: int, rank: int, worker_id: int, num_workers: int, batch_size: int | None
+    ) -> WorkerPlan:
+        """The plan of worker ``worker_id`` of the rank whose part is ``part``, the pieces cut
+        by ``batch_size`` (:func:`split_workers`)."""
+        sizes = split_workers(len(part), num_workers, batch_size)
         start = sum(sizes[:worker_id])
         ids = part[start : start + sizes[worker_id]]
         streams = [self.seed, self.epoch, seg, rank, worker_id]
@@ -263,11 +294,15 @@ class EpochPlan:
         order = buffer_order(len(ids), self.shuffle_buffer, np.random.default_rng([*streams, 2]))
         return WorkerPlan(ids=ids[arrival], lane=labels, order=order)
 
-    def segment_plans(self, todo: np.ndarray, seg: int, world_size: int, num_workers: int) -> list[list[WorkerPlan]]:
+    def segment_plans(self, todo: np.ndarray, seg: int, segment: Segment) -> list[list[WorkerPlan]]:
         """Every worker's plan of a segment: ``[rank][worker_id]``."""
         return [
-            [self.worker_plan(part, seg=seg, rank=r, worker_id=w, num_workers=num_workers) for w in range(num_workers)]
-            for r, part in enumerate(self.rank_parts(todo, world_size))
+            [
+                self.worker_plan(part, seg=seg, rank=r, worker_id=w, num_workers=segment.num_workers,
+                                 batch_size=segment.split_batch_size)
+                for w in range(segment.num_workers)
+            ]
+            for r, part in enumerate(self.rank_parts(todo, segment.world_size))
         ]
 
     def delivered(self, plans: list[list[WorkerPlan]], segment: Segment) -> np.ndarray:
@@ -287,14 +322,17 @@ class EpochPlan:
     def current(self, *, world_size: int, num_workers: int) -> tuple[int, np.ndarray, Segment | None]:
         """Replay the checkpoint's segments for a job of this shape: the index of the segment
         to run now, the ids it splits (epoch order), and the segment it continues (same
-        shape: skip what each worker delivered) or None (a new segment)."""
+        shape, workers' pieces cut by the same batch size: skip what each worker delivered) or
+        None (a new segment)."""
         todo = self.sequence()
         segments = list(self.segments)
         for i, segment in enumerate(segments):
             last = i == len(segments) - 1
-            if last and (segment.world_size, segment.num_workers) == (world_size, num_workers):
+            if last and (segment.world_size, segment.num_workers, segment.split_batch_size) == (
+                world_size, num_workers, self.batch_size
+            ):
                 return i, todo, segment
-            plans = self.segment_plans(todo, i, segment.world_size, segment.num_workers)
+            plans = self.segment_plans(todo, i, segment)
             assigned = np.unique(np.concatenate([p.ids for workers in plans for p in workers] or [todo[:0]]))
             done = self.delivered(plans, segment)
             todo = todo[np.isin(todo, assigned) & ~np.isin(todo, done)]
@@ -304,13 +342,14 @@ class EpochPlan:
         """This worker's plan now (resumed where the checkpoint says) and the segment index."""
         seg, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
         parts = self.rank_parts(todo, world_size)
-        plan = self.worker_plan(parts[rank], seg=seg, rank=rank, worker_id=worker_id, num_workers=num_workers)
+        plan = self.worker_plan(parts[rank], seg=seg, rank=rank, worker_id=worker_id, num_workers=num_workers,
+                                batch_size=self.batch_size)
         if continued is not None:
             yielded = dict(continued.worker_yielded)
             if worker_id in yielded:
                 plan.skip = yielded[worker_id]
             elif continued.samples_consumed is not None:
-                lengths = split_evenly(len(parts[rank]), num_workers)
+                lengths = split_workers(len(parts[rank]), num_workers, self.batch_size)
                 plan.skip = consumed_per_worker(lengths, continued.batch_size, continued.samples_consumed)[worker_id]
             if plan.skip > len(plan.order):
                 raise ValueError(f"checkpoint says worker {worker_id} yielded {plan.skip} samples; it has {len(plan.order)}")

@@ -74,7 +74,5 @@ class SharedFile:
 
 def _remove(path: str, owner_pid: int) -> None:
     if os.getpid() == owner_pid:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass

@@ -42,13 +42,13 @@ def test_set_epoch_reaches_persistent_workers(dataset_dir, persistent):
     dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
     loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
     epochs = []
-    for epoch in (0, 1, 2):
+    for epoch in (4, 1, 6):  # not consecutive: each pass reads the epoch set, not one more than the last
         dataset.set_epoch(epoch)
         assert len(dataset) == len(keys) and dataset.epoch == epoch
         epochs.append(flat(loader))
         assert sorted(epochs[-1]) == sorted(keys)  # every sample once
+    assert epochs == [reference(dest, e, num_workers=2) for e in (4, 1, 6)]  # as fresh workers read them
     assert len({tuple(e) for e in epochs}) == 3  # three different orders
-    assert epochs[2] == reference(dest, 2, num_workers=2)  # epoch 2's order, as fresh workers read it
 
 
 @pytest.fixture
@@ -169,3 +169,28 @@ def test_stateful_dataloader_resumes_then_advances(dataset_dir, persistent):
     following = flat(resumed)
     assert sorted(before + after) == sorted(keys)
     assert resumed_dataset.epoch == 2 and following == reference(dest, 2, num_workers=2)
+
+
+@pytest.mark.parametrize(("num_workers", "batch_size"), [(2, 4), (3, 5), (2, 16)])
+def test_with_its_batch_size_the_dataloader_yields_len_loader_batches(dataset_dir, num_workers, batch_size):
+    dest, keys = dataset_dir  # 117 samples: no worker count divides them evenly into whole batches
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3, batch_size=batch_size)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+    batches = list(loader)
+    assert len(batches) == len(loader) == -(-len(keys) // batch_size)  # what Lightning and HF stop at
+    assert [len(b) for b in batches[:-1]] == [batch_size] * (len(batches) - 1)
+    assert sorted(flat(batches)) == sorted(keys)
+    with pytest.raises(ValueError, match="the DataLoader.s batch_size is 3"):
+        loader_state_dict(DataLoader(dataset, batch_size=3), samples_consumed=0)
+
+
+def test_workers_without_the_batch_size_are_logged_once(dataset_dir, capfd, shardstream_log_to_stderr):
+    dest, keys = dataset_dir
+    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
+    loader = DataLoader(dataset, batch_size=8, num_workers=2)
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        batches = list(loader)
+        assert len(batches) == len(loader) + 1 and sorted(flat(batches)) == sorted(keys)  # 59 + 58: two short
+    logged = [line for line in capfd.readouterr().err.splitlines() if "without ShardDataset(batch_size=...)" in line]
+    assert len(logged) == 1

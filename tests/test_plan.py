@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shardstream.plan import EpochPlan, Segment, buffer_order, consumed_per_worker, ramp_samples
+from shardstream.plan import EpochPlan, Segment, buffer_order, consumed_per_worker, ramp_samples, split_workers
 
 COUNTS = [7, 13, 5, 9, 11, 3, 8, 1, 0, 20]  # 77 samples, unequal shards, one empty
 
@@ -104,15 +104,20 @@ def test_consumed_per_worker_matches_a_real_dataloader(lengths, batch_size):
 @pytest.mark.parametrize(("first", "second"), [((2, 2, 3), (2, 2)), ((4, 2, 3), (2, 1)), ((2, 1, 5), (3, 2)),
                                                ((3, 3, 2), (1, 1))])
 @pytest.mark.parametrize("consumed", [0, 5, 11])
-def test_resume_delivers_exactly_what_is_left(first, second, consumed):
+@pytest.mark.parametrize("split", [False, True])
+def test_resume_delivers_exactly_what_is_left(first, second, consumed, split):
     """A checkpoint after ``consumed`` samples per rank, resumed with the same or another shape:
-    together the two runs deliver the epoch (pads aside)."""
+    together the two runs deliver the epoch (pads aside). ``split``: workers' pieces cut into
+    whole batches (ShardDataset(batch_size=)), by the checkpoint's batch size before, by 2 after
+    a change of shape."""
     world_size, num_workers, batch_size = first
-    plan = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2)
+    split_before = batch_size if split else None
+    split_after = split_before if (world_size, num_workers) == second or not split else 2
+    plan = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2, batch_size=split_before)
     before = [i for r in rank_streams(plan, world_size, num_workers)
               for i in dataloader_order(r, batch_size)[:consumed]]
-    resumed = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2,
-                        segments=[Segment(world_size, num_workers, batch_size, consumed)])
+    resumed = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2, batch_size=split_after,
+                        segments=[Segment(world_size, num_workers, batch_size, consumed, split_batch_size=split_before)])
     after_streams = rank_streams(resumed, *second)
     counts = [sum(len(w) for w in r) for r in after_streams]
     assert len(set(counts)) == 1
@@ -124,6 +129,25 @@ def test_resume_delivers_exactly_what_is_left(first, second, consumed):
     if (world_size, num_workers) == second:  # same shape: each worker continues its own order
         full = [i for r in rank_streams(plan, world_size, num_workers) for w in r for i in w]
         assert sorted(both) == sorted(full)
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3, 5])
+@pytest.mark.parametrize("batch_size", [1, 3, 4, 16])
+def test_pieces_of_whole_batches_make_the_dataloader_yield_len_loader_batches(num_workers, batch_size):
+    for total in range(0, 60):
+        sizes = split_workers(total, num_workers, batch_size)
+        assert sum(sizes) == total and len(sizes) == num_workers
+        tagged = [[(w, i) for i in range(n)] for w, n in enumerate(sizes)]
+        batches = []
+        streams = [list(t) for t in tagged]
+        while any(streams):  # the DataLoader's round-robin over workers that still have data
+            for stream in streams:
+                if stream:
+                    batches.append(stream[:batch_size])
+                    del stream[:batch_size]
+        assert len(batches) == -(-total // batch_size)  # what len(DataLoader) says
+        assert all(len(b) == batch_size for b in batches[:-1])
+    assert split_workers(10, 3, None) == [4, 3, 3]
 
 
 def test_state_from_workers_alone_cannot_change_shape():
