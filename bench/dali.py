@@ -51,7 +51,8 @@ def pillow_epoch(source: str, args: argparse.Namespace) -> Callable[[], Iterable
     from torch.utils.data import DataLoader
 
     decoder = CpuDecoder("torch", crop=RandomResizedCrop(size_px=args.crop_px))
-    loader = DataLoader(ShardDataset(source, decode=decoder), batch_size=args.batch_size, num_workers=args.threads)
+    loader = DataLoader(ShardDataset(source, decode=decoder, batch_size=args.batch_size), batch_size=args.batch_size,
+                        num_workers=args.threads)
     return lambda: (len(batch["jpg"]) for batch in loader)
 
 

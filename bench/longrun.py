@@ -82,7 +82,7 @@ def main() -> None:
         before = leftovers()
         threads_before = threading.active_count()
         dataset = ShardDataset("s3://longrun/data", s3=s3, cache_dir=f"{tmp}/cache", cache_limit_bytes=8 << 20,
-                               decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=64)))
+                               batch_size=32, decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=64)))
         loader = DataLoader(dataset, batch_size=32, num_workers=args.workers,
                             persistent_workers=args.persistent_workers and args.workers > 0)
         print(f"{'epoch':>5s} {'samples':>8s} {'RSS main':>9s} {'RSS tree':>9s} {'threads':>8s} {'children':>9s} "

@@ -46,7 +46,7 @@ def main() -> None:
             make_image_dataset(f"{tmp}/images", num_images=1000)
             source = f"{tmp}/shards"
             print(pack(f"{tmp}/images", source, max_shard_bytes=8 << 20, progress=False).summary())
-        dataset = ShardDataset(source, shuffle_buffer=500,
+        dataset = ShardDataset(source, shuffle_buffer=500, batch_size=args.batch_size,
                                decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=args.size_px, scale=(0.35, 1.0))))
         loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers,
                             pin_memory=args.device.startswith("cuda"))

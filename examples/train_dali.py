@@ -46,7 +46,7 @@ def main() -> None:
               + ("" if gpu_available() else ", and no GPU here"), flush=True)
     if not cuda:
         torch.set_num_threads(1)
-    dataset = ShardDataset(args.dataset or demo_dataset(args.workdir), shuffle_buffer=200)
+    dataset = ShardDataset(args.dataset or demo_dataset(args.workdir), shuffle_buffer=200, batch_size=args.batch_size)
     loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.size_px, scale=(0.35, 1.0),
                         device_id=local_rank if cuda else None)
     model = DistributedDataParallel(small_cnn(len(CLASS_NAMES)).to(device), device_ids=[local_rank] if cuda else None)

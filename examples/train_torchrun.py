@@ -130,7 +130,7 @@ def main() -> None:
         torch.set_num_threads(1)
     source = args.dataset or demo_dataset(args.workdir)
     crop = RandomResizedCrop(size_px=args.size_px, scale=(0.35, 1.0))
-    dataset = ShardDataset(source, shuffle_buffer=200, decode=CpuDecoder("torch", crop=crop))
+    dataset = ShardDataset(source, shuffle_buffer=200, decode=CpuDecoder("torch", crop=crop), batch_size=args.batch_size)
     loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers, pin_memory=cuda)
     model = DistributedDataParallel(small_cnn(len(CLASS_NAMES)).to(device), device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -54,6 +54,13 @@ class ShardDataset(IterableDataset):
     ``shuffle_buffer`` samples. :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch,
     also at another world size.
 
+    Which epoch each pass reads (:mod:`shardstream.epochs`): a pass is one iteration, by this
+    process or by each DataLoader worker once per DataLoader iterator. :meth:`set_epoch` (or
+    :meth:`load_state_dict`) in the training process sets the next pass's epoch in every
+    worker, persistent ones included; a pass that starts without one since the previous pass
+    reads the next epoch (logged once), so loops that never call :meth:`set_epoch` (PyTorch
+    Lightning's) still get a new order each epoch. An explicit :meth:`set_epoch` always wins.
+
     With bare shard URLs (no index, so no sample counts), shard ``i`` of the epoch's order
     goes to reader ``i % (world_size * num_workers)``: every sample once per epoch, counts per
     rank equal only when the shards divide evenly; no ``len`` and no resume.

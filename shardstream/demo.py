@@ -83,7 +83,7 @@ def run_demo(
         report = pack(raw, dest, max_shard_bytes=16 << 20, s3=s3, overwrite=True)
         print(f"[3/4] {report.summary()}")
 
-        dataset = ShardDataset(dest, s3=s3, shuffle_buffer=512, seed=0,
+        dataset = ShardDataset(dest, s3=s3, shuffle_buffer=512, seed=0, batch_size=batch_size,
                                decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=224)))
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
         print(f"[4/4] one epoch: {dataset.num_shards} shards, {num_workers} workers, batches of {batch_size}, "

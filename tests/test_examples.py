@@ -1,5 +1,6 @@
 """examples/train_torchrun.py and train_dali.py under a real torchrun: stopped mid-epoch at 2
-ranks, resumed at 3, they train on exactly the rest of the epoch."""
+ranks, resumed at 3, they train on exactly the rest of the epoch; examples/train_lightning.py
+under Lightning's own DDP launcher, stopped mid-epoch and resumed from Lightning's checkpoint."""
 
 from __future__ import annotations
 
@@ -44,3 +45,23 @@ def test_train_dali_runs_on_the_cpu_and_resumes(tmp_path):
     left = -(-(600 - 2 * 80) // 3)
     assert f"epoch 0, {-(-left // 16)} batches per rank left" in out
     assert f"epoch 0: {3 * left} samples on 3 ranks" in out, out
+
+
+def test_train_lightning_resumes_from_its_checkpoint_with_two_devices(tmp_path):
+    script = SCRIPT.with_name("train_lightning.py")
+    common = [sys.executable, str(script), f"--workdir={tmp_path / 'work'}", f"--checkpoint-dir={tmp_path / 'ckpt'}",
+              "--devices=2", "--epochs=2", "--batch-size=16", "--size-px=32"]
+
+    def run(*args: str) -> str:
+        done = subprocess.run([*common, *args], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                              text=True, timeout=300, cwd=script.parent)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    out = run("--stop-after-steps=5")
+    assert "stopped after 5 steps" in out and "epoch 0: 160 samples on 2 ranks in this run" in out
+    out = run()
+    # 600 samples: the 440 left of epoch 0 (none again, none lost), then all of epoch 1, which
+    # the dataset reached with no set_epoch call
+    assert "epoch 0: 440 samples on 2 ranks in this run (dataset epoch 0)" in out, out[-3000:]
+    assert "epoch 1: 600 samples on 2 ranks in this run (dataset epoch 1)" in out, out[-3000:]
