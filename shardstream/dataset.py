@@ -399,6 +399,13 @@ class ShardDataset(IterableDataset):
         state["_parent_rank"] = distributed_rank()
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not os.path.exists(self._epochs.path):  # unpickled after its creator exited: new shared files
+            self._board = StatsBoard()
+            self._epochs = EpochBoard()
+            self._set = self._epochs.set(self._set[1].epoch, self._set[1].segments or [])
+
     def __iter__(self) -> Iterator[Any]:
         """One pass: its epoch is fixed here, when the iterator is created (as a DataLoader
         worker does at the start of each DataLoader iterator), so ``state_dict()`` describes

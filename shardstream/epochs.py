@@ -87,6 +87,10 @@ class EpochBoard:
         self._file = SharedFile("shardstream-epochs", (_HEADER + rows * _COLUMNS) * 8 + STATE_BYTES)
         self._arrays: tuple[np.ndarray, np.ndarray, memoryview] | None = None
 
+    @property
+    def path(self) -> str:
+        return self._file.path
+
     def __getstate__(self) -> dict[str, object]:
         return {"_file": self._file, "_arrays": None}
 
@@ -100,7 +104,7 @@ class EpochBoard:
             if buffer is None:
                 raise RuntimeError(
                     f"{self._file.path}: the dataset's shared epoch file is gone: the training process that "
-                    "created the dataset exited; create the dataset in the process that iterates it"
+                    "created the dataset exited while this process used it"
                 )
             rows = RANK_SLOTS * ROWS_PER_RANK
             header = np.ndarray((_HEADER,), dtype=np.int64, buffer=buffer)

@@ -194,3 +194,22 @@ def test_workers_without_the_batch_size_are_logged_once(dataset_dir, capfd, shar
         assert len(batches) == len(loader) + 1 and sorted(flat(batches)) == sorted(keys)  # 59 + 58: two short
     logged = [line for line in capfd.readouterr().err.splitlines() if "without ShardDataset(batch_size=...)" in line]
     assert len(logged) == 1
+
+
+def test_a_dataset_unpickled_after_its_creator_exited_starts_afresh(dataset_dir, tmp_path):
+    """A pickled ShardDataset loaded in another process once the process that made it has
+    exited (its shared files are gone) gets new ones and keeps its epoch."""
+    import pickle
+    import subprocess
+
+    dest, keys = dataset_dir
+    saved = tmp_path / "dataset.pkl"
+    make = ("import pickle, sys; from shardstream import ShardDataset; "
+            "d = ShardDataset(sys.argv[1], shuffle_buffer=10, seed=3); d.set_epoch(4); "
+            "pickle.dump(d, open(sys.argv[2], 'wb'))")
+    subprocess.run([sys.executable, "-c", make, str(dest), str(saved)], check=True, timeout=120)
+    dataset = pickle.loads(saved.read_bytes())
+    assert dataset.epoch == 4 and [s["__key__"] for s in dataset] == reference(dest, 4, num_workers=0)
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=lambda batch: [key_of(x) for x in batch])
+    assert flat(loader) == reference(dest, 4, num_workers=2)  # workers count their own passes
+    assert flat(loader) == reference(dest, 5, num_workers=2)
