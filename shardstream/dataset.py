@@ -258,7 +258,7 @@ class ShardDataset(IterableDataset):
         num_workers = 1
         if segments and segments[-1].world_size == slot.world_size:
             num_workers = segments[-1].num_workers
-        plan = self._plan(PassState(upcoming.epoch, [x.to_dict() for x in segments]))
+        plan = self._plan(PassState(upcoming.epoch, upcoming.segments or []))
         return plan.rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
 
     def _plan(self, state: PassState) -> EpochPlan:
