@@ -54,7 +54,7 @@ def tree(pid: int) -> list[int]:
 
 def leftovers() -> list[str]:
     places = ["/dev/shm", tempfile.gettempdir()]
-    return sorted(str(p) for place in places if os.path.isdir(place) for p in Path(place).glob("shardstream-stats-*"))
+    return sorted(str(p) for place in places if os.path.isdir(place) for p in Path(place).glob("shardstream-*"))
 
 
 def main() -> None:

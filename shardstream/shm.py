@@ -4,6 +4,8 @@ epoch of each pass (:mod:`.epochs`).
 
 The training process creates the file (in ``/dev/shm`` when it exists, else the temporary
 directory) and removes it when the creating object is garbage-collected or the process exits.
+A process killed by SIGKILL cannot; the next file made with the same prefix removes the files
+whose creating process is gone.
 A forked worker inherits the mapping; a spawned one re-opens the file by path after
 unpickling. :meth:`SharedFile.lock` serialises updates that span several values, across
 processes (``flock`` on a descriptor opened for that call, so a fork never shares it).
@@ -15,6 +17,7 @@ import contextlib
 import fcntl
 import mmap
 import os
+import re
 import tempfile
 import uuid
 import weakref
@@ -34,6 +37,7 @@ class SharedFile:
 
     def __init__(self, prefix: str, num_bytes: int) -> None:
         folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        _remove_orphans(Path(folder), prefix)
         self.path = str(Path(folder) / f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         self.num_bytes = num_bytes
         with open(self.path, "wb") as f:
@@ -70,6 +74,22 @@ class SharedFile:
         with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             yield
+
+
+def _remove_orphans(folder: Path, prefix: str) -> None:
+    """Delete ``prefix`` files whose creating process no longer exists (killed before it could)."""
+    pattern = re.compile(rf"{re.escape(prefix)}-(\d+)-[0-9a-f]{{12}}")
+    for path in folder.glob(f"{prefix}-*"):
+        match = pattern.fullmatch(path.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        except (PermissionError, OverflowError):  # alive (another user's), or not a pid
+            continue
 
 
 def _remove(path: str, owner_pid: int) -> None:
