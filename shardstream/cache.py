@@ -16,7 +16,8 @@ own descriptor and threads of one process exclude each other like processes do):
 * a reader holds ``LOCK_SH`` on its entry for as long as its :class:`CachedShard` is open (the
   *pin*); eviction takes ``LOCK_EX | LOCK_NB`` on an entry and skips it when that fails;
 * a filler holds ``LOCK_EX`` on ``locks/<hash>.lock`` from :meth:`ShardCache.fill` until commit
-  or abort, so one process per node downloads a shard while the others wait for it;
+  or abort, so one process per node downloads a shard while the others wait for it (the
+  fetcher's readers wait with a bound, see below);
 * a filler holds ``LOCK_EX`` on its ``.partial`` file while it writes; a partial nobody holds a
   lock on was left by a dead process: it is deleted when seen and its reservation not counted;
 * every unlink and rename of an entry, and every creation of a partial, happens under
@@ -24,6 +25,33 @@ own descriptor and threads of one process exclude each other like processes do):
 
 Only regular files whose names match the entry or partial patterns are ever deleted; anything
 else in ``cache_dir`` or the root (and any symlink) is left alone.
+
+Why processes sharing the cache cannot deadlock
+-----------------------------------------------
+The fetcher (:mod:`shardstream.fetch`) uses the cache so that no wait of one process ever
+depends on another process's consumer:
+
+1. *A fill depends on nothing but S3 and the disk.* A process that gets a shard's URL lock
+   downloads the whole shard into the ``.partial`` file by itself, at network speed, and
+   commits it; its own consumer reads the file as it grows. Nothing in a fill waits for any
+   consumer to take bytes (the disk absorbs them; the reservation bounds them), for another
+   process, or for a lock other than the global one.
+2. *The global lock is never held while waiting.* It guards only scans, renames, unlinks and
+   the creation of partial files: each a few system calls on the local disk.
+3. *A reader never blocks on another process's fill.* The fetcher asks for the URL lock
+   without waiting (``fill(..., wait=False)``); if another process holds it, the reader polls
+   for the committed entry for at most ``FetchConfig.cache_wait_s`` and then reads the shard
+   from S3 itself, uncached (``stats().cache_waits`` / ``cache_bypasses``). By 1, that other
+   fill is making progress anyway.
+4. *Pins are shared locks only readers hold*, and eviction never waits for one (it skips
+   pinned entries, ``LOCK_NB``).
+
+So every cross-process wait is either bounded (3) or on a holder that does not wait at all (1, 2,
+4): no cycle of waits can form, whatever order the processes read shards in. The old design
+filled a shard only as fast as its consumer read it, and waited unboundedly for other
+fillers: process A held shard X's lock while its consumer waited on shard Y, whose lock B held
+while B's consumer waited on X. A process killed mid-fill loses its flocks with it; its
+partial file is then unlocked, deleted by the next scan and its reservation no longer counted.
 """
 
 from __future__ import annotations
@@ -41,10 +69,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import overload
 
 from .errors import CorruptShardError, StorageError
 
-__all__ = ["CacheFill", "CachedShard", "ShardCache"]
+__all__ = ["BUSY", "Busy", "CacheFill", "CachedShard", "ShardCache"]
 
 _ROOT_NAME = "shardstream-cache-v1"
 _HASH_CHARS = 40
@@ -56,6 +85,16 @@ _POLL_FIRST_S = 0.001
 _POLL_MAX_S = 0.05
 _OPEN_RETRIES = 4
 _STAT_NAMES = ("hits", "misses", "fills", "evictions", "evicted_bytes", "bypassed")
+
+
+class Busy:
+    """The type of :data:`BUSY`: another process or thread is filling that URL now."""
+
+    def __repr__(self) -> str:
+        return "BUSY"
+
+
+BUSY = Busy()
 
 
 def _url_hash(url: str) -> str:
@@ -136,6 +175,7 @@ class CachedShard:
         self.path = path
         self.size_bytes = size_bytes
         self._file = open(fd, "rb", buffering=_READ_BUFFER_BYTES)  # noqa: SIM115 (owns fd and the pin)
+        self._close_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"CachedShard({self.url!r}, {str(self.path)!r}, size_bytes={self.size_bytes})"
@@ -156,7 +196,14 @@ class CachedShard:
 
     def close(self) -> None:
         """Close the file and drop the pin; the entry may be evicted afterwards. Idempotent."""
-        self._file.close()
+        with self._close_lock:
+            self._file.close()
+
+    def _pin(self) -> None:
+        """Take the shared lock (the pin) now, unless closed: a fill's reader, at commit."""
+        with self._close_lock:
+            if not self._file.closed:
+                _try_flock(self._file.fileno(), fcntl.LOCK_SH)
 
     def __enter__(self) -> CachedShard:  # noqa: PYI034 (typing.Self needs 3.11)
         return self
@@ -208,6 +255,7 @@ class CacheFill:
         self.caching = self._file is not None
         self._done = False
         self._lock = threading.Lock()
+        self._reader: CachedShard | None = None
 
     def __repr__(self) -> str:
         return f"CacheFill({self.url!r}, size_bytes={self.size_bytes}, caching={self.caching})"
@@ -230,6 +278,17 @@ class CacheFill:
                 return
             try:
                 self._file.write(data)
+            except OSError:
+                self._stop_caching()
+
+    def flush(self) -> None:
+        """Push what :meth:`write` buffered to the file, so a :meth:`reader` sees it; a disk
+        error drops the cached copy (:attr:`caching` turns False) instead of raising."""
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._file.flush()
             except OSError:
                 self._stop_caching()
 
@@ -257,6 +316,22 @@ class CacheFill:
                     self._commit_into_cache()
             finally:
                 self._finish()
+
+    def reader(self) -> CachedShard:
+        """The file being filled, open for reading (``os.pread`` what :attr:`bytes_written`
+        says is there): the filling process reads the shard from the disk while it arrives.
+        It becomes a pinned reader of the entry at :meth:`commit`; close it when done.
+
+        Raises:
+            ValueError: the fill is not caching, or was committed or aborted.
+        """
+        with self._lock:
+            if self._done or self._file is None or self._partial_path is None:
+                raise ValueError(f"{self.url}: no cache file to read (not caching, or done)")
+            if self._reader is None:
+                fd = os.open(self._partial_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                self._reader = CachedShard(self.url, self._partial_path, fd, self.size_bytes or 0)
+            return self._reader
 
     def abort(self) -> None:
         """Discard what was written and release the URL lock. Does nothing after commit or abort."""
@@ -296,6 +371,8 @@ class CacheFill:
             try:
                 self._file.close()  # drops the partial's lock; safe under the global lock
                 self._file = None
+                if self._reader is not None:
+                    self._reader._pin()  # pinned before the entry exists: never evicted while read
                 os.replace(self._partial_path, entry)
                 os.utime(entry)
             except OSError:
@@ -422,11 +499,13 @@ class ShardCache:
         self._count("misses")
         return None
 
-    def fill(self, url: str, *, size_bytes: int | None) -> CacheFill | None:
+    def fill(self, url: str, *, size_bytes: int | None, wait: bool = True) -> CacheFill | None | Busy:
         """Start downloading ``url`` into the cache, after a miss of :meth:`open`.
 
-        Waits (up to ``lock_timeout_s``) while another process or thread fills the same URL.
-        Returns None when the entry exists by then: call :meth:`open` again. Otherwise returns a
+        Waits (up to ``lock_timeout_s``) while another process or thread fills the same URL;
+        with ``wait=False`` returns :data:`BUSY` at once instead (the fetcher waits on its own
+        terms, see the module doc). Returns None when the entry exists by then: call
+        :meth:`open` again. Otherwise returns a
         :class:`CacheFill`; its ``caching`` is False when no room can be made (``size_bytes`` over
         the limit, or the rest is pinned or being filled), and then other fillers are not held up.
         ``size_bytes`` None reserves nothing now and makes room at commit.
@@ -439,7 +518,11 @@ class ShardCache:
             raise ValueError(f"{url}: size_bytes must be >= 0, got {size_bytes}")
         digest = _url_hash(url)
         entry = self.root / f"{digest}.shard"
-        url_lock = self._acquire(self._locks_dir / f"{digest}.lock", url, what="another download of it")
+        url_lock = self._acquire(
+            self._locks_dir / f"{digest}.lock", url, what="another download of it", timeout_s=None if wait else 0.0
+        )
+        if url_lock is None:
+            return BUSY
         try:
             try:
                 existing = os.lstat(entry)
@@ -497,8 +580,15 @@ class ShardCache:
         self._count("bypassed")
         return CacheFill(self, url, size_bytes, None, None, None)
 
-    def _acquire(self, lock_path: Path, url: str, *, what: str) -> _Flock:
+    @overload
+    def _acquire(self, lock_path: Path, url: str, *, what: str) -> _Flock: ...
+
+    @overload
+    def _acquire(self, lock_path: Path, url: str, *, what: str, timeout_s: float | None) -> _Flock | None: ...
+
+    def _acquire(self, lock_path: Path, url: str, *, what: str, timeout_s: float | None = None) -> _Flock | None:
         """Open ``lock_path`` and take ``LOCK_EX``, polling so ``lock_timeout_s`` is honoured.
+        With ``timeout_s=0``: one try, None if the lock is held.
 
         Raises:
             StorageError: the lock file cannot be opened, or the lock was not had in time.
@@ -511,6 +601,11 @@ class ShardCache:
                 f"check that the cache_dir {self.cache_dir} is writable"
             ) from exc
         lock = _Flock(fd)
+        if timeout_s == 0:
+            if _try_flock(fd, fcntl.LOCK_EX):
+                return lock
+            lock.close()
+            return None
         deadline = time.monotonic() + self.lock_timeout_s
         pause_s = _POLL_FIRST_S
         while not _try_flock(fd, fcntl.LOCK_EX):

@@ -93,6 +93,9 @@ class FetchConfig:
         upload_part_bytes: multipart upload part size when writing to S3 (>= 5 MiB, the S3
             minimum part).
         max_inflight_upload_parts: upload parts sent at once per shard being written.
+        cache_wait_s: with a node cache, how long a reader waits for another process's
+            download of a shard into the cache before it reads the shard from S3 itself
+            (uncached, counted in ``stats().cache_bypasses``).
     """
 
     max_inflight_shards: int = 4
@@ -102,8 +105,11 @@ class FetchConfig:
     chunk_bytes: int = 1 << 20
     upload_part_bytes: int = 16 << 20
     max_inflight_upload_parts: int = 4
+    cache_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cache_wait_s, (int, float)) or not self.cache_wait_s >= 0:
+            raise ValueError(f"FetchConfig.cache_wait_s={self.cache_wait_s!r} must be a number >= 0 (seconds)")
         for field in ("max_inflight_shards", "part_bytes", "max_inflight_requests", "chunk_bytes",
                       "max_inflight_upload_parts"):
             value = getattr(self, field)

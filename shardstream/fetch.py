@@ -15,9 +15,14 @@ change mid-read) and the size the index gives. A body cut off mid-transfer is fe
 (:meth:`S3Store.get_range`).
 
 With a :class:`~shardstream.cache.ShardCache`, a shard found in the node-local cache is read
-from local disk; a missing one is downloaded as above and written to the cache while it is
-consumed (committed once complete), under the cache's per-shard lock so each node downloads a
-shard once.
+from local disk. A missing whole shard is *filled*: the producer takes the cache's per-shard
+lock (without waiting) and a fill task downloads the shard into the cache file by itself, at
+network speed, writing each part as it arrives (at most ``max_inflight_requests`` parts in
+memory, outside ``max_buffer_bytes``); the consumer reads the file as it grows, and the fill
+commits the entry when complete. When another process holds the shard's lock, the producer
+waits for its entry at most ``FetchConfig.cache_wait_s`` and then reads the shard from S3
+without caching it (counted in ``stats().cache_waits`` / ``cache_bypasses``). Why this
+cannot deadlock is argued in :mod:`shardstream.cache`.
 """
 
 from __future__ import annotations
@@ -28,15 +33,18 @@ import contextlib
 import mmap
 import os
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from .cache import BUSY
 from .config import FetchConfig, S3Config
 from .errors import CorruptShardError, StorageConnectionError
 from .stats import ReaderStats
 from .storage import LocalStore, is_s3_url, open_store, split_url
 from .storage import loop as io_loop
+from .storage.s3 import pool_state
 from .tarstream import ReadStream
 
 __all__ = ["iter_shard_streams"]
@@ -54,6 +62,47 @@ class _Hit:
 class _Failure:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+class _CacheWriteFailed(Exception):
+    """The fill could not write to the cache any more (disk full or failing): the consumer
+    reads the rest of the shard from S3."""
+
+
+class _Growing:
+    """A fill this process runs (module doc): how much of the shard is on disk, shared by the
+    fill task on the loop thread and the consumer."""
+
+    def __init__(self, fill: Any, reader: Any) -> None:
+        self.fill = fill
+        self.reader = reader
+        self.available = 0  # bytes written and flushed, from the start of the shard
+        self.done = False
+        self.error: BaseException | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._cond = threading.Condition()
+
+    def advance(self, nbytes: int) -> None:
+        with self._cond:
+            self.available += nbytes
+            self._cond.notify_all()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        with self._cond:
+            self.done, self.error = True, error
+            self._cond.notify_all()
+
+    def wait_beyond(self, position: int, timeout_s: float) -> bool:
+        """Wait until more than ``position`` bytes are on disk or the fill ended; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.available > position or self.done, timeout_s)
+
+    def wait_done(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for the fill to end: its last bytes are the tar's tail,
+        which the parser does not read, and a DataLoader worker that is not persistent exits
+        right after its last shard."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.done, timeout_s)
 
 
 class _Budget:
@@ -90,7 +139,8 @@ class _Shard:
         self.etag: str | None = None
         self.items: queue.Queue[Any] = queue.Queue()
         self.tasks: set[asyncio.Task[list[bytes]]] = set()  # in flight only: a done task holds its part's bytes
-        self.fill: Any = None
+        self.growing: _Growing | None = None
+        self.waiting_on = "its turn: the reader is still fetching earlier shards (FetchConfig.max_inflight_shards)"
 
 
 class _Producer:
@@ -110,6 +160,7 @@ class _Producer:
     async def _run(self) -> None:
         for shard in self.shards:
             await self.slots.acquire()
+            shard.waiting_on = f"S3 ({shard.store.endpoint})"
             try:
                 await self._schedule(shard)
             except asyncio.CancelledError:
@@ -120,11 +171,18 @@ class _Producer:
 
     async def _schedule(self, shard: _Shard) -> None:
         if self.cache is not None and (shard.byte_range is None or self.cache.entry_path(shard.url).exists()):
+            if shard.size_bytes is None and shard.byte_range is None:
+                shard.size_bytes, shard.etag = await shard.store.head(shard.name)
             cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
             if cached is None and shard.byte_range is None:  # only a whole shard fills the cache
-                shard.fill = await self._in_thread(self.cache.fill, shard.url, size_bytes=shard.size_bytes)
-                if shard.fill is None:  # another process filled it while we waited for its lock
-                    cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
+                claim = await self._claim(shard)
+                if isinstance(claim, _Growing):
+                    self._count("cache_misses", 1)
+                    self._count("cache_fills", 1)
+                    shard.growing = claim
+                    shard.items.put(claim)
+                    return
+                cached = claim
             if cached is not None:
                 self._count("cache_hits", 1)
                 shard.items.put(_Hit(cached))
@@ -137,16 +195,91 @@ class _Producer:
             raise ValueError(f"{shard.url}: byte range {first}-{last} is outside its {shard.size_bytes} bytes")
         ramp = shard is self.shards[0]
         for start, end in _part_ranges(first, last, self.fetch.part_bytes, ramp=ramp):
+            shard.waiting_on = "read-ahead room: parts fetched before it are not consumed yet (FetchConfig.max_buffer_bytes)"
             await self.budget.acquire(end - start)
             self._gauge()
+            shard.waiting_on = "a free request slot of this reader (FetchConfig.max_inflight_requests)"
             await self.requests.acquire()
-            task = asyncio.ensure_future(self._get(shard, start, end))
-            shard.tasks.add(task)
-            task.add_done_callback(shard.tasks.discard)
+            task = self._start_get(shard, start, end)
             item: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
             task.add_done_callback(lambda t, item=item: _copy_outcome(t, item))
-            shard.items.put((item, end - start))
+            shard.items.put((item, start, end))
+        shard.waiting_on = f"S3 ({shard.store.endpoint})"
         shard.items.put(_END)
+
+    def _start_get(self, shard: _Shard, start: int, end: int) -> asyncio.Task[list[bytes]]:
+        """A ranged GET as a task (holding one request slot, released when its body is in)."""
+        task = asyncio.ensure_future(self._get(shard, start, end))
+        shard.tasks.add(task)
+        task.add_done_callback(shard.tasks.discard)
+        return task
+
+    async def _claim(self, shard: _Shard) -> Any:
+        """After a cache miss of a whole shard: a :class:`_Growing` fill started here, a hit
+        (another process filled it meanwhile), or None: read it from S3 without the cache (no
+        room, or another process's fill did not finish within ``cache_wait_s``)."""
+        assert self.cache is not None  # internal invariant: only with a cache
+        deadline = self.loop.time() + self.fetch.cache_wait_s
+        pause_s, waited = 0.005, False
+        while True:
+            fill = await self._in_thread(self.cache.fill, shard.url, size_bytes=shard.size_bytes, wait=False)
+            if fill is not None and fill is not BUSY:
+                if not fill.caching:  # no room: the rest is pinned or being filled
+                    fill.abort()
+                    self._count("cache_bypasses", 1)
+                    return None
+                growing = _Growing(fill, fill.reader())
+                growing.task = asyncio.ensure_future(self._fill(shard, growing))
+                return growing
+            if fill is BUSY and not waited:
+                waited = True
+                self._count("cache_waits", 1)
+            cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
+            if cached is not None:
+                return cached
+            if self.loop.time() >= deadline:
+                self._count("cache_bypasses", 1)
+                return None
+            shard.waiting_on = f"another process's download of it into the node cache {self.cache.root}"
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.1)
+
+    async def _fill(self, shard: _Shard, growing: _Growing) -> None:
+        """Download the whole shard into the cache file, parts written in order as they arrive,
+        at most ``max_inflight_requests`` of them in memory; then commit. Waits on nothing but
+        S3, request slots (freed as GETs finish) and the disk: never on a consumer."""
+        fill = growing.fill
+        window = asyncio.Semaphore(self.fetch.max_inflight_requests)
+        order: asyncio.Queue[asyncio.Task[list[bytes]] | None] = asyncio.Queue()
+        assert shard.size_bytes is not None  # internal invariant: known before a fill starts
+
+        async def launch() -> None:
+            for start, end in _part_ranges(0, shard.size_bytes, self.fetch.part_bytes, ramp=shard is self.shards[0]):
+                await window.acquire()
+                await self.requests.acquire()
+                order.put_nowait(self._start_get(shard, start, end))
+            order.put_nowait(None)
+
+        launcher = asyncio.ensure_future(launch())
+        try:
+            while (task := await order.get()) is not None:
+                pieces = await task
+                await self.loop.run_in_executor(None, _write_through, fill, pieces)
+                if not fill.caching:
+                    raise _CacheWriteFailed(f"{shard.url}: the node cache stopped taking its bytes (disk full?)")
+                growing.advance(sum(map(len, pieces)))
+                window.release()
+            await launcher
+            await self.loop.run_in_executor(None, fill.commit)
+            growing.finish()
+        except BaseException as exc:
+            launcher.cancel()
+            for task in list(shard.tasks):
+                task.cancel()
+            fill.abort()
+            growing.finish(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
 
     async def _get(self, shard: _Shard, start: int, end: int) -> list[bytes]:
         try:
@@ -203,11 +336,13 @@ class _Producer:
         self.loop.call_soon_threadsafe(self.slots.release)
 
     def cancel(self) -> None:
-        """Stop scheduling and cancel every request (consumer side, on exit)."""
+        """Stop scheduling and cancel every request and fill (consumer side, on exit)."""
         self.future.cancel()
 
         def cancel_all() -> None:
             for shard in self.shards:
+                if shard.growing is not None and shard.growing.task is not None:
+                    shard.growing.task.cancel()
                 for task in list(shard.tasks):
                     task.cancel()
 
@@ -231,8 +366,17 @@ def _close_orphan(future: asyncio.Future[Any]) -> None:
     if future.cancelled() or future.exception() is not None:
         return
     orphan = future.result()
-    if orphan is not None:
-        (orphan.abort if hasattr(orphan, "abort") else orphan.close)()
+    for method in ("abort", "close"):
+        if hasattr(orphan, method):
+            getattr(orphan, method)()
+            return
+
+
+def _write_through(fill: Any, pieces: list[bytes]) -> None:
+    """Write a part's pieces to the cache file and flush them, so a reader of the file sees them."""
+    for piece in pieces:
+        fill.write(piece)
+    fill.flush()
 
 
 def _copy_outcome(task: asyncio.Task[list[bytes]], item: concurrent.futures.Future[list[bytes]]) -> None:
@@ -323,29 +467,68 @@ class _PartStream(_SlicedStream):
         if item is _END:
             self._eof = True
         else:
-            future, nbytes = item
-            self._held = nbytes
+            future, start, end = item
+            self._held = end - start
             try:
                 pieces = future.result(self._wait_s)
             except concurrent.futures.TimeoutError:
-                raise _stalled(self._shard, self._wait_s) from None
-            if self._shard.fill is not None:
-                for piece in pieces:
-                    self._shard.fill.write(piece)
+                raise _stalled(self._shard, self._wait_s, waiting_on=_get_wait(self._shard, start, end)) from None
             self._pieces = iter(pieces)
         if self._stats is not None:
             self._stats.add("stall_s", time.perf_counter() - started)
-
-    def finish(self) -> None:
-        """Take the remaining parts (the tar tail after the end-of-archive blocks), so the cache
-        gets the whole object, and release the budget."""
-        while self._refill():
-            pass
 
     def release(self) -> None:
         if self._held:
             self._producer.release(self._held)
             self._held = 0
+
+
+class _GrowingStream(_SlicedStream):
+    """``read(n)`` over the cache file this process is filling (:class:`_Growing`), read as it
+    grows; if the fill cannot write any more, the rest comes from S3."""
+
+    def __init__(self, shard: _Shard, growing: _Growing, stats: ReaderStats | None, wait_s: float,
+                 chunk_bytes: int) -> None:
+        self._shard, self._growing, self._stats = shard, growing, stats
+        self._wait_s, self._chunk_bytes = wait_s, chunk_bytes
+        self._chunk = b""
+        self._pos = 0
+        self._offset = 0  # next byte of the shard to read
+
+    def _refill(self) -> bool:
+        growing = self._growing
+        started = time.perf_counter()
+        while self._offset >= growing.available:
+            if growing.done:
+                if growing.error is None or self._offset >= (self._shard.size_bytes or 0):
+                    return False
+                if isinstance(growing.error, _CacheWriteFailed):
+                    return self._refill_from_s3()
+                raise growing.error
+            if not growing.wait_beyond(self._offset, self._wait_s):
+                raise _stalled(self._shard, self._wait_s, waiting_on=(
+                    f"this process's download of it into the node cache: {growing.available} of "
+                    f"{self._shard.size_bytes} bytes have come from S3 ({self._shard.store.endpoint}) so far; "
+                    f"{pool_state(self._shard.store.s3)}"
+                ))
+        if self._stats is not None:
+            self._stats.add("stall_s", time.perf_counter() - started)
+        n = min(self._chunk_bytes, growing.available - self._offset)
+        self._chunk, self._pos = os.pread(growing.reader.fileno(), n, self._offset), 0
+        self._offset += len(self._chunk)
+        return bool(self._chunk)
+
+    def _refill_from_s3(self) -> bool:
+        shard = self._shard
+        end = min(self._offset + self._chunk_bytes * 16, shard.size_bytes or 0)
+        call = shard.store.get_range(shard.name, self._offset, end)
+        try:
+            pieces, _, _ = asyncio.run_coroutine_threadsafe(call, io_loop.get_loop()).result(self._wait_s)
+        except concurrent.futures.TimeoutError:
+            raise _stalled(shard, self._wait_s, waiting_on=_get_wait(shard, self._offset, end)) from None
+        self._chunk, self._pos = b"".join(pieces), 0
+        self._offset += len(self._chunk)
+        return bool(self._chunk)
 
 
 class _ChunkedFile(_SlicedStream):
@@ -487,11 +670,16 @@ def _take(shard: _Shard, wait_s: float) -> Any:
     return item
 
 
-def _stalled(shard: _Shard, wait_s: float) -> StorageConnectionError:
+def _stalled(shard: _Shard, wait_s: float, *, waiting_on: str | None = None) -> StorageConnectionError:
+    """The error of a reader that got no data for ``wait_s``, naming what it waited on: S3 (a
+    GET, or a pooled connection), a slot of its own, or a download into the node cache."""
     return StorageConnectionError(
-        f"{shard.url}: no data from {shard.store.endpoint} for {wait_s:.0f} s; the server stalls, "
-        "or other open iterators hold every pooled connection (S3Config.max_pool_connections)"
+        f"{shard.url}: no data for {wait_s:.0f} s, waiting on {waiting_on or shard.waiting_on}"
     )
+
+
+def _get_wait(shard: _Shard, start: int, end: int) -> str:
+    return f"S3: the GET of bytes {start}-{end} from {shard.store.endpoint} has not finished; {pool_state(shard.store.s3)}"
 
 
 def iter_shard_streams(
@@ -586,13 +774,17 @@ def _consume(
             first.cached.close()
             producer.shard_done()
         return
+    if isinstance(first, _Growing):
+        try:
+            yield shard.url, _GrowingStream(shard, first, stats, wait_s, chunk_bytes)
+            first.wait_done(wait_s)  # so it is committed before this iterator ends
+        finally:
+            first.reader.close()  # an abandoned fill is cancelled with the producer
+            producer.shard_done()
+        return
     stream = _PartStream(shard, producer, stats, wait_s, first)
     try:
         yield shard.url, stream
-        if shard.fill is not None:
-            stream.finish()
-            fill, shard.fill = shard.fill, None
-            fill.commit()
     finally:
         stream.release()
         producer.shard_done()
@@ -606,10 +798,8 @@ def _stall_limit_s(shard: _Shard) -> float:
 
 
 def _discard(shard: _Shard) -> None:
-    """After the consumer stopped: drop a half-written cache entry and a cached file handle."""
-    if shard.fill is not None:
-        fill, shard.fill = shard.fill, None
-        fill.abort()
+    """After the consumer stopped: close cached files not read (a fill's own task, cancelled
+    with the producer, drops its half-written entry)."""
     while True:
         try:
             item = shard.items.get_nowait()
@@ -617,3 +807,5 @@ def _discard(shard: _Shard) -> None:
             return
         if isinstance(item, _Hit):
             item.cached.close()
+        elif isinstance(item, _Growing):
+            item.reader.close()

@@ -26,6 +26,9 @@ FIELDS = (
     "stall_s",  # seconds the reader waited on data that had not arrived
     "cache_hits",
     "cache_misses",
+    "cache_fills",  # shards this reader downloaded into the node cache
+    "cache_waits",  # shards another process was downloading into the cache when this reader wanted them
+    "cache_bypasses",  # shards read from S3 past the cache (no room, or another's download took too long)
     "retries",  # S3 requests or body reads sent again after a failure
     "bytes_in_flight",  # gauge: bytes held by downloads not yet consumed
     "skipped",  # samples replaced under on_error="skip" (undecodable, or in a corrupt part of a shard)
@@ -47,6 +50,11 @@ class StatsSnapshot:
             readers; None before any sample.
         cache_hits, cache_misses: shard lookups in the node-local cache; ``cache_hit_rate``
             is hits / lookups (None without lookups).
+        cache_fills: shards these readers downloaded into the cache.
+        cache_waits: shards another process was downloading into the cache when a reader
+            wanted them (it waited up to ``FetchConfig.cache_wait_s`` for the entry).
+        cache_bypasses: shards read from S3 without the cache: no room (the rest pinned or
+            being filled), or another process's download did not finish in time.
         retries: S3 requests or body reads sent again after a failure.
         bytes_in_flight: bytes held by downloads not yet consumed, now.
         skipped: samples skipped under ``on_error="skip"`` (each replaced by a repeat).
@@ -66,6 +74,9 @@ class StatsSnapshot:
     retries: int
     bytes_in_flight: int
     skipped: int = 0
+    cache_fills: int = 0
+    cache_waits: int = 0
+    cache_bypasses: int = 0
 
     def log_line(self) -> str:
         """One human-readable line of these figures."""
@@ -74,7 +85,7 @@ class StatsSnapshot:
         return (
             f"shardstream: {self.samples} samples, {self.samples_per_s:.0f} samples/s, "
             f"{self.bytes_per_s / 1e6:.1f} MB/s, stall {self.stall_s:.1f} s, first sample {first}, "
-            f"cache hits {hit}, retries {self.retries}, skipped {self.skipped}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
+            f"cache hits {hit} (fills {self.cache_fills}, waits {self.cache_waits}, bypasses {self.cache_bypasses}), retries {self.retries}, skipped {self.skipped}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
             f"({self.readers} readers)"
         )
 
@@ -145,6 +156,9 @@ class StatsBoard:
             retries=int(col["retries"].sum()),
             bytes_in_flight=int(col["bytes_in_flight"].sum()),
             skipped=int(col["skipped"].sum()),
+            cache_fills=int(col["cache_fills"].sum()),
+            cache_waits=int(col["cache_waits"].sum()),
+            cache_bypasses=int(col["cache_bypasses"].sum()),
         )
 
 

@@ -11,7 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from shardstream import FetchConfig, ShardDataset, pack
-from shardstream.errors import CorruptShardError
+from shardstream.errors import CorruptShardError, StorageConnectionError
 from shardstream.faults import FaultProxy
 from shardstream.verify import verify
 
@@ -138,3 +138,42 @@ def test_pack_from_an_s3_prefix_lists_and_reads_through_faults(s3_server, s3_con
     assert proxy.counts["slowdown"] + proxy.counts["reset"] >= 1
     got = {s["__key__"] + "." + "txt": s["txt"] for s in ShardDataset("s3://faults-list/packed", s3=s3_config)}
     assert got == files
+
+
+def fast_failing(config, endpoint_url: str):
+    """One attempt, 0.5 s timeouts: a stall is called after 1 s."""
+    return dataclasses.replace(config, endpoint_url=endpoint_url, max_attempts=1, connect_timeout_s=0.5,
+                               read_timeout_s=0.5)
+
+
+def test_a_stalled_server_is_named_as_such(dataset_url, s3_config):
+    with FaultProxy(s3_config.endpoint_url, rates={"delay": 1.0}, match=shard_gets, delay_s=3.0) as proxy:
+        dataset = ShardDataset(dataset_url, s3=fast_failing(s3_config, proxy.endpoint_url), shuffle=False)
+        with pytest.raises(StorageConnectionError, match=(
+            rf"data-000000\.tar: the connection to {proxy.endpoint_url} failed during the transfer \(ReadTimeoutError"
+        )):
+            list(dataset)
+
+
+def test_requests_queued_for_a_pooled_connection_are_named(dataset_url, s3_config):
+    """One pooled connection, held by a GET whose body trickles in (so it never times out),
+    and a second GET at once: the second waits for the connection, and its error says so
+    rather than blaming the server."""
+    import asyncio
+
+    from shardstream.storage import loop as io_loop
+    from shardstream.storage import open_store
+
+    with FaultProxy(s3_config.endpoint_url, rates={"trickle": 1.0}, match=shard_gets, trickle_s=0.2) as proxy:
+        config = dataclasses.replace(fast_failing(s3_config, proxy.endpoint_url), max_pool_connections=1)
+        store = open_store(dataset_url, s3=config)
+
+        async def both():
+            return await asyncio.gather(store.get_range("data-000000.tar", 0, 200_000),
+                                        store.get_range("data-000001.tar", 0, 200_000), return_exceptions=True)
+
+        first, second = io_loop.run(both(), timeout_s=60)
+    assert not isinstance(first, BaseException)  # the holder got its bytes, slowly
+    assert isinstance(second, StorageConnectionError)
+    assert "data-000001.tar: no answer from" in str(second)
+    assert "2 S3 requests open for 1 pooled connections (S3Config.max_pool_connections)" in str(second)

@@ -26,7 +26,7 @@ from ..errors import (
 )
 from . import loop
 
-__all__ = ["S3Store", "parse_s3_url"]
+__all__ = ["S3Store", "open_requests", "parse_s3_url", "pool_state"]
 
 _ACCESS_CODES = frozenset(
     {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
@@ -35,6 +35,29 @@ _ACCESS_CODES = frozenset(
 _clients: dict[S3Config, Any] = {}
 _clients_pid: int | None = None
 _clients_lock: asyncio.Lock | None = None
+
+
+_open_gets = [os.getpid(), 0]  # [pid, ranged GETs of this process in progress] (the loop thread counts)
+
+
+def open_requests() -> int:
+    """Ranged GETs this process has in progress now (each holds or waits for a pooled connection)."""
+    return _open_gets[1] if _open_gets[0] == os.getpid() else 0
+
+
+def _count_open(delta: int) -> None:
+    if _open_gets[0] != os.getpid():  # a forked child starts from none
+        _open_gets[:] = [os.getpid(), 0]
+    _open_gets[1] += delta
+
+
+def pool_state(cfg: S3Config) -> str:
+    """How this process's S3 requests stand against its connection pool, for stall messages."""
+    open_now, pool = open_requests(), cfg.max_pool_connections
+    if open_now > pool:
+        return (f"this process has {open_now} S3 requests open for {pool} pooled connections "
+                "(S3Config.max_pool_connections), so some wait for a connection other open iterators hold")
+    return f"the server stalls ({open_now} of {pool} pooled connections of this process in use)"
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -218,9 +241,7 @@ class S3Store:
             return await asyncio.wait_for(getattr(client, operation)(**kwargs), limit_s)
         except asyncio.TimeoutError:
             raise StorageConnectionError(
-                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s; the "
-                "server stalls, or other open iterators hold every pooled connection "
-                "(S3Config.max_pool_connections)"
+                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {pool_state(cfg)}"
             ) from None
         except Exception as exc:
             raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
@@ -362,6 +383,15 @@ class S3Store:
                 end, or the object changed between attempts (its ETag no longer matches).
             StorageAccessError, StorageConnectionError, StorageError: other S3 failures.
         """
+        _count_open(1)
+        try:
+            return await self._get_range(name, start, end, on_retry)
+        finally:
+            _count_open(-1)
+
+    async def _get_range(
+        self, name: str, start: int, end: int | None, on_retry: Callable[[BaseException], None] | None
+    ) -> tuple[list[bytes], int, str]:
         import aiohttp
         from botocore.exceptions import ResponseStreamingError
 
