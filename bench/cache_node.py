@@ -6,7 +6,8 @@ epochs) that share one ``cache_dir`` of ``--limit`` times the dataset's size. As
 job (``--mode ranks``: RANK / WORLD_SIZE set, each shard read by one rank an epoch) or as
 independent jobs on the node (``--mode jobs``: each reads the whole dataset in its own order,
 the most contention). It prints, per epoch: the slowest process's time, S3 reads per shard on
-the node (cache misses over shards: 1.0 means each shard came from S3 once), fills, waits for
+the node (cache misses, whole shards or ranges of shards cut at a rank or worker boundary, over
+shards: 1.0 means each shard came from S3 about once), fills, waits for
 another process's download, bypasses; and the peak bytes under the cache directory against
 its limit. Nothing may hang: each run is bounded by ``--timeout-s``.
 
@@ -125,7 +126,7 @@ def main() -> None:
             total = {k: sum(row["stats"][k] for row in rows) for k in
                      ("cache_misses", "cache_hits", "cache_fills", "cache_waits", "cache_bypasses")}
             print(f"epoch {epoch}: {max(row['seconds'] for row in rows):6.1f} s (slowest process), "
-                  f"S3 reads per shard on the node {total['cache_misses'] / num_shards:.2f}, "
+                  f"S3 reads per shard on the node {total['cache_misses'] / num_shards:.2f} (whole or a range), "
                   f"fills {total['cache_fills']}, waits {total['cache_waits']}, bypasses {total['cache_bypasses']}, "
                   f"hits {total['cache_hits']}, every sample {'exactly once' if exact else 'NOT exact'}", flush=True)
         print(f"peak cache size {peak[0] / 1e6:.1f} MB, limit {limit_bytes / 1e6:.1f} MB "

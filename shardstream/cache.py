@@ -281,6 +281,34 @@ class CacheFill:
             except OSError:
                 self._stop_caching()
 
+    def write_at(self, offset: int, pieces: list[bytes]) -> None:
+        """Write ``pieces`` (contiguous) at byte ``offset``, unbuffered, so a :meth:`reader` sees
+        them at once: parts of a known-size fill may be written in any order. A disk error drops
+        the cached copy (:attr:`caching` turns False) instead of raising.
+
+        Raises:
+            ValueError: after commit or abort, or without ``size_bytes``.
+        """
+        with self._lock:
+            if self._done or self.size_bytes is None:
+                raise ValueError(f"{self.url}: write_at needs a live fill of known size")
+            nbytes = sum(memoryview(piece).nbytes for piece in pieces)
+            self.bytes_written += nbytes
+            if self._file is None:
+                return
+            try:
+                self._file.flush()  # what write() buffered goes first
+                fd = self._file.fileno()
+                for piece in pieces:
+                    view = memoryview(piece).cast("B")
+                    while view:
+                        written = os.pwrite(fd, view, offset)
+                        if written <= 0:
+                            raise OSError(errno.ENOSPC, "no bytes written")
+                        view, offset = view[written:], offset + written
+            except OSError:
+                self._stop_caching()
+
     def flush(self) -> None:
         """Push what :meth:`write` buffered to the file, so a :meth:`reader` sees it; a disk
         error drops the cached copy (:attr:`caching` turns False) instead of raising."""

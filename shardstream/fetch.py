@@ -15,11 +15,13 @@ change mid-read) and the size the index gives. A body cut off mid-transfer is fe
 (:meth:`S3Store.get_range`).
 
 With a :class:`~shardstream.cache.ShardCache`, a shard found in the node-local cache is read
-from local disk. A missing whole shard is *filled*: the producer takes the cache's per-shard
-lock (without waiting) and a fill task downloads the shard into the cache file by itself, at
+from local disk. A missing shard is *filled*: the producer takes the cache's per-shard lock
+(without waiting) and a fill task downloads the whole shard into the cache file by itself, at
 network speed, writing each part as it arrives (at most ``max_inflight_requests`` parts in
 memory, outside ``max_buffer_bytes``); the consumer reads the file as it grows, and the fill
-commits the entry when complete. When another process holds the shard's lock, the producer
+commits the entry when complete. A reader that wants only a byte range (a shard cut at a rank
+or worker boundary) fills the whole shard too, starting at its range and wrapping around to
+the head, which the reader of the other range will find in the cache. When another process holds the shard's lock, the producer
 waits for its entry at most ``FetchConfig.cache_wait_s`` and then reads the shard from S3
 without caching it (counted in ``stats().cache_waits`` / ``cache_bypasses``). Why this
 cannot deadlock is argued in :mod:`shardstream.cache`.
@@ -71,12 +73,15 @@ class _CacheWriteFailed(Exception):
 
 class _Growing:
     """A fill this process runs (module doc): how much of the shard is on disk, shared by the
-    fill task on the loop thread and the consumer."""
+    fill task on the loop thread and the consumer. The fill writes from ``start`` (where its
+    consumer's byte range begins) to the end of the shard, then from 0 to ``start``; a consumer
+    reads bytes ``start`` onwards as ``available`` says they arrive."""
 
-    def __init__(self, fill: Any, reader: Any) -> None:
+    def __init__(self, fill: Any, reader: Any, start: int = 0) -> None:
         self.fill = fill
         self.reader = reader
-        self.available = 0  # bytes written and flushed, from the start of the shard
+        self.start = start
+        self.available = start  # bytes from start to here are on disk
         self.done = False
         self.error: BaseException | None = None
         self.task: asyncio.Task[None] | None = None
@@ -170,11 +175,11 @@ class _Producer:
                 return
 
     async def _schedule(self, shard: _Shard) -> None:
-        if self.cache is not None and (shard.byte_range is None or self.cache.entry_path(shard.url).exists()):
-            if shard.size_bytes is None and shard.byte_range is None:
+        if self.cache is not None:
+            if shard.size_bytes is None:
                 shard.size_bytes, shard.etag = await shard.store.head(shard.name)
             cached = await self._in_thread(self.cache.open, shard.url, size_bytes=shard.size_bytes)
-            if cached is None and shard.byte_range is None:  # only a whole shard fills the cache
+            if cached is None:  # a whole shard fills the cache, also when this reader wants a range of it
                 claim = await self._claim(shard)
                 if isinstance(claim, _Growing):
                     self._count("cache_misses", 1)
@@ -215,7 +220,7 @@ class _Producer:
         return task
 
     async def _claim(self, shard: _Shard) -> Any:
-        """After a cache miss of a whole shard: a :class:`_Growing` fill started here, a hit
+        """After a cache miss: a :class:`_Growing` fill started here, a hit
         (another process filled it meanwhile), or None: read it from S3 without the cache (no
         room, or another process's fill did not finish within ``cache_wait_s``)."""
         assert self.cache is not None  # internal invariant: only with a cache
@@ -228,7 +233,7 @@ class _Producer:
                     fill.abort()
                     self._count("cache_bypasses", 1)
                     return None
-                growing = _Growing(fill, fill.reader())
+                growing = _Growing(fill, fill.reader(), start=shard.byte_range[0] if shard.byte_range else 0)
                 growing.task = asyncio.ensure_future(self._fill(shard, growing))
                 return growing
             if fill is BUSY and not waited:
@@ -245,29 +250,35 @@ class _Producer:
             pause_s = min(pause_s * 2, 0.1)
 
     async def _fill(self, shard: _Shard, growing: _Growing) -> None:
-        """Download the whole shard into the cache file, parts written in order as they arrive,
-        at most ``max_inflight_requests`` of them in memory; then commit. Waits on nothing but
-        S3, request slots (freed as GETs finish) and the disk: never on a consumer."""
+        """Download the whole shard into the cache file (from the consumer's start to the end,
+        then the head), each part written as its turn comes, at most ``max_inflight_requests``
+        parts in memory; then commit. Waits on nothing but S3, request slots (freed as GETs
+        finish) and the disk: never on a consumer."""
         fill = growing.fill
         window = asyncio.Semaphore(self.fetch.max_inflight_requests)
-        order: asyncio.Queue[asyncio.Task[list[bytes]] | None] = asyncio.Queue()
-        assert shard.size_bytes is not None  # internal invariant: known before a fill starts
+        order: asyncio.Queue[tuple[int, asyncio.Task[list[bytes]]] | None] = asyncio.Queue()
+        size, start, part = shard.size_bytes, growing.start, self.fetch.part_bytes
+        assert size is not None  # internal invariant: known before a fill starts
+        ramp = shard is self.shards[0]
+        ranges = [*_part_ranges(start, size, part, ramp=ramp), *_part_ranges(0, start, part, ramp=False)]
 
         async def launch() -> None:
-            for start, end in _part_ranges(0, shard.size_bytes, self.fetch.part_bytes, ramp=shard is self.shards[0]):
+            for first, last in ranges:
                 await window.acquire()
                 await self.requests.acquire()
-                order.put_nowait(self._start_get(shard, start, end))
+                order.put_nowait((first, self._start_get(shard, first, last)))
             order.put_nowait(None)
 
         launcher = asyncio.ensure_future(launch())
         try:
-            while (task := await order.get()) is not None:
+            while (item := await order.get()) is not None:
+                offset, task = item
                 pieces = await task
-                await self.loop.run_in_executor(None, _write_through, fill, pieces)
+                await self.loop.run_in_executor(None, fill.write_at, offset, pieces)
                 if not fill.caching:
                     raise _CacheWriteFailed(f"{shard.url}: the node cache stopped taking its bytes (disk full?)")
-                growing.advance(sum(map(len, pieces)))
+                if offset >= start:
+                    growing.advance(sum(map(len, pieces)))
                 window.release()
             await launcher
             await self.loop.run_in_executor(None, fill.commit)
@@ -336,15 +347,15 @@ class _Producer:
         self.loop.call_soon_threadsafe(self.slots.release)
 
     def cancel(self) -> None:
-        """Stop scheduling and cancel every request and fill (consumer side, on exit)."""
+        """Stop scheduling and cancel every request (consumer side, on exit). Fills run on to
+        their commit: they need no consumer, and other readers may be waiting for them."""
         self.future.cancel()
 
         def cancel_all() -> None:
             for shard in self.shards:
-                if shard.growing is not None and shard.growing.task is not None:
-                    shard.growing.task.cancel()
-                for task in list(shard.tasks):
-                    task.cancel()
+                if shard.growing is None:
+                    for task in list(shard.tasks):
+                        task.cancel()
 
         self.loop.call_soon_threadsafe(cancel_all)
 
@@ -370,13 +381,6 @@ def _close_orphan(future: asyncio.Future[Any]) -> None:
         if hasattr(orphan, method):
             getattr(orphan, method)()
             return
-
-
-def _write_through(fill: Any, pieces: list[bytes]) -> None:
-    """Write a part's pieces to the cache file and flush them, so a reader of the file sees them."""
-    for piece in pieces:
-        fill.write(piece)
-    fill.flush()
 
 
 def _copy_outcome(task: asyncio.Task[list[bytes]], item: concurrent.futures.Future[list[bytes]]) -> None:
@@ -484,8 +488,9 @@ class _PartStream(_SlicedStream):
 
 
 class _GrowingStream(_SlicedStream):
-    """``read(n)`` over the cache file this process is filling (:class:`_Growing`), read as it
-    grows; if the fill cannot write any more, the rest comes from S3."""
+    """``read(n)`` over the shard's bytes ``start`` to ``end`` in the cache file this process
+    is filling (:class:`_Growing`), read as they arrive; if the fill cannot write any more, the
+    rest comes from S3."""
 
     def __init__(self, shard: _Shard, growing: _Growing, stats: ReaderStats | None, wait_s: float,
                  chunk_bytes: int) -> None:
@@ -493,14 +498,16 @@ class _GrowingStream(_SlicedStream):
         self._wait_s, self._chunk_bytes = wait_s, chunk_bytes
         self._chunk = b""
         self._pos = 0
-        self._offset = 0  # next byte of the shard to read
+        self._offset, self._end = shard.byte_range or (0, shard.size_bytes or 0)  # next byte to read, last
 
     def _refill(self) -> bool:
         growing = self._growing
         started = time.perf_counter()
+        if self._offset >= self._end:
+            return False
         while self._offset >= growing.available:
             if growing.done:
-                if growing.error is None or self._offset >= (self._shard.size_bytes or 0):
+                if growing.error is None:
                     return False
                 if isinstance(growing.error, _CacheWriteFailed):
                     return self._refill_from_s3()
@@ -513,14 +520,14 @@ class _GrowingStream(_SlicedStream):
                 ))
         if self._stats is not None:
             self._stats.add("stall_s", time.perf_counter() - started)
-        n = min(self._chunk_bytes, growing.available - self._offset)
+        n = min(self._chunk_bytes, growing.available - self._offset, self._end - self._offset)
         self._chunk, self._pos = os.pread(growing.reader.fileno(), n, self._offset), 0
         self._offset += len(self._chunk)
         return bool(self._chunk)
 
     def _refill_from_s3(self) -> bool:
         shard = self._shard
-        end = min(self._offset + self._chunk_bytes * 16, shard.size_bytes or 0)
+        end = min(self._offset + self._chunk_bytes * 16, self._end)
         call = shard.store.get_range(shard.name, self._offset, end)
         try:
             pieces, _, _ = asyncio.run_coroutine_threadsafe(call, io_loop.get_loop()).result(self._wait_s)
@@ -702,7 +709,7 @@ def iter_shard_streams(
         sizes_bytes: each shard's size from the index (checked), or None to ask S3 (HEAD).
         byte_ranges: for each shard, ``(start, end)``: read only those bytes (a stream of
             them, which ends without the tar end-of-archive blocks), or None for all of it.
-            Only whole shards fill the cache; a range is served from it when present.
+            A range read with a cache fills the whole shard (from the range on, then the head).
         s3, fetch: S3 endpoint and read-ahead settings.
         cache: a :class:`~shardstream.cache.ShardCache` for ``s3://`` shards, or None.
         stats: counters to add stall time, cache hits/misses, retries and bytes in flight to.
@@ -777,9 +784,10 @@ def _consume(
     if isinstance(first, _Growing):
         try:
             yield shard.url, _GrowingStream(shard, first, stats, wait_s, chunk_bytes)
-            first.wait_done(wait_s)  # so it is committed before this iterator ends
+            if shard.byte_range is None:  # only the tail is left: let it commit before this iterator ends
+                first.wait_done(wait_s)
         finally:
-            first.reader.close()  # an abandoned fill is cancelled with the producer
+            first.reader.close()  # the fill goes on to its commit by itself
             producer.shard_done()
         return
     stream = _PartStream(shard, producer, stats, wait_s, first)

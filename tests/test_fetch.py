@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import pytest
 
@@ -147,3 +148,36 @@ def test_dataloader_workers_share_one_cache_and_report_stats(tmp_path, s3_bucket
     other = ShardDataset(url, **kwargs)
     assert sorted(s["__key__"] for s in other) == keys
     assert other.stats().cache_hits == report.num_shards and other.stats().cache_misses == 0
+
+
+def test_a_range_read_fills_the_whole_shard_for_the_other_range(tmp_path, s3_bucket, s3_config, stdlib_tree):
+    """A shard cut at a rank boundary: the reader of its second half downloads the whole shard
+    into the node cache (its half first), so the reader of the first half finds a hit."""
+    import numpy as np
+
+    from shardstream.cache import ShardCache
+    from shardstream.stats import FIELDS, ReaderStats
+
+    url = f"s3://{s3_bucket}/ranged"
+    pack(stdlib_tree / "email", url, s3=s3_config, progress=False)
+    shard_url = f"{url}/data-000000.tar"
+    whole = open_store(url, s3=s3_config).read_bytes("data-000000.tar")
+    size, cut = len(whole), len(whole) // 2
+    cache = ShardCache(tmp_path, cache_limit_bytes=10 * size)
+    fetch = FetchConfig(part_bytes=16 << 10)
+    second = ReaderStats(np.zeros(len(FIELDS)))
+    for _, stream in iter_shard_streams([shard_url], sizes_bytes=[size], byte_ranges=[(cut, size)], s3=s3_config,
+                                        fetch=fetch, cache=cache, stats=second):
+        assert stream.read(size) == whole[cut:]
+    for _ in range(500):  # the fill goes on to its commit by itself
+        if cache.entry_path(shard_url).exists():
+            break
+        time.sleep(0.01)
+    first = ReaderStats(np.zeros(len(FIELDS)))
+    for _, stream in iter_shard_streams([shard_url], sizes_bytes=[size], byte_ranges=[(0, cut)], s3=s3_config,
+                                        fetch=fetch, cache=cache, stats=first):
+        assert stream.read(size) == whole[:cut]
+    column = {name: i for i, name in enumerate(FIELDS)}
+    assert second._row[column["cache_fills"]] == 1 and first._row[column["cache_hits"]] == 1
+    with cache.open(shard_url, size_bytes=size) as entry:
+        assert entry.read() == whole
