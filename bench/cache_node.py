@@ -60,9 +60,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=900)
     args = parser.parse_args()
 
-    from shardstream import Index, S3Config, pack
+    from shardstream import S3Config, open_index, pack
     from shardstream.cli import parse_size
-    from shardstream.storage import open_store
     from shardstream.testing import SeaweedS3Server
 
     with tempfile.TemporaryDirectory() as tmp, SeaweedS3Server(data_dir=f"{tmp}/s3") as server:
@@ -78,7 +77,7 @@ def main() -> None:
             (folder / f"{i:07d}.cls").write_text(str(i % 10))
         server.create_bucket("node")
         pack(src, "s3://node/data", max_shard_bytes=parse_size(args.shard_bytes), s3=s3, progress=False)
-        index = Index.from_json(open_store("s3://node/data", s3=s3).read_bytes("index.json"), url="index.json")
+        index = open_index("s3://node/data", s3=s3).as_v1()
         num_shards, dataset_bytes = len(index.shards), sum(s.bytes for s in index.shards)
         limit_bytes = int(args.limit * dataset_bytes)
         cache_dir = Path(tmp) / "cache"

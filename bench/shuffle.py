@@ -123,14 +123,14 @@ def main() -> None:
     print(f"{n} samples from {root}; shards of {args.shard_mib} MiB; shuffle buffer {args.shuffle_buffer}", flush=True)
     where = {image_digest(Path(root, members[S.IMAGE_EXT]).read_bytes()): i for i, (_, members) in enumerate(samples)}
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-shuffle-") as tmp:
-        from shardstream import Index, pack
+        from shardstream import open_index, pack
 
         files = Path(tmp, "files.txt")
         files.write_text("".join(f"{rel}\n" for _, members in samples for rel in sorted(members.values())))
         ss_dir = f"{tmp}/shardstream"
         pack(root, ss_dir, max_shard_bytes=args.shard_mib << 20, files_from=files, progress=False)
-        index = Index.from_json(Path(ss_dir, "index.json").read_bytes(), url=ss_dir)
-        shard_of = np.repeat(np.arange(index.num_shards), [s.num_samples for s in index.shards])
+        index = open_index(ss_dir)
+        shard_of = np.repeat(np.arange(index.num_shards), index.manifest.shard_samples)
         peer_root = S.CACHE / f"stream-{tag}-{args.shard_mib}MiB"
         setup = S.Setup(root=str(root), samples=samples,
                         local={"shardstream": ss_dir, "wds": str(peer_root / "wds"), "mds": str(peer_root / "mds"),

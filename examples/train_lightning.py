@@ -78,7 +78,7 @@ def demo_dataset(workdir: Path) -> str:
     """Makes and packs demo images under ``workdir`` once. Lightning starts the other ranks
     (running this script again) only inside ``fit``, after this is done."""
     shards = workdir / "shards"
-    if not (shards / "index.json").exists():
+    if not (shards / "index.bin").exists():
         make_image_dataset(workdir / "images", num_images=600)
         report = pack(workdir / "images", shards, max_shard_bytes=4 << 20, part=Part(0, 1), progress=False)
         print(report.summary(), flush=True)

@@ -50,7 +50,7 @@ def small_cnn(num_classes: int) -> nn.Module:
 def demo_dataset(workdir: Path) -> str:
     """Rank 0 makes and packs demo images under ``workdir`` (one node only); the others wait."""
     shards = workdir / "shards"
-    if dist.get_rank() == 0 and not (shards / "index.json").exists():
+    if dist.get_rank() == 0 and not (shards / "index.bin").exists():
         make_image_dataset(workdir / "images", num_images=600)
         # part=Part(0, 1): all of it here (under torchrun, pack would take RANK/WORLD_SIZE as its part)
         report = pack(workdir / "images", shards, max_shard_bytes=4 << 20, part=Part(0, 1), progress=False)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .config import FetchConfig, S3Config
 from . import errors as _errors
 from .errors import *  # noqa: F403 (the whole exception tree is public)
-from .index import Index
+from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
 from .pack import PackReport, pack
 
 if TYPE_CHECKING:
@@ -33,13 +33,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CpuDecoder",
+    "DatasetIndex",
     "FetchConfig",
     "Index",
+    "Manifest",
     "PackReport",
     "RandomResizedCrop",
     "S3Config",
     "ShardDataset",
+    "ShardTable",
     "__version__",
+    "open_index",
     "pack",
     *_errors.__all__,
 ]

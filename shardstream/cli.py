@@ -80,17 +80,15 @@ def _part_arg(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _info(source: str, index) -> str:
-    import statistics
+def _info(source: str, manifest) -> str:
+    import numpy as np
 
-    sizes = [s.bytes for s in index.shards]
-    counts = [s.num_samples for s in index.shards]
-    return (
-        f"{source}: {index.num_shards} shards, {index.num_samples} samples, {index.num_members} members, "
-        f"{index.total_bytes / 1e6:.1f} MB\n"
-        f"shard bytes: min {min(sizes)}, median {statistics.median(sizes):.0f}, max {max(sizes)}\n"
-        f"samples per shard: min {min(counts)}, median {statistics.median(counts):.0f}, max {max(counts)}"
-    )
+    lines = [f"{source}: {manifest.num_shards} shards, {manifest.num_samples} samples, {manifest.num_members} "
+             f"members, {manifest.total_bytes / 1e6:.1f} MB"]
+    for what, column in (("shard bytes", manifest.shard_bytes), ("samples per shard", manifest.shard_samples)):
+        if len(column):
+            lines.append(f"{what}: min {column.min()}, median {np.median(column):.0f}, max {column.max()}")
+    return "\n".join(lines)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -114,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shardstream", description="Pack small files into tar shards and stream them back.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    p = commands.add_parser("pack", help="pack files into tar shards plus index.json (resumable: run it again)")
+    p = commands.add_parser("pack", help="pack files into tar shards plus an index (resumable: run it again)")
     p.add_argument("source", metavar="SOURCE", help="local directory, or s3://bucket/prefix of files")
     p.add_argument("dest", metavar="DEST", help="local directory or s3://bucket/prefix")
     p.add_argument("--name", default="data", help="shard name prefix: NAME-000000.tar ... (default: data)")
@@ -139,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_s3_args(p)
 
     i = commands.add_parser("info", help="totals and shard statistics of a packed dataset")
-    i.add_argument("source", metavar="DATASET", help="local directory, s3://bucket/prefix, or its index.json")
+    i.add_argument("source", metavar="DATASET", help="local directory, s3://bucket/prefix, or its index file")
     _add_s3_args(i)
 
     v = commands.add_parser("verify", help="re-read every shard and check it against the index")
@@ -147,14 +145,18 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(v)
 
-    x = commands.add_parser("index", help="index commands: merge, or --dali DEST")
+    x = commands.add_parser("index", help="index commands: merge, upgrade, or --dali DEST")
     x.add_argument("--dali", metavar="DEST", help="write DALI .idx files (as wds2idx does) next to the shards "
-                   "of the local dataset DEST, from its index.json")
+                   "of the local dataset DEST, from its index")
     x.add_argument("--out-dir", help="with --dali: write the .idx files here instead")
     x_commands = x.add_subparsers(dest="index_command")
-    m = x_commands.add_parser("merge", help="write DEST/index.json once every part of a split pack is done")
+    m = x_commands.add_parser("merge", help="write DEST/index.bin once every part of a split pack is done")
     m.add_argument("dest", metavar="DEST")
     _add_s3_args(m)
+    u = x_commands.add_parser("upgrade", help="convert a version 1 dataset (index.json) to version 2 in place; "
+                              "the shards are not touched")
+    u.add_argument("dest", metavar="DEST")
+    _add_s3_args(u)
 
     d = commands.add_parser("demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch")
     d.add_argument("--num-images", type=_positive_int, default=3000)
@@ -186,12 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"... and more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
             print(report.summary())
         elif args.command == "info":
-            from .dataset import ShardDataset
+            from .index import open_index
 
-            ds = ShardDataset(args.source, s3=_s3_config(args))
-            if ds.index is None:
-                raise ShardstreamError(f"{args.source}: shard URLs have no index to summarise")
-            print(_info(args.source, ds.index))
+            print(_info(args.source, open_index(args.source, s3=_s3_config(args)).manifest))
         elif args.command == "verify":
             return _verify(args)
         elif args.command == "index" and args.dali:
@@ -200,16 +199,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             written = write_dali_index(args.dali, out_dir=args.out_dir)
             where = args.out_dir or args.dali
             print(f"wrote {len(written)} DALI index files (.idx) to {where}")
+        elif args.command == "index" and args.index_command == "upgrade":
+            from .index import MANIFEST_NAME, upgrade
+            from .storage import open_store
+
+            totals = upgrade(args.dest, s3=_s3_config(args))
+            print(f"wrote {open_store(args.dest, s3=_s3_config(args)).url_of(MANIFEST_NAME)} and a sample table "
+                  f"beside each shard: {totals['num_shards']} shards, {totals['num_samples']} samples")
         elif args.command == "index":
             if args.index_command != "merge":
-                raise ValueError("shardstream index: give a command: merge DEST, or --dali DEST")
+                raise ValueError("shardstream index: give a command: merge DEST, upgrade DEST, or --dali DEST")
+            from .index import MANIFEST_NAME
             from .journal import SPEC_NAME, PackSpec, merge
             from .storage import open_store
 
             store = open_store(args.dest, s3=_s3_config(args))
             spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
             totals, problems = merge(store, spec)
-            print(f"wrote {store.url_of('index.json')}: {totals['num_shards']} shards, "
+            print(f"wrote {store.url_of(MANIFEST_NAME)}: {totals['num_shards']} shards, "
                   f"{totals['num_samples']} samples, {len(problems)} problems in pack-report.jsonl")
         elif args.command == "demo":
             from .demo import run_demo

@@ -1,4 +1,4 @@
-"""DALI index files (``.idx``) for shards, written from ``index.json`` without reading a tar.
+"""DALI index files (``.idx``) for shards, written from the index (the shards' sample tables) without reading a tar.
 
 ``fn.readers.webdataset`` (NVIDIA DALI) reads local tar shards faster with an index per
 shard, the file its ``wds2idx`` tool writes by scanning the tar. Our index already holds every
@@ -17,22 +17,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ShardNotFoundError
 from .format import split_key
-from .index import INDEX_NAME, Index, ShardEntry
+from .index import ShardTable, open_index
 
 __all__ = ["dali_index_text", "write_dali_index"]
 
 
-def dali_index_text(shard: ShardEntry) -> str:
-    """The ``.idx`` text of one shard, as ``wds2idx`` writes it (module doc).
+def dali_index_text(table: ShardTable) -> str:
+    """The ``.idx`` text of one shard (from its sample table), as ``wds2idx`` writes it
+    (module doc).
 
     Raises:
-        IndexFormatError: the shard's sample entries are malformed.
+        IndexFormatError: the table's keys or names are not UTF-8.
     """
-    lines = [f"v1.2 {shard.num_samples}"]
-    for sample in shard.samples:
-        lines.append(" ".join(f"{split_key(m.name)[1]} {m.offset} {m.size} {m.name}" for m in sample.members))
+    lines = [f"v1.2 {table.num_samples}"]
+    for _, members in table.samples():
+        lines.append(" ".join(f"{split_key(name)[1]} {offset} {size} {name}" for name, offset, size in members))
     return "\n".join(lines) + "\n"
 
 
@@ -40,7 +40,7 @@ def write_dali_index(dataset_dir: str | os.PathLike[str], *, out_dir: str | os.P
     """Write ``<shard name without .tar>.idx`` for every shard of a local dataset.
 
     Args:
-        dataset_dir: a local directory written by ``shardstream pack`` (with ``index.json``).
+        dataset_dir: a local directory written by ``shardstream pack`` (with its index).
         out_dir: where to write the files (created if missing); default next to the shards.
 
     Returns:
@@ -49,7 +49,7 @@ def write_dali_index(dataset_dir: str | os.PathLike[str], *, out_dir: str | os.P
     Raises:
         ValueError: ``dataset_dir`` is an ``s3://`` URL (DALI's webdataset reader needs local
             files: copy the shards first).
-        ShardNotFoundError: no ``index.json`` in ``dataset_dir``.
+        ShardNotFoundError: no index in ``dataset_dir``, or a shard's sample table is missing.
         IndexFormatError: the index is malformed.
     """
     text = os.fspath(dataset_dir)
@@ -59,19 +59,14 @@ def write_dali_index(dataset_dir: str | os.PathLike[str], *, out_dir: str | os.P
             "directory (e.g. aws s3 sync) and write the .idx files there"
         )
     root = Path(text)
-    index_path = root / INDEX_NAME
-    try:
-        data = index_path.read_bytes()
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise ShardNotFoundError(f"{index_path}: no index here; pass a directory written by shardstream pack") from exc
-    index = Index.from_json(data, url=str(index_path))
+    index = open_index(root)
     target = Path(out_dir) if out_dir is not None else root
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    for shard in index.shards:
-        path = target / (shard.name.removesuffix(".tar") + ".idx")
+    for i in range(index.num_shards):
+        path = target / (index.manifest.name(i).removesuffix(".tar") + ".idx")
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(dali_index_text(shard), encoding="utf-8")
+        tmp.write_text(dali_index_text(index.table(i)), encoding="utf-8")
         os.replace(tmp, path)
         written.append(path)
     return written

@@ -18,13 +18,12 @@ from .assign import WorkerSlot, assign_shards, current_slot, distributed_rank
 from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
 from .epochs import EpochBoard, PassState, PassView
-from .errors import CorruptShardError, DecodeError, ShardNotFoundError
+from .errors import CorruptShardError, DecodeError
 from .fetch import iter_shard_streams
-from .index import INDEX_NAME, Index
+from .index import resolve_source
 from .plan import EpochPlan, Segment, WorkerPlan, ramp_samples
 from .shuffle import shuffle_buffer
 from .stats import ReaderStats, StatsBoard, StatsSnapshot
-from .storage import is_s3_url, open_store, split_url
 from .tarstream import iter_samples
 
 __all__ = ["STATE_FORMAT", "ShardDataset", "loader_state_dict"]
@@ -67,7 +66,7 @@ class ShardDataset(IterableDataset):
 
     Args:
         source: a dataset written by ``shardstream pack`` (a local directory, an
-            ``s3://bucket/prefix``, or its ``index.json``), a shard URL, a brace pattern of
+            ``s3://bucket/prefix``, or its index file), a shard URL, a brace pattern of
             shard URLs (``"s3://b/data-{000000..000009}.tar"``), or a list of shard URLs.
         shuffle: shuffle shard order and samples; ``False`` yields shards in index order and
             samples in shard order (split over readers as above).
@@ -160,7 +159,7 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"{seed=} must be an int")
         self.s3 = s3
         self.fetch = fetch or FetchConfig()
-        self.shard_urls, self.index = _resolve_source(source, s3=s3)
+        self.shard_urls, self.index = resolve_source(source, s3=s3)
         self.shuffle = shuffle
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
@@ -181,7 +180,6 @@ class ShardDataset(IterableDataset):
         self._loaded: PassState | None = None  # a state loaded in this worker for its next pass
         self._iter_seg: tuple[int, int] | None = None  # (segment index, samples skipped) of this iterator
         self._yielded = 0
-        self._bounds: dict[int, tuple[list[int], list[int], list[str]]] = {}
         self._board = StatsBoard()
 
     def __repr__(self) -> str:
@@ -250,7 +248,7 @@ class ShardDataset(IterableDataset):
         """
         if self.index is None or self.resampled:
             raise TypeError(
-                "len() needs a dataset with an index.json (written by shardstream pack) and resampled=False"
+                "len() needs a dataset with an index (written by shardstream pack) and resampled=False"
             )
         slot = current_slot(self.__dict__.get("_parent_rank"))
         upcoming = self._epochs.view(rank=slot.rank).upcoming
@@ -264,7 +262,7 @@ class ShardDataset(IterableDataset):
     def _plan(self, state: PassState) -> EpochPlan:
         assert self.index is not None  # internal invariant: callers check
         return EpochPlan(
-            counts=[s.num_samples for s in self.index.shards],
+            counts=self.index.manifest.shard_samples,
             seed=self.seed,
             epoch=state.epoch,
             shuffle=self.shuffle,
@@ -298,7 +296,7 @@ class ShardDataset(IterableDataset):
             ValueError: a bad ``samples_consumed``, or a mix of the two kinds within an epoch.
         """
         if self.index is None or self.resampled:
-            raise TypeError("state_dict() needs a dataset with an index.json and resampled=False")
+            raise TypeError("state_dict() needs a dataset with an index (written by shardstream pack) and resampled=False")
         slot = current_slot(self.__dict__.get("_parent_rank"))
         if samples_consumed is None:  # a reader's own count (StatefulDataLoader)
             state = self._pass or self._loaded or self._view().upcoming
@@ -455,7 +453,7 @@ class ShardDataset(IterableDataset):
             if self.resampled:
                 samples = self._read_resampled(slot, stats, state.epoch)
             else:
-                samples = self._read([self.shard_urls[i] for i in self._shard_ids(slot, state.epoch)], stats)
+                samples = self._read(self._shard_ids(slot, state.epoch), stats)
             if self.shuffle and self.shuffle_buffer > 1:
                 seed = int(np.random.SeedSequence([self.seed, state.epoch, slot.index]).generate_state(1)[0])
                 samples = shuffle_buffer(
@@ -525,16 +523,20 @@ class ShardDataset(IterableDataset):
         self, runs: list[tuple[int, list[tuple[int, int]]]], fetch: FetchConfig, stats: ReaderStats
     ) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(arrival index, sample)`` of the wanted samples of each run ``(shard, [(arrival,
-        index in shard), ...])``, reading each run as one byte range of its shard."""
-        assert self.index is not None  # internal invariant: only planned reads come here
+        index in shard), ...])``, reading each run as one byte range of its shard (the whole
+        shard when the run covers it; else the range from the shard's sample table)."""
+        index = self.index
+        assert index is not None  # internal invariant: only planned reads come here
         urls, ranges, sizes = [], [], []
         for s, items in runs:
-            starts, ends, _ = self._sample_bounds(s)
             lo, hi = items[0][1], items[-1][1]
-            whole = lo == 0 and hi == len(ends) - 1
-            urls.append(self.shard_urls[s])
-            ranges.append(None if whole else (starts[lo], ends[hi]))
-            sizes.append(self.index.shards[s].bytes)
+            urls.append(index.shard_url(s))
+            sizes.append(int(index.manifest.shard_bytes[s]))
+            if lo == 0 and hi == int(index.manifest.shard_samples[s]) - 1:
+                ranges.append(None)
+            else:
+                ends = index.table(s).sample_ends()
+                ranges.append((int(ends[lo - 1]) if lo else 0, int(ends[hi])))
         streams = iter_shard_streams(
             urls, sizes_bytes=sizes, byte_ranges=ranges, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats
         )
@@ -549,81 +551,69 @@ class ShardDataset(IterableDataset):
     def _read_run(
         self, url: str, stream: Any, s: int, items: list[tuple[int, int]], byte_range: tuple[int, int] | None
     ) -> Iterator[tuple[int, dict[str, Any]]]:
-        """The wanted samples of one run ``(arrival index, sample)``, checked against the index."""
-        _, _, keys = self._sample_bounds(s)
+        """The wanted samples of one run ``(arrival index, sample)``, checked against the index:
+        the sample count, and for a byte range each key (from the shard's table)."""
+        index = self.index
+        assert index is not None  # internal invariant: runs come from the index
         lo, hi = items[0][1], items[-1][1]
+        count = int(index.manifest.shard_samples[s])
+        keys = index.table(s).keys()[lo : hi + 1] if byte_range is not None else None
         checked = None
         if self.verify_checksums and byte_range is None:
-            assert self.index is not None  # internal invariant: runs come from the index
-            stream = checked = _Checksummed(stream, url, self.index.shards[s].crc32)
+            stream = checked = _Checksummed(stream, url, index.manifest.crc32_hex(s))
         pending = iter(items)
         t, want = next(pending)
         i = lo
         for sample in iter_samples(stream, url=url, end_of_archive=byte_range is None):
-            if i > hi or sample["__key__"] != keys[i]:
+            if i > hi or (keys is not None and sample["__key__"] != keys[i - lo]):
                 raise CorruptShardError(
                     f"{url}: sample {i} is {sample['__key__']!r} but the index says "
-                    f"{keys[i] if i <= hi else 'nothing more in this range'!r}; the shard or index.json is "
-                    "stale or damaged, re-pack or re-upload the dataset"
+                    f"{keys[i - lo] if keys is not None and i <= hi else 'nothing more in this range'!r}; the "
+                    "shard or its index is stale or damaged, re-pack or re-upload the dataset"
                 )
             if i == want:
                 yield t, sample
                 t, want = next(pending, (-1, -1))
             i += 1
-        if i != hi + 1 and (byte_range is not None or i != len(keys)):
+        if i != hi + 1 and (byte_range is not None or i != count):
             raise CorruptShardError(
                 f"{url}: holds {i - lo} samples from sample {lo} but the index says {hi + 1 - lo}; the "
-                "shard or index.json is stale or damaged, re-pack or re-upload the dataset"
+                "shard or its index is stale or damaged, re-pack or re-upload the dataset"
             )
         if checked is not None:
             checked.check()
-
-    def _sample_bounds(self, s: int) -> tuple[list[int], list[int], list[str]]:
-        """Per sample of shard ``s``: start and end byte (its first header to its last
-        payload's padding) and key, from the index."""
-        if s not in self._bounds:
-            assert self.index is not None  # internal invariant
-            ends, keys = self.index.shards[s].sample_ends_and_keys()
-            self._bounds[s] = ([0, *ends[:-1]], ends, keys)
-        return self._bounds[s]
 
     def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats, epoch: int) -> Iterator[dict[str, Any]]:
         """Endless: shards drawn with replacement, weighted by their sample counts (or
         uniformly without an index), 64 at a time so S3 reads run ahead."""
         rng = np.random.default_rng([self.seed, epoch, slot.index, 3])
-        counts = np.array([s.num_samples for s in self.index.shards] if self.index else [1] * self.num_shards, float)
+        if self.index is not None:
+            counts = self.index.manifest.shard_samples.astype(float)
+        else:
+            counts = np.ones(self.num_shards)
         if counts.sum() == 0:
             raise ValueError("resampled=True needs a dataset with at least one sample")
+        p = counts / counts.sum()
         while True:
-            picks = rng.choice(len(counts), size=64, p=counts / counts.sum()).tolist()
-            yield from self._read([self.shard_urls[i] for i in picks], stats)
+            yield from self._read(rng.choice(len(counts), size=64, p=p).tolist(), stats)
 
-    def _read(self, urls: list[str], stats: ReaderStats) -> Iterator[dict[str, Any]]:
-        expected = self._expected_counts()
-        sizes = self._expected_sizes()
-        streams = iter_shard_streams(
-            urls, sizes_bytes=[sizes.get(u) for u in urls], s3=self.s3, fetch=self.fetch, cache=self._cache(), stats=stats
-        )
-        for url, stream in streams:
+    def _read(self, shards: list[int], stats: ReaderStats) -> Iterator[dict[str, Any]]:
+        """Every sample of these shards (ids), checked against the index's counts when there is one."""
+        manifest = self.index.manifest if self.index is not None else None
+        urls = [self.shard_urls[s] for s in shards]
+        sizes = [int(manifest.shard_bytes[s]) if manifest is not None else None for s in shards]
+        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=self.fetch, cache=self._cache(),
+                                     stats=stats)
+        for s, (url, stream) in zip(shards, streams):
             count = 0
             for sample in iter_samples(stream, url=url):
                 count += 1
                 yield sample
-            if expected and count != expected[url]:
+            if manifest is not None and count != manifest.shard_samples[s]:
                 raise CorruptShardError(
-                    f"{url}: holds {count} samples but the index says {expected[url]}; the shard "
-                    "or index.json is stale or damaged, re-pack or re-upload the dataset"
+                    f"{url}: holds {count} samples but the index says {manifest.shard_samples[s]}; the shard "
+                    "or its index is stale or damaged, re-pack or re-upload the dataset"
                 )
-
-    def _expected_sizes(self) -> dict[str, int]:
-        if self.index is None:
-            return {}
-        return {url: shard.bytes for url, shard in zip(self.shard_urls, self.index.shards)}
-
-    def _expected_counts(self) -> dict[str, int]:
-        if self.index is None:
-            return {}
-        return {url: shard.num_samples for url, shard in zip(self.shard_urls, self.index.shards)}
 
 
 def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
@@ -776,44 +766,3 @@ def _in_worker() -> bool:
     from torch.utils.data import get_worker_info
 
     return get_worker_info() is not None
-
-
-def _normalize(url: str) -> str:
-    if is_s3_url(url):
-        return url
-    if url.startswith("file://"):
-        url = url[len("file://") :]
-    if "://" in url:
-        raise ValueError(f"{url!r}: unsupported URL scheme; use s3://BUCKET/KEY or a local path")
-    return os.path.abspath(url)
-
-
-def _resolve_source(source: Source, *, s3: S3Config | None) -> tuple[list[str], Index | None]:
-    """Shard URLs (and the index, when there is one) of a ``ShardDataset`` source."""
-    if isinstance(source, (list, tuple)):
-        urls = [_normalize(os.fspath(u)) for u in source]
-        if not urls:
-            raise ValueError("source is an empty list of shard URLs")
-        return urls, None
-    text = os.fspath(source)  # type: ignore[arg-type]
-    if "{" in text:
-        from braceexpand import braceexpand
-
-        return [_normalize(u) for u in braceexpand(text)], None
-    if text.endswith(".tar"):
-        return [_normalize(text)], None
-    if text.endswith(".json"):
-        root, index_name = split_url(_normalize(text))
-    else:
-        root, index_name = _normalize(text).rstrip("/"), INDEX_NAME
-    store = open_store(root or os.sep, s3=s3)
-    index_url = store.url_of(index_name)
-    try:
-        data = store.read_bytes(index_name)
-    except ShardNotFoundError as exc:
-        raise ShardNotFoundError(
-            f"{index_url}: no index here; pass a directory or s3:// prefix written by "
-            "shardstream pack, its index.json, or shard URLs (a list or a brace pattern)"
-        ) from exc
-    index = Index.from_json(data, url=index_url)
-    return [store.url_of(shard.name) for shard in index.shards], index

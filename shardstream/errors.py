@@ -12,10 +12,10 @@ so callers can catch either. Messages name the file, shard, key or URL and say w
     ├── StorageError (OSError)                 any other failure of the storage, with its code
     │   ├── StorageNotFoundError (FileNotFoundError)
     │   │   ├── BucketNotFoundError            the S3 bucket does not exist
-    │   │   └── ShardNotFoundError             a shard URL or index.json does not exist
+    │   │   └── ShardNotFoundError             a shard URL or an index does not exist
     │   ├── StorageAccessError (PermissionError)  S3 rejected the credentials or denied access
     │   └── StorageConnectionError (ConnectionError)  the S3 endpoint cannot be reached
-    ├── IndexFormatError (ValueError)          index.json is malformed or of an unknown version
+    ├── IndexFormatError (ValueError)          an index file is malformed or of an unknown version
     ├── CorruptShardError (ValueError)         a shard's tar bytes are malformed or truncated
     ├── DecodeError (ValueError)               a sample's member cannot be decoded
     └── MissingDependencyError (ImportError)   an optional extra is not installed

@@ -302,7 +302,7 @@ class _Producer:
         if total != shard.size_bytes:
             raise CorruptShardError(
                 f"{shard.url}: is {total} bytes but the index says {shard.size_bytes}; the shard or "
-                "index.json is stale or damaged, re-pack or re-upload the dataset"
+                "its index is stale or damaged, re-pack or re-upload the dataset"
             )
         if shard.etag is None:
             shard.etag = etag
@@ -603,7 +603,7 @@ def _open_local(
         # Raised when the stream is read, like a bad S3 part: the next shards stay readable.
         yield _Failing(CorruptShardError(
             f"{url}: is {actual} bytes but the index says {size_bytes}; the shard is truncated or "
-            "was replaced, or index.json is stale: re-pack or re-copy the dataset"
+            "was replaced, or its index is stale: re-pack or re-copy the dataset"
         ))
         return
     if byte_range is not None and not 0 <= byte_range[0] <= byte_range[1] <= actual:

@@ -9,29 +9,33 @@ so names never clash and one stream writes what it wrote before.
 State lives in ``DEST/.shardstream/``:
 
 - ``pack.json``: the :class:`PackSpec`; a resumed or parallel part must use the same one;
-- ``sSSSSS-QQQQQQQ.json``: written right after shard ``QQQQQQQ`` of stream ``SSSSS`` is
-  published: its index entry, how many source samples the stream had consumed by then, and
-  the problems met among those samples;
+- ``sSSSSS-QQQQQQQ.json``: written right after shard ``QQQQQQQ`` of stream ``SSSSS`` and its
+  sample table are published: its manifest row (name, bytes, sample and member counts,
+  CRC-32), how many source samples the stream had consumed by then, and the problems met
+  among those samples;
 - ``sSSSSS-done.json``: the stream finished, with its remaining problems.
 
 A killed stream resumes after its last record: it skips the samples it had consumed (without
 reading them) and writes the next shard number; the shard that was in progress is written
-again, so no work beyond it is redone. When every stream is done, :func:`merge` writes
-``index.json`` (and ``pack-report.jsonl`` listing each problem), one shard at a time. The
-records stay, so ``shardstream index merge`` can be run again; ``--overwrite`` clears them.
+again, so no work beyond it is redone. When every stream is done, :func:`merge` writes the
+manifest ``index.bin`` (and ``pack-report.jsonl`` listing each problem), reading one record at
+a time into numeric columns. The records stay, so ``shardstream index merge`` can be run
+again; ``--overwrite`` clears them.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from .errors import DestinationError, IndexFormatError
-from .index import INDEX_NAME, ShardJson, shard_json_head, write_index
+from .index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from .sources import Problem
 from .storage import Store
 from .writer import PublishedShard
@@ -69,8 +73,9 @@ class PackSpec:
         return f"{self.name}-{seq * self.num_streams + stream:06d}.tar"
 
     def stream_of_shard(self, name: str) -> int | None:
-        """The stream that writes shard ``name``, or None if it is not one of this pack's."""
-        match = re.fullmatch(re.escape(self.name) + r"-(\d{6,})\.tar", name)
+        """The stream that writes shard ``name`` (or its sample table), or None if it is not
+        one of this pack's."""
+        match = re.fullmatch(re.escape(self.name) + r"-(\d{6,})\.tar(?:" + re.escape(TABLE_SUFFIX) + ")?", name)
         return int(match.group(1)) % self.num_streams if match else None
 
     def to_json(self) -> bytes:
@@ -102,8 +107,7 @@ class PackSpec:
 class StreamRecord:
     """What a stream recorded after publishing one shard (or, with ``shard=None``, when done).
 
-    Stored as one JSON line (this header) followed, for shard records, by the shard's index
-    entry exactly as it goes into ``index.json``, so merging copies it without parsing.
+    Stored as one JSON line; ``shard`` is the shard's manifest row.
     """
 
     stream: int
@@ -112,7 +116,7 @@ class StreamRecord:
     problems: tuple[Problem, ...]
     spec_digest: str
     last_key: str | None = None  # key of the last source sample consumed, checked on resume
-    shard: dict[str, Any] | None = None  # name, bytes, num_samples, num_members
+    shard: dict[str, Any] | None = None  # name, bytes, num_samples, num_members, crc32
 
     def header(self) -> bytes:
         doc: dict[str, Any] = {
@@ -127,8 +131,8 @@ class StreamRecord:
         return json.dumps(doc).encode() + b"\n"  # ASCII: problem paths may hold undecodable bytes
 
     @classmethod
-    def load(cls, store: Store, stream: int, seq: int | None, spec: PackSpec) -> tuple[StreamRecord, bytes]:
-        """Read a record: it and the shard entry's JSON text (empty for a done marker).
+    def load(cls, store: Store, stream: int, seq: int | None, spec: PackSpec) -> StreamRecord:
+        """Read a record.
 
         Raises:
             IndexFormatError: the record is damaged, or was written by a pack with other
@@ -136,8 +140,7 @@ class StreamRecord:
         """
         url = store.url_of(cls.name(stream, seq))
         try:
-            head, _, text = store.read_bytes(cls.name(stream, seq)).partition(b"\n")
-            doc = json.loads(head)
+            doc = json.loads(store.read_bytes(cls.name(stream, seq)).partition(b"\n")[0])
             record = cls(stream=doc["stream"], seq=doc["seq"], consumed=doc["consumed"], shard=doc["shard"],
                          last_key=doc["last_key"], spec_digest=doc["spec"],
                          problems=tuple(Problem.from_json(p) for p in doc["problems"]))
@@ -148,7 +151,7 @@ class StreamRecord:
                 f"{url}: written by a pack with other options than {store.url_of(SPEC_NAME)} (parts "
                 "started with different options?); pack again with --overwrite and the same options for every part"
             )
-        return record, text
+        return record
 
     @staticmethod
     def name(stream: int, seq: int | None) -> str:
@@ -157,18 +160,15 @@ class StreamRecord:
 
 
 def write_shard_record(store: Store, record: StreamRecord, published: PublishedShard) -> None:
-    """Store ``record`` with the published shard's entry, streamed from its spool file."""
-    sink = store.open_writer(StreamRecord.name(record.stream, record.seq))
+    """Publish the shard's sample table (streamed from its spool), then ``record``."""
+    sink = store.open_writer(published.name + TABLE_SUFFIX)
     try:
-        sink.write(record.header())
-        sink.write(shard_json_head(name=published.name, bytes_=published.bytes,
-                                   num_samples=published.num_samples, crc32=published.crc32))
-        while chunk := published.samples_json.read(1 << 20):
-            sink.write(chunk)
-        sink.write(b"]}")
+        for piece in published.table.pieces():
+            sink.write(piece)
         sink.commit()
     finally:
         sink.abort()
+    store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
 
 
 @dataclass(frozen=True)
@@ -206,11 +206,11 @@ def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
     if seqs != list(range(len(seqs))):
         raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
     if done:
-        record, _ = StreamRecord.load(store, stream, None, spec)
+        record = StreamRecord.load(store, stream, None, spec)
         return StreamState(len(seqs), record.consumed, record.last_key, record)
     if not seqs:
         return StreamState(0, 0, None, None)
-    last, _ = StreamRecord.load(store, stream, seqs[-1], spec)
+    last = StreamRecord.load(store, stream, seqs[-1], spec)
     return StreamState(len(seqs), last.consumed, last.last_key, None)
 
 
@@ -221,15 +221,17 @@ def unfinished_streams(store: Store, spec: PackSpec, names: dict[int, tuple[list
 
 
 def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
-    """Write ``index.json`` and ``pack-report.jsonl`` from the records of a finished pack.
+    """Write ``index.bin`` and ``pack-report.jsonl`` from the records of a finished pack.
 
-    Shards are listed by global number; one record is held in memory at a time.
+    Shards are listed by global number; one record is read at a time into compact columns
+    (about 40 bytes per shard), never a Python object per shard.
 
     Returns:
         The index totals, and every problem recorded.
 
     Raises:
         DestinationError: some streams (hence parts) have not finished.
+        IndexFormatError: a record is damaged.
     """
     names = _record_names(store)
     missing = unfinished_streams(store, spec, names)
@@ -241,24 +243,42 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
         )
     problems: list[Problem] = []
     seqs_of = {s: len(names[s][0]) for s in range(spec.num_streams)}
-
-    def shards() -> Iterator[ShardJson]:
-        for seq in range(max(seqs_of.values(), default=0)):
-            for stream in range(spec.num_streams):
-                if seq < seqs_of[stream]:
-                    record, text = StreamRecord.load(store, stream, seq, spec)
-                    problems.extend(record.problems)
-                    meta = record.shard or {}
-                    yield ShardJson(text, meta["num_samples"], meta["num_members"], meta["bytes"])
-
-    sink = store.open_writer(INDEX_NAME)
-    try:
-        totals = write_index(sink.write, shards())
+    columns = {k: array.array("q") for k in ("bytes", "num_samples", "num_members", "crc32", "name_offsets")}
+    columns["name_offsets"].append(0)
+    blob = bytearray()
+    for seq in range(max(seqs_of.values(), default=0)):
         for stream in range(spec.num_streams):
-            problems.extend(StreamRecord.load(store, stream, None, spec)[0].problems)
-        report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
-        store.write_bytes(REPORT_NAME, report)
+            if seq < seqs_of[stream]:
+                record = StreamRecord.load(store, stream, seq, spec)
+                problems.extend(record.problems)
+                try:
+                    row = record.shard or {}
+                    for key in ("bytes", "num_samples", "num_members"):
+                        columns[key].append(int(row[key]))
+                    columns["crc32"].append(int(row["crc32"], 16))
+                    blob += str(row["name"]).encode("utf-8")
+                except (KeyError, TypeError, ValueError) as exc:
+                    url = store.url_of(StreamRecord.name(stream, seq))
+                    raise IndexFormatError(f"{url}: damaged pack record ({exc!r}); pack again with --overwrite") from exc
+                columns["name_offsets"].append(len(blob))
+    manifest = Manifest(
+        url=store.url_of(MANIFEST_NAME),
+        shard_bytes=np.frombuffer(columns["bytes"], dtype=np.int64),
+        shard_samples=np.frombuffer(columns["num_samples"], dtype=np.int64),
+        shard_members=np.frombuffer(columns["num_members"], dtype=np.int64),
+        crc32=np.frombuffer(columns["crc32"], dtype=np.int64).astype(np.uint32),
+        name_offsets=np.frombuffer(columns["name_offsets"], dtype=np.int64),
+        names=np.frombuffer(bytes(blob), dtype=np.uint8),
+    )
+    for stream in range(spec.num_streams):
+        problems.extend(StreamRecord.load(store, stream, None, spec).problems)
+    report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
+    store.write_bytes(REPORT_NAME, report)
+    sink = store.open_writer(MANIFEST_NAME)
+    try:
+        for piece in manifest.pieces():
+            sink.write(piece)
         sink.commit()
     finally:
         sink.abort()
-    return totals, problems
+    return manifest.totals(), problems

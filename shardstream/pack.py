@@ -1,4 +1,4 @@
-"""``pack(source, dest)``: small files -> tar shards plus ``index.json``, in parallel,
+"""``pack(source, dest)``: small files -> tar shards plus an index, in parallel,
 resumable after a crash, and split across machines (see :mod:`shardstream.journal`)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .errors import (
     ShardstreamError,
     SourceError,
 )
-from .index import INDEX_NAME, Index
+from .index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
 from .journal import (
     REPORT_NAME,
     SPEC_NAME,
@@ -143,7 +143,8 @@ def pack(
 
     Members are named by their path relative to ``source`` and grouped into samples by key
     (:mod:`shardstream.format`). Shards are published one by one as they complete;
-    ``dest/index.json`` (:mod:`shardstream.index`) is written last, once every part is done.
+    ``dest/index.bin`` (:mod:`shardstream.index`) is written last, once every part is done; each
+    shard's sample table (``NAME.samples``) is published with it.
     Run the same call again after a crash (or a failure on a bad file) and it continues where
     it stopped (:mod:`shardstream.journal`).
 
@@ -214,10 +215,8 @@ def pack(
     )
     store.check_writable()
     if _prepare_state(store, spec, overwrite=overwrite):
-        index = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
-        totals = {"num_shards": index.num_shards, "num_samples": index.num_samples,
-                  "num_members": index.num_members, "bytes": index.total_bytes}
-        return PackReport(dest=store.url, index_url=store.url_of(INDEX_NAME), num_files=0, num_samples=0,
+        totals = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME)).totals()
+        return PackReport(dest=store.url, index_url=store.url_of(MANIFEST_NAME), num_files=0, num_samples=0,
                           num_shards=0, payload_bytes=0, resumed=True, seconds=time.perf_counter() - started,
                           problems=(), dataset_totals=totals, already_complete=True)
 
@@ -238,11 +237,11 @@ def pack(
     if not unfinished_streams(store, spec):
         totals, _ = merge(store, spec)
         if totals["num_samples"] == 0:
-            for name_ in (INDEX_NAME, REPORT_NAME):
+            for name_ in (MANIFEST_NAME, REPORT_NAME):
                 store.delete(name_)
             raise SourceError(f"{source_url}: holds no file to pack (check SOURCE{' and --files-from' if files_from else ''})")
     return PackReport(
-        dest=store.url, index_url=store.url_of(INDEX_NAME) if totals else None,
+        dest=store.url, index_url=store.url_of(MANIFEST_NAME) if totals else None,
         num_files=sum(r.num_files for r in results), num_samples=sum(r.num_samples for r in results),
         num_shards=sum(r.num_shards for r in results), payload_bytes=sum(r.payload_bytes for r in results),
         resumed=any(r.resumed for r in results), seconds=time.perf_counter() - started,
@@ -259,7 +258,7 @@ def _prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
     old_spec = None
     if store.exists(SPEC_NAME):
         old_spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
-    has_index = store.exists(INDEX_NAME)
+    has_index = store.exists(MANIFEST_NAME) or store.exists(INDEX_NAME)
     if not overwrite:
         if old_spec == spec:
             return has_index
@@ -285,12 +284,14 @@ def _prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
 def _wipe(store: Store, old_spec: PackSpec | None) -> None:
     """Delete a dataset (index first, so it never outlives its shards) and any pack state."""
     old_names: set[str] = set()
-    if store.exists(INDEX_NAME):
-        try:
-            old_names = {s.name for s in Index.from_json(store.read_bytes(INDEX_NAME), url=store.url).shards}
-        except IndexFormatError:
-            pass
-        store.delete(INDEX_NAME)
+    for index_name in (MANIFEST_NAME, INDEX_NAME):
+        if store.exists(index_name):
+            try:
+                old_names |= _shard_names(store, index_name)
+            except IndexFormatError:
+                pass
+            store.delete(index_name)
+    old_names |= {n + TABLE_SUFFIX for n in old_names}
     for name in store.list_names(f"{STATE_DIR}/"):
         if name != SPEC_NAME:
             store.delete(name)
@@ -298,9 +299,17 @@ def _wipe(store: Store, old_spec: PackSpec | None) -> None:
         old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.stream_of_shard(n) is not None)
         store.remove_partials(lambda n: old_spec.stream_of_shard(n) is not None or n.startswith(f"{STATE_DIR}/"),
                               folders=("", STATE_DIR))
-    store.remove_partials(lambda n: n in (INDEX_NAME, REPORT_NAME))
+    store.remove_partials(lambda n: n in (MANIFEST_NAME, INDEX_NAME, REPORT_NAME))
     for name in sorted(old_names) + [REPORT_NAME, SPEC_NAME]:
         store.delete(name)
+
+
+def _shard_names(store: Store, index_name: str) -> set[str]:
+    """The shard names an index (version 2 or 1) lists."""
+    data, url = store.read_bytes(index_name), store.url_of(index_name)
+    if index_name == MANIFEST_NAME:
+        return set(Manifest.parse(data, url=url).names())
+    return {s.name for s in Index.from_json(data, url=url).shards}
 
 
 class _spooled_list:

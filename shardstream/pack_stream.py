@@ -83,7 +83,7 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
 
     def on_commit(published: PublishedShard) -> None:
         meta = {"name": published.name, "bytes": published.bytes, "num_samples": published.num_samples,
-                "num_members": published.num_members}
+                "num_members": published.num_members, "crc32": published.crc32}
         record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, last_key=last_key,
                               spec_digest=spec.digest, shard=meta, problems=tuple(pending))
         write_shard_record(store, record, published)

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .config import FetchConfig, S3Config
-from .errors import CorruptShardError, StorageError
+from .errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageError
 from .fetch import iter_shard_streams
-from .index import INDEX_NAME, Index, ShardEntry
-from .storage import open_store
+from .index import DatasetIndex, open_index
 from .tarstream import ReadStream, iter_members_at
 
 __all__ = ["ShardCheck", "verify"]
@@ -46,9 +45,9 @@ class _Hashing:
 def verify(dest: str, *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> Iterator[ShardCheck]:
     """Re-read every shard of the dataset at ``dest`` (local or S3), in index order.
 
-    Each shard's size, CRC-32, sample count, and every member's name, offset and size are
-    compared with ``index.json``; a missing or unreadable shard is a failed check, and the
-    next shard is checked all the same.
+    Each shard's size, CRC-32, member count, and every member's name, offset and size are
+    compared with the index (its manifest and the shard's sample table); a missing or
+    unreadable shard (or table) is a failed check, and the next shard is checked all the same.
 
     Yields:
         One :class:`ShardCheck` per shard of the index.
@@ -56,47 +55,45 @@ def verify(dest: str, *, s3: S3Config | None = None, fetch: FetchConfig | None =
     Raises:
         ShardNotFoundError: there is no index at ``dest``; IndexFormatError: it is malformed.
     """
-    store = open_store(dest, s3=s3, fetch=fetch)
-    index = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
-    urls = [store.url_of(shard.name) for shard in index.shards]
-    checked = 0
-    try:
-        for (url, stream), shard in zip(iter_shard_streams(urls, s3=s3, fetch=fetch), index.shards):
-            yield ShardCheck(url, tuple(_check(_Hashing(stream), shard, url)))
-            checked += 1
-    except StorageError as exc:  # the shard at position `checked` could not be opened
-        yield ShardCheck(urls[checked], (str(exc),))
-        yield from verify_rest(urls[checked + 1 :], index.shards[checked + 1 :], s3=s3, fetch=fetch)
-
-
-def verify_rest(urls: list[str], shards: tuple[ShardEntry, ...], *, s3: S3Config | None, fetch: FetchConfig | None) -> Iterator[ShardCheck]:
-    for url, shard in zip(urls, shards):
+    index = open_index(dest, s3=s3)
+    start = 0
+    while start < index.num_shards:  # a shard that cannot be opened ends one pass; the next starts after it
+        urls = [index.shard_url(i) for i in range(start, index.num_shards)]
+        position = start
         try:
-            for _, stream in iter_shard_streams([url], s3=s3, fetch=fetch):
-                yield ShardCheck(url, tuple(_check(_Hashing(stream), shard, url)))
-        except StorageError as exc:
-            yield ShardCheck(url, (str(exc),))
+            for _, stream in iter_shard_streams(urls, s3=s3, fetch=fetch):
+                yield ShardCheck(index.shard_url(position), tuple(_check(_Hashing(stream), index, position)))
+                position += 1
+        except StorageError as exc:  # the shard at `position` could not be opened
+            yield ShardCheck(index.shard_url(position), (str(exc),))
+            position += 1
+        start = position
 
 
-def _check(stream: _Hashing, shard: ShardEntry, url: str) -> Iterator[str]:
-    expected = [m for sample in shard.samples for m in sample.members]
+def _check(stream: _Hashing, index: DatasetIndex, i: int) -> Iterator[str]:
+    url, manifest = index.shard_url(i), index.manifest
+    try:
+        table = index.table(i)
+    except (IndexFormatError, ShardNotFoundError, StorageError) as exc:
+        yield str(exc)
+        return
+    names, offsets, sizes = table.member_names(), table.offsets.tolist(), table.sizes.tolist()
     found = 0
     try:
         for name, offset, payload in iter_members_at(stream, url=url):
-            if found < len(expected):
-                m = expected[found]
-                if (name, offset, len(payload)) != (m.name, m.offset, m.size):
+            if found < len(names):
+                if (name, offset, len(payload)) != (names[found], offsets[found], sizes[found]):
                     yield (f"member {found}: found {name!r} at byte {offset}, {len(payload)} bytes; "
-                           f"the index says {m.name!r} at {m.offset}, {m.size} bytes")
+                           f"the index says {names[found]!r} at {offsets[found]}, {sizes[found]} bytes")
             found += 1
     except (CorruptShardError, StorageError) as exc:
         yield str(exc)
         return
-    if found != len(expected):
-        yield f"holds {found} members, the index says {len(expected)}"
+    if found != len(names):
+        yield f"holds {found} members, the index says {len(names)}"
     while stream.read(1 << 20):
         pass
-    if stream.bytes != shard.bytes:
-        yield f"is {stream.bytes} bytes, the index says {shard.bytes}"
-    elif f"{stream.crc32:08x}" != shard.crc32:
-        yield f"CRC-32 {stream.crc32:08x} differs from the index's {shard.crc32}"
+    if stream.bytes != manifest.shard_bytes[i]:
+        yield f"is {stream.bytes} bytes, the index says {manifest.shard_bytes[i]}"
+    elif f"{stream.crc32:08x}" != manifest.crc32_hex(i):
+        yield f"CRC-32 {stream.crc32:08x} differs from the index's {manifest.crc32_hex(i)}"

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import zlib
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from .format import END_OF_ARCHIVE, member_header, padded_size
-from .index import sample_json
+from .index import TableSpool
 from .storage import ShardSink, Store
 
 __all__ = ["PublishedShard", "ShardWriter"]
@@ -19,18 +17,14 @@ _ZEROS = bytes(512)
 
 @dataclass(frozen=True)
 class PublishedShard:
-    """A shard just published: its index entry as JSON text, without holding it as objects.
-
-    ``samples_json`` is a readable binary file at position 0 holding the JSON array items of
-    its samples, comma-separated (what goes between ``[`` and ``]`` of ``"samples"``).
-    """
+    """A shard just published, with its sample table spooled (not held as objects)."""
 
     name: str
     bytes: int
     crc32: str
     num_samples: int
     num_members: int
-    samples_json: BinaryIO
+    table: TableSpool
 
 
 class ShardWriter:
@@ -47,7 +41,7 @@ class ShardWriter:
         max_samples_per_shard: sample limit of one shard (> 0), or None for no limit.
         first_seq: sequence number of the first shard (> 0 when resuming).
         on_commit: called with each :class:`PublishedShard` right after it is published. The
-            index entries of the shard in progress are spooled to a temporary file, so memory
+            sample table of the shard in progress is spooled to temporary files, so memory
             does not grow with the samples per shard.
     """
 
@@ -76,7 +70,7 @@ class ShardWriter:
         self._bytes = 0
         self._num_samples = 0
         self._num_members = 0
-        self._spool = self._new_spool()
+        self._table = TableSpool(self.shard_names(self.seq))
 
     def write_sample(self, key: str, members: Sequence[tuple[str, bytes]]) -> None:
         """Append one sample: ``members`` are ``(member_name, payload)`` sorted by name.
@@ -102,7 +96,7 @@ class ShardWriter:
             pieces += (header, payload, _ZEROS[:pad]) if pad else (header, payload)
             offset += len(header) + len(payload) + pad
         self._write(pieces)
-        self._spool.write((b"," if self._num_samples else b"") + sample_json(key, entries))
+        self._table.add(key, entries)
         self._num_samples += 1
         self._num_members += len(entries)
 
@@ -134,25 +128,22 @@ class ShardWriter:
         self._write([END_OF_ARCHIVE])
         assert self._sink is not None
         self._sink.commit()
-        self._spool.seek(0)
         published = PublishedShard(
             name=self.shard_names(self.seq),
             bytes=self._bytes,
             crc32=f"{self._crc32:08x}",
             num_samples=self._num_samples,
             num_members=self._num_members,
-            samples_json=self._spool,
+            table=self._table,
         )
         self._sink = None
         self._crc32 = 0
         self._bytes = 0
         self._num_samples = self._num_members = 0
-        self._spool = self._new_spool()
         self.seq += 1
-        if self.on_commit is not None:
-            self.on_commit(published)
-        published.samples_json.close()
-
-    @staticmethod
-    def _new_spool() -> BinaryIO:
-        return tempfile.SpooledTemporaryFile(max_size=8 << 20, prefix="shardstream-entries-")  # type: ignore[return-value]
+        self._table = TableSpool(self.shard_names(self.seq))
+        try:
+            if self.on_commit is not None:
+                self.on_commit(published)
+        finally:
+            published.table.close()

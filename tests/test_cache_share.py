@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream import Index, S3Config, pack
+from shardstream import S3Config, open_index, pack
 from shardstream.faults import FaultProxy
 
 SCRIPT = Path(__file__).with_name("cache_share.py")
@@ -43,9 +43,7 @@ def shared_dataset(tmp_path_factory, s3_server) -> tuple[str, list[str], int, in
     s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
                   secret_access_key=info.secret_access_key, region_name=info.region_name)
     pack(src, f"s3://{bucket}/data", max_samples_per_shard=40, s3=s3, progress=False)
-    from shardstream.storage import open_store
-
-    index = Index.from_json(open_store(f"s3://{bucket}/data", s3=s3).read_bytes("index.json"), url="index.json")
+    index = open_index(f"s3://{bucket}/data", s3=s3).as_v1()
     keys = sorted(x.key for shard in index.shards for x in shard.samples)
     sizes = [shard.bytes for shard in index.shards]
     assert len(sizes) == 30 and len(keys) == NUM_SAMPLES
@@ -180,7 +178,7 @@ def test_a_wait_for_another_download_is_bounded_and_named(tmp_path, s3_server, s
     dataset = ShardDataset(url, s3=s3, shuffle=False, cache_dir=cache_dir, cache_limit_bytes=2 * dataset_bytes,
                            fetch=FetchConfig(cache_wait_s=0.5))
     stuck = ShardCache(cache_dir, cache_limit_bytes=2 * dataset_bytes).fill(
-        dataset.shard_urls[0], size_bytes=dataset.index.shards[0].bytes)
+        dataset.shard_urls[0], size_bytes=int(dataset.index.manifest.shard_bytes[0]))
     try:
         assert sorted(s["__key__"] for s in dataset) == keys
         stats = dataset.stats()

@@ -80,7 +80,7 @@ def test_unreadable_file_fails_then_skips(tmp_path):
     (src / "bad.bin").symlink_to("/proc/self/mem")
     result = run("pack", str(src), str(tmp_path / "out"), "--no-progress")
     assert result.returncode == 1 and str(src / "bad.bin") in error_line(result)
-    assert not (tmp_path / "out" / "index.json").exists()
+    assert not (tmp_path / "out" / "index.bin").exists()
     result = run("pack", str(src), str(tmp_path / "out"), "--no-progress", "--skip-unreadable")
     assert result.returncode == 0
     assert f"not packed: {src / 'bad.bin'}: cannot read" in result.stderr
@@ -98,7 +98,7 @@ def test_s3_errors_from_the_command_line(stdlib_tree, s3_server, s3_bucket):
     assert result.returncode == 1 and s3_bucket in line and s3_server.info.endpoint_url in line
     assert "not-the-secret-0000" not in result.stderr + result.stdout
     result = run("info", f"s3://{s3_bucket}/nothing", env={**os.environ, **s3_server.info.env()})
-    assert result.returncode == 1 and f"s3://{s3_bucket}/nothing/index.json: no index here" in error_line(result)
+    assert result.returncode == 1 and f"s3://{s3_bucket}/nothing/index.bin: no index here" in error_line(result)
 
 
 def test_demo_runs_end_to_end_on_its_own_s3_server(tmp_path):

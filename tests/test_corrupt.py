@@ -5,7 +5,6 @@ seeded fuzz of 500 mutated shards ends each case in a documented outcome, quickl
 from __future__ import annotations
 
 import io
-import json
 import logging
 import random
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from shardstream import ShardDataset, pack
+from shardstream import ShardDataset, open_index, pack
 from shardstream.errors import CorruptShardError, DecodeError
 
 
@@ -46,9 +45,9 @@ def damaged(clean: Path, tmp_path: Path, mutate) -> Path:
 
 
 def member_offset(clean: Path, shard: int, sample: int, ext: str = "jpg") -> tuple[int, int]:
-    index = json.loads((clean / "index.json").read_bytes())
-    member = next(m for m in index["shards"][shard]["samples"][sample]["members"] if m["name"].endswith(ext))
-    return member["offset"], member["size"]
+    members = list(open_index(clean).table(shard).samples())[sample][1]
+    _, offset, size = next(m for m in members if m[0].endswith(ext))
+    return offset, size
 
 
 def flip_header_byte(data: bytearray, clean: Path) -> bytearray:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ import torch
 from PIL import Image
 
 from shardstream.assign import WorkerSlot
-from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
+from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, open_index, pack
 from shardstream.errors import CorruptShardError, DecodeError, ShardNotFoundError
 
 
@@ -25,8 +24,7 @@ def make_dataset(tmp_path: Path, *, num_samples: int = 120, per_shard: int = 10)
         (d / f"{i:05d}.cls").write_text(str(i % 3))
     dest = tmp_path / "ds"
     pack(src, dest, max_samples_per_shard=per_shard, progress=False)
-    index = json.loads((dest / "index.json").read_bytes())
-    keys = [x["key"] for s in index["shards"] for x in s["samples"]]
+    keys = [x.key for s in open_index(dest).as_v1().shards for x in s.samples]
     return dest, keys
 
 
@@ -37,7 +35,7 @@ def keys_of(dataset) -> list[str]:
 def test_without_shuffle_samples_come_in_index_order(tmp_path):
     dest, keys = make_dataset(tmp_path)
     assert keys_of(ShardDataset(dest, shuffle=False)) == keys
-    assert keys_of(ShardDataset(dest / "index.json", shuffle=False)) == keys
+    assert keys_of(ShardDataset(dest / "index.bin", shuffle=False)) == keys
 
 
 def test_shuffle_differs_between_epochs_and_repeats_for_the_same_seed(tmp_path):
@@ -181,7 +179,7 @@ def test_random_resized_crop_stays_inside_the_image():
 
 
 def test_missing_index_and_missing_shard_are_named(tmp_path):
-    with pytest.raises(ShardNotFoundError, match=r"nowhere/index.json: no index here; pass a directory"):
+    with pytest.raises(ShardNotFoundError, match=r"nowhere/index.bin: no index here; pass a directory"):
         ShardDataset(tmp_path / "nowhere")
     missing = tmp_path / "data-000000.tar"
     with pytest.raises(ShardNotFoundError, match=rf"{missing}: no such shard file"):

@@ -77,7 +77,7 @@ def test_a_shard_shorter_or_longer_than_its_index_is_named(tmp_path, s3_bucket, 
     pack(stdlib_tree / "json", url, s3=s3_config, progress=False)
     store = open_store(url, s3=s3_config)
     dataset = ShardDataset(url, s3=s3_config, shuffle=False)
-    name = dataset.index.shards[0].name
+    name = dataset.index.manifest.name(0)
     whole = store.read_bytes(name)
     store.write_bytes(name, whole[: len(whole) // 2])
     with pytest.raises(CorruptShardError, match=rf"{url}/{name}: is {len(whole) // 2} bytes but the index says {len(whole)}"):
@@ -121,7 +121,7 @@ def test_the_node_cache_serves_epoch_two_and_stays_under_its_limit(tmp_path, s3_
     from shardstream.cache import ShardCache
 
     small_dir = tmp_path / "small"
-    limit = 2 * max(s.bytes for s in dataset.index.shards)
+    limit = 2 * int(dataset.index.manifest.shard_bytes.max())
     small = ShardDataset(url, s3=s3_config, shuffle=False, cache_dir=small_dir, cache_limit_bytes=limit)
     for _ in range(2):
         assert [s["__key__"] for s in small] == first

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import zlib
@@ -13,7 +12,7 @@ import webdataset as wds
 from conftest import all_files
 from webdataset.tariterators import base_plus_ext
 
-from shardstream import Index, ShardDataset, pack
+from shardstream import Index, ShardDataset, open_index, pack
 from shardstream.errors import (
     DestinationError,
     MemberNameError,
@@ -22,7 +21,6 @@ from shardstream.errors import (
     UnreadableFileError,
 )
 from shardstream.format import padded_size, split_key
-from shardstream.index import sample_json
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +36,7 @@ def dataset_files(dest: Path) -> dict[str, bytes]:
 
 
 def read_index(dest: Path) -> Index:
-    return Index.from_json((dest / "index.json").read_bytes(), url=str(dest / "index.json"))
+    return open_index(dest).as_v1()
 
 
 def test_every_file_comes_back_through_shard_dataset(stdlib_tree, packed):
@@ -85,11 +83,11 @@ def test_webdataset_reads_the_shards(stdlib_tree, packed):
 def test_index_describes_the_shards_exactly(stdlib_tree, packed):
     dest, report = packed
     index = read_index(dest)
-    assert index.to_json() == (dest / "index.json").read_bytes()  # one format, written two ways
-    for entry in (x for s in index.shards for x in s.samples):
-        members = [{"name": m.name, "offset": m.offset, "size": m.size} for m in entry.members]
-        expected = json.dumps({"key": entry.key, "members": members}, separators=(",", ":"), ensure_ascii=False)
-        assert sample_json(entry.key, [(m.name, m.offset, m.size) for m in entry.members]) == expected.encode()
+    opened = open_index(dest)  # what pack wrote reads back, and writes back, byte for byte
+    assert b"".join(opened.manifest.pieces()) == (dest / "index.bin").read_bytes()
+    for i in range(opened.num_shards):
+        table = opened.table(i)
+        assert b"".join(table.pieces()) == (dest / (table.shard + ".samples")).read_bytes()
     files = all_files(stdlib_tree)
     assert sorted(p.name for p in dest.glob("*.tar")) == [s.name for s in index.shards]
     assert [s.name for s in index.shards] == [f"data-{i:06d}.tar" for i in range(index.num_shards)]
@@ -155,7 +153,7 @@ def test_missing_and_empty_sources_are_errors(tmp_path):
     (tmp_path / "file").write_bytes(b"x")
     with pytest.raises(SourceError, match="not a directory"):
         pack(tmp_path / "file", tmp_path / "out", progress=False)
-    assert not (tmp_path / "out" / "index.json").exists()
+    assert not (tmp_path / "out" / "index.bin").exists()
 
 
 def test_destination_inside_source_is_refused(tmp_path):
@@ -175,7 +173,7 @@ def test_two_files_with_the_same_key_and_extension_are_refused(tmp_path):
     (src / "a.").write_text("trailing dot")
     with pytest.raises(MemberNameError, match=r"src/a\.': same member as '.*src/a' \('a', extension ''\); rename one"):
         pack(src, tmp_path / "out", progress=False)
-    assert not (tmp_path / "out" / "index.json").exists()
+    assert not (tmp_path / "out" / "index.bin").exists()
 
 
 def test_a_name_that_is_not_utf8_is_refused_with_the_file_named(tmp_path):
@@ -208,7 +206,7 @@ def test_a_failed_overwrite_leaves_no_stale_index(stdlib_tree, tmp_path):
     make_unreadable_tree(tmp_path / "src")
     with pytest.raises(UnreadableFileError):
         pack(tmp_path / "src", tmp_path / "out", overwrite=True, max_samples_per_shard=1, progress=False)
-    assert not list((tmp_path / "out").glob("*.tar")) and not (tmp_path / "out" / "index.json").exists()
+    assert not list((tmp_path / "out").glob("*.tar")) and not (tmp_path / "out" / "index.bin").exists()
 
 
 def make_unreadable_tree(root: Path) -> tuple[Path, Path]:
@@ -228,7 +226,7 @@ def test_an_unreadable_file_stops_the_pack_and_publishes_nothing(tmp_path):
     bad_read, broken = make_unreadable_tree(tmp_path / "src")
     with pytest.raises(UnreadableFileError, match=rf"({bad_read}': cannot read|{broken}': broken symlink).*--on-error skip"):
         pack(tmp_path / "src", tmp_path / "out", max_samples_per_shard=1, progress=False)
-    assert not (tmp_path / "out" / "index.json").exists()
+    assert not (tmp_path / "out" / "index.bin").exists()
     assert not list((tmp_path / "out").glob(".*.partial-*"))
 
 

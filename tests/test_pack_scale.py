@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import all_files
-from shardstream import Index, ShardDataset, pack
+from shardstream import ShardDataset, open_index, pack
 from shardstream.errors import DestinationError
 from shardstream.pack import Part
 from shardstream.storage import open_store
@@ -63,11 +63,11 @@ def test_workers_are_deterministic_and_parts_give_the_same_dataset(tmp_path):
     one = pack(src, tmp_path / "w2a", workers=2, max_samples_per_shard=7, progress=False)
     pack(src, tmp_path / "w2b", workers=2, max_samples_per_shard=7, progress=False)
     assert dataset_files(tmp_path / "w2a") == dataset_files(tmp_path / "w2b")
-    assert one.num_shards == Index.from_json((tmp_path / "w2a" / "index.json").read_bytes(), url="x").num_shards
+    assert one.num_shards == open_index(tmp_path / "w2a").num_shards
     assert read_back(tmp_path / "w2a") == all_files(src)
 
     first = pack(src, tmp_path / "parts", workers=1, part=Part(0, 2), max_samples_per_shard=7, progress=False)
-    assert first.index_url is None and not (tmp_path / "parts" / "index.json").exists()
+    assert first.index_url is None and not (tmp_path / "parts" / "index.bin").exists()
     with pytest.raises(DestinationError, match=r"parts \[1\] of 2 have not finished"):
         subprocess_merge(tmp_path / "parts", check=True)
     second = pack(src, tmp_path / "parts", workers=1, part=Part(1, 2), max_samples_per_shard=7, progress=False)
@@ -90,7 +90,7 @@ def test_index_merge_command_and_torchrun_parts(tmp_path):
         run = subprocess.run([SHARDSTREAM, "pack", str(src), str(tmp_path / "cli"), "--workers", "1", "--part", f"{i}/2",
                               "--max-samples-per-shard", "7", "--no-progress"], env=env, capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
-    (tmp_path / "cli" / "index.json").unlink()
+    (tmp_path / "cli" / "index.bin").unlink()
     merged = subprocess.run([SHARDSTREAM, "index", "merge", str(tmp_path / "cli")], capture_output=True, text=True)
     assert merged.returncode == 0 and "wrote" in merged.stdout
     assert dataset_files(tmp_path / "cli") == dataset_files(tmp_path / "ref")
@@ -120,7 +120,7 @@ def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_pa
         except ProcessLookupError:
             pass
         process.wait()
-        assert not (dest / "index.json").exists() or process.returncode == 0
+        assert not (dest / "index.bin").exists() or process.returncode == 0
     before = len(list(dest.glob("*.tar")))
     assert 0 < before < total_shards
     final = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -128,8 +128,9 @@ def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_pa
     assert "(resumed)" in final.stdout
     written_now = int(final.stdout.split(" into ")[1].split(" shards")[0])
     assert written_now <= total_shards - before + 2 * 2  # at most the shards in progress again
-    index = Index.from_json((dest / "index.json").read_bytes(), url="index")
-    assert sorted(p.name for p in dest.glob("*.tar")) == sorted(s.name for s in index.shards)  # no orphans
+    names = list(open_index(dest).manifest.names())
+    assert sorted(p.name for p in dest.glob("*.tar")) == sorted(names)  # no orphans
+    assert sorted(p.name for p in dest.glob("*.samples")) == sorted(n + ".samples" for n in names)
     assert not list(dest.glob(".*.partial-*")) and not list((dest / ".shardstream").glob(".*.partial-*"))
     assert read_back(dest) == all_files(src)  # every sample exactly once, byte for byte
     clean = tmp_path / "clean"
@@ -178,8 +179,8 @@ def test_pack_time_shuffle_spreads_classes_over_shards(tmp_path):
     pack(src, tmp_path / "other", max_samples_per_shard=30, shuffle=True, seed=4, progress=False)
 
     def classes_per_shard(dest):
-        index = Index.from_json((dest / "index.json").read_bytes(), url="i")
-        return [len({x.key.split("/")[0] for x in s.samples}) for s in index.shards]
+        index = open_index(dest)
+        return [len({key.split("/")[0] for key in index.table(i).keys()}) for i in range(index.num_shards)]
 
     assert classes_per_shard(tmp_path / "plain") == [1] * 10
     assert min(classes_per_shard(tmp_path / "mixed")) >= 5
@@ -257,7 +258,7 @@ def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(
     except ProcessLookupError:
         pass
     process.wait()
-    assert not store.exists("index.json")
+    assert not store.exists("index.bin")
     final = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     assert "(resumed)" in final.stdout
@@ -266,8 +267,8 @@ def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(
 
     uploads = io_loop.run(store.call("list_multipart_uploads", url=url, Bucket=s3_bucket, Prefix="killed/"))
     assert not uploads.get("Uploads"), uploads.get("Uploads")
-    index = Index.from_json(store.read_bytes("index.json"), url=url)
-    assert sorted(n for n in store.list_names() if n.endswith(".tar")) == sorted(s.name for s in index.shards)
+    names = list(open_index(url, s3=s3_config).manifest.names())
+    assert sorted(n for n in store.list_names() if n.endswith(".tar")) == sorted(names)
 
 
 def test_parts_with_other_options_and_a_changed_input_are_refused(tmp_path):

@@ -33,7 +33,7 @@ def sample_files(samples) -> dict[str, bytes]:
 def test_pack_to_s3_and_read_back_byte_for_byte(stdlib_tree, s3_bucket, s3_config, tmp_path):
     url = f"s3://{s3_bucket}/stdlib"
     report = pack(stdlib_tree, url, max_shard_bytes=256 << 10, s3=s3_config, progress=False)
-    assert report.index_url == f"{url}/index.json" and report.num_shards > 4
+    assert report.index_url == f"{url}/index.bin" and report.num_shards > 4
     expected = all_files(stdlib_tree)
 
     dataset = ShardDataset(url, s3=s3_config, shuffle=False)
@@ -97,7 +97,7 @@ def test_wrong_credentials_name_endpoint_and_bucket_but_not_the_secret(stdlib_tr
 
 
 def test_missing_shard_and_missing_index_on_s3(stdlib_tree, s3_bucket, s3_config):
-    with pytest.raises(ShardNotFoundError, match=rf"s3://{s3_bucket}/none/index.json: no index here"):
+    with pytest.raises(ShardNotFoundError, match=rf"s3://{s3_bucket}/none/index.bin: no index here"):
         ShardDataset(f"s3://{s3_bucket}/none", s3=s3_config)
     missing = f"s3://{s3_bucket}/none/data-000000.tar"
     with pytest.raises(ShardNotFoundError, match=rf"{missing}: no such object at {s3_config.endpoint_url}"):
@@ -127,7 +127,7 @@ def test_dataloader_workers_do_not_stall_the_parents_s3_client(stdlib_tree, s3_b
     url = f"s3://{s3_bucket}/fork"
     pack(stdlib_tree / "json", url, s3=s3_config, progress=False)
     store = open_store(url, s3=s3_config)
-    store.read_bytes("index.json")  # the parent's client now holds pooled connections
+    store.read_bytes("index.bin")  # the parent's client now holds pooled connections
     for _ in range(2):
         loader = torch.utils.data.DataLoader(ShardDataset(url, s3=s3_config), num_workers=2, batch_size=None)
         assert len(list(loader)) > 0
@@ -163,7 +163,7 @@ def test_a_connection_cut_mid_transfer_is_named(tmp_path):
     try:
         with pytest.raises(StorageConnectionError, match=rf"s3://b/x.tar: the connection to http://127.0.0.1:{port} failed"):
             list(ShardDataset(["s3://b/x.tar"], s3=cfg))
-        with pytest.raises(StorageConnectionError, match=r"s3://b/p/index.json: the connection"):
+        with pytest.raises(StorageConnectionError, match=r"s3://b/p/index.bin: the connection"):
             ShardDataset("s3://b/p", s3=cfg)
     finally:
         server.close()

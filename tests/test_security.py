@@ -41,7 +41,7 @@ def test_the_secret_appears_in_no_repr_error_log_index_or_output(tmp_path, s3_se
     info = subprocess.run([sys.executable, "-m", "shardstream.cli", "info", f"{url}2"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and info.returncode == 0, run.stderr + info.stderr
-    index = s3_server_read(s3_config, f"{url}2/index.json")
+    index = s3_server_read(s3_config, f"{url}2/index.bin")
     assert secret not in run.stdout + run.stderr + info.stdout + info.stderr and secret.encode() not in index
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream import Index, S3Config, pack
+from shardstream import S3Config, open_index, pack
 
 
 def free_port() -> int:
@@ -45,7 +45,7 @@ def uneven_dataset(tmp_path_factory, s3_server) -> str:
     s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
                   secret_access_key=info.secret_access_key, region_name=info.region_name)
     report = pack(src, f"s3://{bucket}/uneven", max_shard_bytes=16 << 10, s3=s3, progress=False)
-    counts = {s.num_samples for s in Index.from_json(s3_read(s3, bucket, "uneven/index.json"), url="x").shards}
+    counts = set(open_index(f"s3://{bucket}/uneven", s3=s3).manifest.shard_samples.tolist())
     assert report.num_samples == NUM_SAMPLES and len(counts) > 2  # unequal shards
     return f"s3://{bucket}/uneven"
 
@@ -101,6 +101,24 @@ def _cmdline(pid: str) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def running_with(text: str, *, wait_s: float = 10.0) -> list[str]:
+    """Live (not zombie) processes whose command line holds ``text``, after giving killed ones
+    ``wait_s`` to finish dying (a SIGKILLed process with much memory takes a moment to go)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z" and text.encode() in _cmdline(pid):
+                found.append(pid)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def kill_tree(pid: int) -> None:
@@ -184,8 +202,7 @@ def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_serv
         process = torchrun(world_size, uneven_dataset, str(out), "--workers=2", "--batch-size=3",
                            f"--stop-at-batch={stop_at}", *resume, *mode, env=env, wait=False)
         kill_when_ready(process, out, world_size)
-        survivors = [p for p in os.listdir("/proc") if p.isdigit() and str(out).encode() in _cmdline(p)]
-        assert not survivors, f"ranks of the killed job still run: {survivors}"
+        assert not running_with(str(out)), f"ranks of the killed job still run: {running_with(str(out))}"
         for r in range(world_size):
             keys = json.loads((out / f"consumed-{r}.json").read_text())
             assert len(keys) == 3 * stop_at

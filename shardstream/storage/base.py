@@ -24,7 +24,7 @@ class ShardSink(Protocol):
 class Store(Protocol):
     """A directory of objects: a local directory or an S3 prefix.
 
-    Names are plain relative names (``"data-000000.tar"``, ``"index.json"``).
+    Names are plain relative names (``"data-000000.tar"``, ``"index.bin"``).
     """
 
     url: str

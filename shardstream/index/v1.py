@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import IndexFormatError
+from ..errors import IndexFormatError
 
 __all__ = [
     "ShardJson",

@@ -1,0 +1,228 @@
+"""The version 2 manifest, ``index.bin``: one row per shard, as numeric columns.
+
+What a rank must read to open a dataset is O(shards): per shard its name, size, sample and
+member counts and CRC-32, plus totals. Per-sample data lives in one table per shard
+(:mod:`shardstream.index.table`), read only where needed. Container: :mod:`.container`.
+
+Header fields: ``format`` ("shardstream-index"), ``version`` (2), ``num_shards``,
+``num_samples``, ``num_members``, ``bytes`` (totals), ``table_suffix`` (".samples": shard
+``NAME``'s table is ``NAME.samples`` beside it). Columns, one entry per shard in dataset order:
+
+==============  =======  =========================================================
+``bytes``       int64    size of the shard file
+``num_samples`` int64    samples in it
+``num_members`` int64    members (files) in it
+``crc32``       uint32   CRC-32 (zlib, gzip, S3) of the whole shard file
+``name_offsets`` int64   ``num_shards + 1`` offsets into ``names``
+``names``       uint8    the shard names, UTF-8, concatenated (relative to the manifest)
+==============  =======  =========================================================
+
+A million shards make about 40 MB; opening maps the file (or the bytes of one GET) and takes
+views of it: no Python object per shard, and DataLoader workers share the pages.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import IndexFormatError
+from . import container
+
+__all__ = ["MANIFEST_NAME", "Manifest", "TABLE_SUFFIX"]
+
+MANIFEST_NAME = "index.bin"
+TABLE_SUFFIX = ".samples"
+FORMAT = "shardstream-index"
+VERSION = 2
+MAGIC = b"SSINDEX\x00"
+
+
+class Manifest:
+    """A dataset's shards as columns (module doc). Build with :meth:`parse`, :meth:`open_file`
+    or :meth:`from_columns`; write with :meth:`pieces`.
+
+    Attributes:
+        url: where it was read from (named in errors).
+        shard_bytes, shard_samples, shard_members: int64 arrays of shape ``(num_shards,)``.
+        crc32: uint32 array of shape ``(num_shards,)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        shard_bytes: np.ndarray,
+        shard_samples: np.ndarray,
+        shard_members: np.ndarray,
+        crc32: np.ndarray,
+        name_offsets: np.ndarray,
+        names: np.ndarray,
+        source: tuple[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.shard_bytes, self.shard_samples, self.shard_members = shard_bytes, shard_samples, shard_members
+        self.crc32 = crc32
+        self._name_offsets, self._names = name_offsets, names
+        self._source = source  # ("file", path) or ("shm", SharedFile): re-mapped when unpickled
+
+    def __repr__(self) -> str:
+        return f"Manifest({self.url!r}, num_shards={self.num_shards}, num_samples={self.num_samples})"
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_bytes)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.shard_samples.sum())
+
+    @property
+    def num_members(self) -> int:
+        return int(self.shard_members.sum())
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.shard_bytes.sum())
+
+    def totals(self) -> dict[str, int]:
+        return {"num_shards": self.num_shards, "num_samples": self.num_samples,
+                "num_members": self.num_members, "bytes": self.total_bytes}
+
+    def name(self, i: int) -> str:
+        """Shard ``i``'s file name, relative to the manifest.
+
+        Raises:
+            IndexFormatError: the name is not UTF-8.
+        """
+        raw = self._names[self._name_offsets[i] : self._name_offsets[i + 1]].tobytes()
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IndexFormatError(f"{self.url}: shard {i}'s name is not UTF-8 ({exc})") from exc
+
+    def names(self) -> Iterator[str]:
+        return (self.name(i) for i in range(self.num_shards))
+
+    def table_name(self, i: int) -> str:
+        """The file name of shard ``i``'s sample table, beside the shard."""
+        return self.name(i) + TABLE_SUFFIX
+
+    def crc32_hex(self, i: int) -> str:
+        return f"{int(self.crc32[i]):08x}"
+
+    # serialisation
+
+    def pieces(self) -> Iterator[bytes]:
+        """The manifest file's bytes, in pieces."""
+        fields = {"format": FORMAT, "version": VERSION, "table_suffix": TABLE_SUFFIX, **self.totals()}
+        return container.to_pieces(MAGIC, fields, [
+            ("bytes", self.shard_bytes.astype("<i8")), ("num_samples", self.shard_samples.astype("<i8")),
+            ("num_members", self.shard_members.astype("<i8")), ("crc32", self.crc32.astype("<u4")),
+            ("name_offsets", self._name_offsets.astype("<i8")), ("names", self._names.astype("|u1")),
+        ])
+
+    @classmethod
+    def from_columns(
+        cls,
+        *,
+        names: Iterable[str],
+        shard_bytes: Sequence[int] | np.ndarray,
+        shard_samples: Sequence[int] | np.ndarray,
+        shard_members: Sequence[int] | np.ndarray,
+        crc32: Sequence[int] | np.ndarray,
+        url: str = MANIFEST_NAME,
+    ) -> Manifest:
+        """A manifest from per-shard values (names are checked as :meth:`parse` does)."""
+        encoded = [name.encode("utf-8") for name in names]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(e) for e in encoded], out=offsets[1:])
+        blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        manifest = cls(url=url, shard_bytes=np.asarray(shard_bytes, dtype=np.int64),
+                       shard_samples=np.asarray(shard_samples, dtype=np.int64),
+                       shard_members=np.asarray(shard_members, dtype=np.int64),
+                       crc32=np.asarray(crc32, dtype=np.uint32), name_offsets=offsets, names=blob)
+        manifest._check()
+        return manifest
+
+    @classmethod
+    def parse(cls, buffer: Any, *, url: str, source: tuple[str, Any] | None = None) -> Manifest:
+        """A manifest from the bytes of ``index.bin`` (views, no copy), validated.
+
+        Raises:
+            IndexFormatError: not a manifest, another version, columns of the wrong type or
+                length, totals that disagree with the columns, or a bad shard name.
+        """
+        fields, columns = container.read(buffer, magic=MAGIC, url=url, kind="index")
+        if fields.get("format") != FORMAT or fields.get("version") != VERSION:
+            raise IndexFormatError(
+                f"{url}: index version {fields.get('version')!r} is not supported by this shardstream "
+                f"(reads version {VERSION}); upgrade shardstream or re-pack"
+            )
+        expected = {"bytes": "<i8", "num_samples": "<i8", "num_members": "<i8", "crc32": "<u4",
+                    "name_offsets": "<i8", "names": "|u1"}
+        for name, dtype in expected.items():
+            if name not in columns or columns[name].dtype.str != dtype:
+                raise IndexFormatError(f"{url}: column {name!r} missing or not {dtype}; re-run shardstream pack")
+        manifest = cls(url=url, shard_bytes=columns["bytes"], shard_samples=columns["num_samples"],
+                       shard_members=columns["num_members"], crc32=columns["crc32"],
+                       name_offsets=columns["name_offsets"], names=columns["names"], source=source)
+        manifest._check()
+        totals = {k: fields.get(k) for k in ("num_shards", "num_samples", "num_members", "bytes")}
+        if totals != manifest.totals():
+            raise IndexFormatError(f"{url}: totals {totals} disagree with the shards ({manifest.totals()})")
+        return manifest
+
+    @classmethod
+    def open_file(cls, path: str | os.PathLike[str], *, url: str | None = None) -> Manifest:
+        """A local ``index.bin``, memory-mapped (DataLoader workers share its pages).
+
+        Raises:
+            FileNotFoundError: no such file; IndexFormatError: as :meth:`parse`.
+        """
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            buffer: Any = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+        return cls.parse(buffer, url=url or path, source=("file", path))
+
+    def _check(self) -> None:
+        n = len(self.shard_bytes)
+        if not (len(self.shard_samples) == len(self.shard_members) == len(self.crc32) == n
+                and len(self._name_offsets) == n + 1):
+            raise IndexFormatError(f"{self.url}: columns of different lengths; re-run shardstream pack")
+        lengths = np.diff(self._name_offsets)
+        if (self._name_offsets[:1] != 0).any() or self._name_offsets[-1] != len(self._names) or (lengths < 1).any():
+            raise IndexFormatError(f"{self.url}: bad shard name offsets; re-run shardstream pack")
+        if (self.shard_bytes < 0).any() or (self.shard_samples < 0).any() or (self.shard_members < self.shard_samples).any():
+            raise IndexFormatError(f"{self.url}: negative sizes or counts; re-run shardstream pack")
+        if (self._names == ord("/")).any() or (self._names == 0).any():
+            raise IndexFormatError(f"{self.url}: a shard name holds '/' or NUL; shard names are plain file names")
+        for i in np.flatnonzero(lengths <= 2).tolist():
+            if self.name(i) in (".", ".."):
+                raise IndexFormatError(f"{self.url}: shard name {self.name(i)!r} must be a plain file name")
+
+    # pickling: re-map the file in the receiving process instead of copying the columns
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._source is None:
+            return self.__dict__.copy()
+        return {"url": self.url, "_source": self._source}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "shard_bytes" in state:
+            self.__dict__.update(state)
+            return
+        kind, where = state["_source"]
+        if kind == "file":
+            fresh = Manifest.open_file(where, url=state["url"])
+        else:
+            buffer = where.buffer()
+            if buffer is None:
+                raise IndexFormatError(f"{state['url']}: the shared copy of the index is gone (its process exited)")
+            fresh = Manifest.parse(buffer, url=state["url"], source=state["_source"])
+        self.__dict__.update(fresh.__dict__)

@@ -1,0 +1,272 @@
+"""Opening a dataset's index: a directory or S3 prefix (or its index file) -> a
+:class:`DatasetIndex`; what ``ShardDataset`` takes as its source -> shard URLs and the index;
+and ``shardstream index upgrade`` (version 1 -> 2, in place, shards untouched).
+
+Opening reads ``index.bin`` only: one mapped file locally, one GET on S3 (the bytes go into a
+shared-memory file, :mod:`shardstream.shm`, that DataLoader workers map instead of copying).
+A version 1 ``index.json`` still opens, converted in memory, at its old cost per sample.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+from ..errors import ShardNotFoundError
+from ..storage import LocalStore, is_s3_url, open_store, split_url
+from .manifest import MANIFEST_NAME, Manifest
+from .table import ShardTable
+from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
+
+__all__ = ["DatasetIndex", "ShardUrls", "open_index", "resolve_source", "upgrade"]
+
+_TABLES_KEPT = 64  # per-shard tables a process keeps (a reader needs one or two at a time)
+
+
+class DatasetIndex:
+    """An opened dataset: its :class:`Manifest`, where its shards and tables are, and the
+    per-shard tables read on demand.
+
+    Attributes:
+        manifest: the shards' columns.
+        root: URL of the directory (or S3 prefix) holding the index, shards and tables.
+    """
+
+    def __init__(self, manifest: Manifest, *, root: str, s3: Any = None,
+                 legacy_tables: list[ShardTable] | None = None) -> None:
+        self.manifest = manifest
+        self.root = root.rstrip("/") or "/"
+        self.s3 = s3
+        self._legacy_tables = legacy_tables
+        self._tables: collections.OrderedDict[int, ShardTable] = collections.OrderedDict()
+        self._store: Any = None
+
+    def __repr__(self) -> str:
+        return f"DatasetIndex({self.root!r}, num_shards={self.num_shards}, num_samples={self.num_samples})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_tables"], state["_store"] = collections.OrderedDict(), None
+        return state
+
+    @property
+    def num_shards(self) -> int:
+        return self.manifest.num_shards
+
+    @property
+    def num_samples(self) -> int:
+        return self.manifest.num_samples
+
+    def shard_url(self, i: int) -> str:
+        return _join(self.root, self.manifest.name(i))
+
+    def table(self, i: int) -> ShardTable:
+        """Shard ``i``'s sample table (read once, then kept among the last few used).
+
+        Raises:
+            ShardNotFoundError: the table is missing; IndexFormatError: it is damaged or
+                disagrees with the manifest.
+        """
+        if self._legacy_tables is not None:
+            return self._legacy_tables[i]
+        table = self._tables.get(i)
+        if table is None:
+            if self._store is None:
+                self._store = open_store(self.root, s3=self.s3)
+            name = self.manifest.table_name(i)
+            try:
+                data = self._store.read_bytes(name)
+            except ShardNotFoundError as exc:
+                raise ShardNotFoundError(
+                    f"{self._store.url_of(name)}: the sample table of shard {self.manifest.name(i)} is missing; "
+                    "re-run shardstream pack (or shardstream index upgrade)"
+                ) from exc
+            table = ShardTable.parse(data, url=self._store.url_of(name), num_samples=int(self.manifest.shard_samples[i]),
+                                     num_members=int(self.manifest.shard_members[i]))
+            self._tables[i] = table
+            while len(self._tables) > _TABLES_KEPT:
+                self._tables.popitem(last=False)
+        else:
+            self._tables.move_to_end(i)
+        return table
+
+
+    def as_v1(self) -> Index:
+        """Every shard and sample as objects, as a version 1 :class:`Index` (reads every
+        table: a cost per sample, for small datasets, tests and tools)."""
+        manifest = self.manifest
+        return Index(shards=tuple(
+            ShardEntry(manifest.name(i), int(manifest.shard_bytes[i]), manifest.crc32_hex(i), samples=tuple(
+                SampleEntry(key, tuple(MemberEntry(*m) for m in members)) for key, members in self.table(i).samples()
+            ))
+            for i in range(self.num_shards)
+        ))
+
+
+class ShardUrls(Sequence[str]):
+    """The shard URLs of a :class:`DatasetIndex`, made on access (no string per shard held)."""
+
+    def __init__(self, index: DatasetIndex) -> None:
+        self._index = index
+
+    def __len__(self) -> int:
+        return self._index.num_shards
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self._index.shard_url(j) for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"shard {i} of {len(self)}")
+        return self._index.shard_url(i % len(self))
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._index.shard_url(j) for j in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"ShardUrls({len(self)} shards under {self._index.root!r})"
+
+
+def open_index(location: str | os.PathLike[str], *, s3: Any = None) -> DatasetIndex:
+    """Open the index of the dataset at ``location``: a local directory or ``s3://bucket/prefix``
+    (``index.bin``, else a version 1 ``index.json``), or the path of either file.
+
+    Raises:
+        ShardNotFoundError: no index there (names what to pass instead).
+        IndexFormatError: the index is malformed.
+    """
+    text = os.fspath(location)
+    if text.endswith((".json", ".bin")):
+        root, name = split_url(text if is_s3_url(text) else os.path.abspath(text))
+        names = [name]
+    else:
+        root = text.rstrip("/") if is_s3_url(text) else os.path.abspath(text)
+        names = [MANIFEST_NAME, INDEX_NAME]
+    store = open_store(root or os.sep, s3=s3)
+    for name in names:
+        if name.endswith(".bin"):
+            manifest = _read_manifest(store, name)
+            if manifest is not None:
+                return DatasetIndex(manifest, root=store.url, s3=s3)
+        else:
+            try:
+                data = store.read_bytes(name)
+            except ShardNotFoundError:
+                continue
+            manifest, tables = legacy(Index.from_json(data, url=store.url_of(name)), url=store.url_of(name))
+            return DatasetIndex(manifest, root=store.url, s3=s3, legacy_tables=tables)
+    raise ShardNotFoundError(
+        f"{store.url_of(names[0])}: no index here; pass a directory or s3:// prefix written by "
+        "shardstream pack, its index file, or shard URLs (a list or a brace pattern)"
+    )
+
+
+def _read_manifest(store: Any, name: str) -> Manifest | None:
+    url = store.url_of(name)
+    if isinstance(store, LocalStore):
+        try:
+            return Manifest.open_file(url, url=url)
+        except FileNotFoundError:
+            return None
+    try:
+        data = store.read_bytes(name)
+    except ShardNotFoundError:
+        return None
+    from ..shm import SharedFile
+
+    try:  # workers map the shared copy instead of each holding one
+        shared = SharedFile("shardstream-index", len(data))
+        buffer = shared.buffer()
+        assert buffer is not None  # internal invariant: just created
+        buffer[: len(data)] = data
+        return Manifest.parse(buffer, url=url, source=("shm", shared))
+    except OSError:  # no room in /dev/shm: a private copy
+        return Manifest.parse(data, url=url)
+
+
+def legacy(index: Index, *, url: str) -> tuple[Manifest, list[ShardTable]]:
+    """A version 1 index as a manifest and in-memory tables (its cost is per sample)."""
+    manifest = Manifest.from_columns(
+        names=[s.name for s in index.shards], shard_bytes=[s.bytes for s in index.shards],
+        shard_samples=[s.num_samples for s in index.shards], shard_members=[s.num_members for s in index.shards],
+        crc32=[int(s.crc32, 16) for s in index.shards], url=url,
+    )
+    tables = [
+        ShardTable.from_samples(s.name, ((x.key, [(m.name, m.offset, m.size) for m in x.members]) for x in s.samples))
+        for s in index.shards
+    ]
+    return manifest, tables
+
+
+def resolve_source(source: Any, *, s3: Any = None) -> tuple[Sequence[str], DatasetIndex | None]:
+    """Shard URLs (and the index, when there is one) of a ``ShardDataset`` source: a dataset
+    location (see :func:`open_index`), a shard URL, a brace pattern, or a list of shard URLs."""
+    if isinstance(source, (list, tuple)):
+        urls = [_normalize(os.fspath(u)) for u in source]
+        if not urls:
+            raise ValueError("source is an empty list of shard URLs")
+        return urls, None
+    text = os.fspath(source)
+    if "{" in text:
+        from braceexpand import braceexpand
+
+        return [_normalize(u) for u in braceexpand(text)], None
+    if text.endswith(".tar"):
+        return [_normalize(text)], None
+    index = open_index(_normalize(text), s3=s3)
+    return ShardUrls(index), index
+
+
+def upgrade(dest: str | os.PathLike[str], *, s3: Any = None) -> dict[str, int]:
+    """Convert a version 1 dataset in place: write each shard's table beside it, then
+    ``index.bin``, then remove ``index.json``. The shards are not touched.
+
+    Returns:
+        The totals.
+
+    Raises:
+        ShardNotFoundError: no ``index.json`` at ``dest``; IndexFormatError: it is malformed.
+    """
+    store = open_store(os.fspath(dest), s3=s3)
+    index = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
+    manifest, tables = legacy(index, url=store.url_of(MANIFEST_NAME))
+    for i, table in enumerate(tables):
+        _write(store, manifest.table_name(i), table.pieces())
+    _write(store, MANIFEST_NAME, manifest.pieces())
+    store.delete(INDEX_NAME)
+    return manifest.totals()
+
+
+def _write(store: Any, name: str, pieces: Iterator[bytes]) -> None:
+    sink = store.open_writer(name)
+    try:
+        for piece in pieces:
+            sink.write(piece)
+        sink.commit()
+    finally:
+        sink.abort()
+
+
+def _join(root: str, name: str) -> str:
+    return f"{root}{name}" if root.endswith("/") else f"{root}/{name}"
+
+
+def _normalize(url: str) -> str:
+    if is_s3_url(url):
+        return url
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    if "://" in url:
+        raise ValueError(f"{url!r}: unsupported URL scheme; use s3://BUCKET/KEY or a local path")
+    return os.path.abspath(url)
+
