@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import random
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from torch.utils.data import IterableDataset
@@ -33,6 +34,7 @@ STATE_VERSION = 1
 
 log = logging.getLogger("shardstream")
 _UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
+_CHUNK = 1 << 16  # arrivals turned into Python ints at a time
 
 Source = str | os.PathLike[str] | Sequence[str]
 
@@ -490,78 +492,79 @@ class ShardDataset(IterableDataset):
 
     def _read_plan(self, epoch_plan: EpochPlan, plan: WorkerPlan, stats: ReaderStats) -> Iterator[dict[str, Any]]:
         """A worker's samples in its plan's emission order, skipping those delivered before a
-        resume: each lane reads its runs (byte ranges of shards, from the index's member
-        offsets), arrivals follow the plan's interleaving, and a sample is held only until its
-        turn comes, at most ``shuffle_buffer`` of them."""
-        count = len(plan.order)
+        resume: each lane reads its runs (byte ranges of shards, from the index), arrivals
+        follow the plan's interleaving, and a sample is held only until its turn comes, at most
+        ``shuffle_buffer`` of them. Per-sample work is done as samples come (the emission order
+        is generated as it goes), so a large piece costs nothing up front but a few arrays."""
+        count = len(plan.ids)
         if plan.skip >= count:
             return
+        emissions = plan.emissions()
         wanted = np.ones(count, dtype=bool)
-        wanted[plan.order[: plan.skip]] = False
-        shard, index = epoch_plan.shard_of(plan.ids)
-        lanes = np.unique(plan.lane)
-        fetch = _lane_fetch(self.fetch, len(lanes))
+        wanted[np.fromiter(itertools.islice(emissions, plan.skip), dtype=np.int64, count=plan.skip)] = False
+        shard, index = (plan.shard, plan.index) if plan.shard is not None else epoch_plan.shard_of(plan.ids)
+        lanes = int(plan.lane.max()) + 1
+        fetch = _lane_fetch(self.fetch, lanes)
         readers = {}
-        for lane in lanes.tolist():
+        for lane in range(lanes):
             arrivals = np.flatnonzero((plan.lane == lane) & wanted)
             readers[lane] = self._read_runs(_runs(arrivals, shard[arrivals], index[arrivals]), fetch, stats)
         held: dict[int, dict[str, Any]] = {}
-        emit = iter(plan.order[plan.skip :].tolist())
-        turn = next(emit, None)
-        for t, lane in zip(np.flatnonzero(wanted).tolist(), plan.lane[wanted].tolist()):
-            got, sample = next(readers[lane])
-            assert got == t, (got, t)  # internal invariant: lanes deliver in arrival order
-            held[t] = sample
-            while turn is not None and turn in held:
-                yield held.pop(turn)
-                turn = next(emit, None)
+        turn = next(emissions, None)
+        arrivals, arrival_lanes = np.flatnonzero(wanted), plan.lane[wanted]
+        for start in range(0, len(arrivals), _CHUNK):
+            for t, lane in zip(arrivals[start : start + _CHUNK].tolist(), arrival_lanes[start : start + _CHUNK].tolist()):
+                got, sample = next(readers[lane])
+                assert got == t, (got, t)  # internal invariant: lanes deliver in arrival order
+                held[t] = sample
+                while turn is not None and turn in held:
+                    yield held.pop(turn)
+                    turn = next(emissions, None)
         for reader in readers.values():  # run each to its end: it checks counts, commits cache entries
             for extra in reader:
                 raise AssertionError(f"internal error: a lane read {extra[0]} beyond its plan")
 
-    def _read_runs(
-        self, runs: list[tuple[int, list[tuple[int, int]]]], fetch: FetchConfig, stats: ReaderStats
-    ) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(arrival index, sample)`` of the wanted samples of each run ``(shard, [(arrival,
-        index in shard), ...])``, reading each run as one byte range of its shard (the whole
-        shard when the run covers it; else the range from the shard's sample table)."""
+    def _read_runs(self, runs: list[_Run], fetch: FetchConfig, stats: ReaderStats) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(arrival index, sample)`` of the wanted samples of each run, reading each run as one
+        byte range of its shard (the whole shard when the run covers it; else the range from
+        the shard's sample table)."""
         index = self.index
         assert index is not None  # internal invariant: only planned reads come here
         urls, ranges, sizes = [], [], []
-        for s, items in runs:
-            lo, hi = items[0][1], items[-1][1]
-            urls.append(index.shard_url(s))
-            sizes.append(int(index.manifest.shard_bytes[s]))
-            if lo == 0 and hi == int(index.manifest.shard_samples[s]) - 1:
+        for run in runs:
+            lo, hi = int(run.index[0]), int(run.index[-1])
+            urls.append(index.shard_url(run.shard))
+            sizes.append(int(index.manifest.shard_bytes[run.shard]))
+            if lo == 0 and hi == int(index.manifest.shard_samples[run.shard]) - 1:
                 ranges.append(None)
             else:
-                ends = index.table(s).sample_ends()
+                ends = index.table(run.shard).sample_ends()
                 ranges.append((int(ends[lo - 1]) if lo else 0, int(ends[hi])))
         streams = iter_shard_streams(
             urls, sizes_bytes=sizes, byte_ranges=ranges, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats
         )
         # The streams come first in the zip, so the generator runs to its end after the last
         # run: that is where it finishes and commits the last shard's cache entry.
-        for (url, stream), (s, items), byte_range in zip(streams, runs, ranges):
+        for (url, stream), run, byte_range in zip(streams, runs, ranges):
             if self.on_error == "skip":
-                yield from _skip_corrupt(self._read_run(url, stream, s, items, byte_range), items, url)
+                yield from _skip_corrupt(self._read_run(url, stream, run, byte_range), run, url)
             else:
-                yield from self._read_run(url, stream, s, items, byte_range)
+                yield from self._read_run(url, stream, run, byte_range)
 
     def _read_run(
-        self, url: str, stream: Any, s: int, items: list[tuple[int, int]], byte_range: tuple[int, int] | None
+        self, url: str, stream: Any, run: _Run, byte_range: tuple[int, int] | None
     ) -> Iterator[tuple[int, dict[str, Any]]]:
         """The wanted samples of one run ``(arrival index, sample)``, checked against the index:
         the sample count, and for a byte range each key (from the shard's table)."""
         index = self.index
         assert index is not None  # internal invariant: runs come from the index
-        lo, hi = items[0][1], items[-1][1]
+        s, lo, hi = run.shard, int(run.index[0]), int(run.index[-1])
         count = int(index.manifest.shard_samples[s])
         keys = index.table(s).keys()[lo : hi + 1] if byte_range is not None else None
         checked = None
         if self.verify_checksums and byte_range is None:
             stream = checked = _Checksummed(stream, url, index.manifest.crc32_hex(s))
-        pending = iter(items)
+        pending = zip(run.arrivals.tolist(), run.index.tolist())
         t, want = next(pending)
         i = lo
         for sample in iter_samples(stream, url=url, end_of_archive=byte_range is None):
@@ -678,18 +681,18 @@ class _Checksummed:
 
 
 def _skip_corrupt(
-    run: Iterator[tuple[int, dict[str, Any]]], items: list[tuple[int, int]], url: str
+    samples: Iterator[tuple[int, dict[str, Any]]], run: _Run, url: str
 ) -> Iterator[tuple[int, dict[str, Any] | None]]:
     """A run's samples; from a CorruptShardError on, ``None`` for each wanted sample left
     (logged once)."""
     done = 0
     try:
-        for item in run:
+        for item in samples:
             done += 1
             yield item
     except CorruptShardError as exc:
-        log.warning("skipping %d samples of %s: %s", len(items) - done, url, exc)
-        for t, _ in items[done:]:
+        log.warning("skipping %d samples of %s: %s", len(run.arrivals) - done, url, exc)
+        for t in run.arrivals[done:].tolist():
             yield t, None
 
 
@@ -738,13 +741,21 @@ def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
     )
 
 
-def _runs(arrivals: np.ndarray, shard: np.ndarray, index: np.ndarray) -> list[tuple[int, list[tuple[int, int]]]]:
+class _Run(NamedTuple):
+    """A lane's consecutive wanted samples of one shard: their arrival indices and their
+    indices in the shard (going up)."""
+
+    shard: int
+    arrivals: np.ndarray
+    index: np.ndarray
+
+
+def _runs(arrivals: np.ndarray, shard: np.ndarray, index: np.ndarray) -> list[_Run]:
     """Group a lane's arrivals into runs: consecutive samples of one shard, index going up."""
     if len(arrivals) == 0:
         return []
     cuts = (np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1).tolist()
-    bounds = zip([0, *cuts], [*cuts, len(arrivals)])
-    return [(int(shard[a]), list(zip(arrivals[a:b].tolist(), index[a:b].tolist()))) for a, b in bounds]
+    return [_Run(int(shard[a]), arrivals[a:b], index[a:b]) for a, b in zip([0, *cuts], [*cuts, len(arrivals)])]
 
 
 def _segments(state: PassState) -> tuple[Segment, ...]:

@@ -44,8 +44,9 @@ batch possibly short (:func:`consumed_per_worker`).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +56,7 @@ __all__ = [
     "Segment",
     "WorkerPlan",
     "buffer_order",
+    "iter_buffer_order",
     "consumed_per_worker",
     "ramp_samples",
     "split_evenly",
@@ -102,6 +104,9 @@ class Segment:
         )
 
 
+_DRAW_CHUNK = 1 << 16
+
+
 def split_evenly(total: int, parts: int) -> list[int]:
     """Sizes of ``parts`` contiguous pieces of ``total`` items, differing by at most one,
     larger first."""
@@ -130,6 +135,34 @@ def ramp_samples(capacity: int) -> int:
     return max(1, capacity // 10)
 
 
+def iter_buffer_order(count: int, capacity: int, rng: np.random.Generator) -> Iterator[int]:
+    """The emission order of a shuffle buffer of ``capacity`` samples fed ``0..count-1``, one
+    arrival index at a time (:func:`buffer_order`), so a reader needs no array of it up front."""
+    if capacity <= 1 or count <= 1:
+        yield from range(count)
+        return
+    buf = list(range(min(ramp_samples(capacity), count)))
+    arrived = len(buf)
+    drawn = 0  # the draws come from one stream of ``count`` doubles, taken a chunk at a time
+    draws: list[float] = []
+    emitted = 0
+    while arrived < count:
+        if emitted == drawn:
+            take = min(_DRAW_CHUNK, count - drawn)
+            draws, drawn = rng.random(take).tolist(), drawn + take
+        j = int(draws[emitted - drawn + len(draws)] * len(buf))
+        yield buf[j]
+        emitted += 1
+        buf[j] = arrived
+        arrived += 1
+        if len(buf) < capacity and arrived < count:
+            buf.append(arrived)
+            arrived += 1
+    if drawn < count:
+        rng.random(count - drawn)  # the rest of the stream, as one draw of ``count`` would use
+    yield from rng.permutation(np.asarray(buf, dtype=np.int64)).tolist()
+
+
 def buffer_order(count: int, capacity: int, rng: np.random.Generator) -> np.ndarray:
     """The emission order of a shuffle buffer of ``capacity`` samples fed ``0..count-1``.
 
@@ -141,22 +174,7 @@ def buffer_order(count: int, capacity: int, rng: np.random.Generator) -> np.ndar
     Returns:
         int64 array of shape ``(count,)``, a permutation of ``0..count-1``.
     """
-    if capacity <= 1 or count <= 1:
-        return np.arange(count, dtype=np.int64)
-    buf = list(range(min(ramp_samples(capacity), count)))
-    arrived = len(buf)
-    out: list[int] = []
-    draws = rng.random(count).tolist()
-    while arrived < count:
-        j = int(draws[len(out)] * len(buf))
-        out.append(buf[j])
-        buf[j] = arrived
-        arrived += 1
-        if len(buf) < capacity and arrived < count:
-            buf.append(arrived)
-            arrived += 1
-    out.extend(rng.permutation(np.asarray(buf, dtype=np.int64)).tolist())
-    return np.asarray(out, dtype=np.int64)
+    return np.fromiter(iter_buffer_order(count, capacity, rng), dtype=np.int64, count=count)
 
 
 def consumed_per_worker(lengths: Sequence[int], batch_size: int | None, samples_consumed: int) -> list[int]:
@@ -196,19 +214,32 @@ class WorkerPlan:
     """What one worker reads and yields in one segment.
 
     ``ids[t]`` is the sample id of the ``t``-th sample to arrive (reading order), ``lane[t]``
-    the lane it is read by; ``order`` is the emission order (a permutation of arrival
-    indices ``t``). ``skip`` leading entries of ``order`` were delivered before a resume.
+    the lane it is read by; the emission order (a permutation of arrival indices ``t``) comes
+    from :meth:`emissions` as the worker goes (``order`` makes it whole, for tests and
+    replays). ``skip`` leading emissions were delivered before a resume.
     """
 
     ids: np.ndarray
     lane: np.ndarray
-    order: np.ndarray
+    shard: np.ndarray | None = None  # per arrival: its shard and index in the shard (None: derive from ids)
+    index: np.ndarray | None = None
+    capacity: int = 0  # the shuffle buffer's; <= 1: emitted in arrival order
+    stream: tuple[int, ...] = ()  # seed of the buffer's draws
     skip: int = 0
+
+    def emissions(self) -> Iterator[int]:
+        """Arrival indices in emission order, from the start."""
+        return iter_buffer_order(len(self.ids), self.capacity, np.random.default_rng(self.stream))
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        """The whole emission order: int64 ``(len(ids),)``."""
+        return np.fromiter(self.emissions(), dtype=np.int64, count=len(self.ids))
 
     @property
     def num_samples(self) -> int:
         """Samples this worker still yields."""
-        return len(self.order) - self.skip
+        return len(self.ids) - self.skip
 
 
 @dataclass
@@ -239,7 +270,13 @@ class EpochPlan:
     _starts: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._starts = np.concatenate([[0], np.cumsum(np.asarray(self.counts, dtype=np.int64))])
+        counts = np.asarray(self.counts, dtype=np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        # The epoch's order of shards and where each begins in the epoch's sequence: O(shards),
+        # so a worker maps its positions to sample ids without the sequence being built.
+        self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(len(counts)) if self.shuffle
+                       else np.arange(len(counts)))
+        self._order_starts = np.concatenate([[0], np.cumsum(counts[self._order])])
 
     @property
     def num_samples(self) -> int:
@@ -251,34 +288,57 @@ class EpochPlan:
         return shard, ids - self._starts[shard]
 
     def sequence(self) -> np.ndarray:
-        """The epoch's sample ids in order: shards permuted by ``(seed, epoch)``."""
-        shards = np.arange(len(self.counts))
-        if self.shuffle:
-            shards = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.counts))
-        return np.concatenate(
-            [np.arange(self._starts[s], self._starts[s + 1], dtype=np.int64) for s in shards] or [np.empty(0, np.int64)]
-        )
+        """The epoch's sample ids in order: shards permuted by ``(seed, epoch)``. Built only to
+        replay a checkpoint's closed segments (an elastic resume); a fresh or same-shape epoch
+        maps positions with :meth:`ids_at`."""
+        return self.ids_at(np.arange(self.num_samples, dtype=np.int64))
 
-    def rank_parts(self, todo: np.ndarray, world_size: int) -> list[np.ndarray]:
-        """``todo`` (ids in epoch order) cut into ``world_size`` equal contiguous parts."""
-        if len(todo) == 0:
-            return [todo[:0] for _ in range(world_size)]
-        per_rank = len(todo) // world_size if self.drop_last else -(-len(todo) // world_size)
-        full = np.resize(todo, per_rank * world_size)  # pads by wrapping to the start
-        return [full[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]
+    def ids_at(self, positions: np.ndarray) -> np.ndarray:
+        """Sample ids at these positions of the epoch's sequence (O(len + log shards) each)."""
+        return self._located(positions)[0]
 
-    def worker_plan(
-        self, part: np.ndarray, *, seg: int, rank: int, worker_id: int, num_workers: int, batch_size: int | None
-    ) -> WorkerPlan:
-        """The plan of worker ``worker_id`` of the rank whose part is ``part``, the pieces cut
-        by ``batch_size`` (:func:`split_workers`)."""
-        sizes = split_workers(len(part), num_workers, batch_size)
-        start = sum(sizes[:worker_id])
-        ids = part[start : start + sizes[worker_id]]
-        streams = [self.seed, self.epoch, seg, rank, worker_id]
+    def _located(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ids, shard, index within shard)`` at these positions of the epoch's sequence."""
+        k = np.searchsorted(self._order_starts, positions, side="right") - 1
+        shard, index = self._order[k], positions - self._order_starts[k]
+        return self._starts[shard] + index, shard, index
+
+    def per_rank(self, total: int, world_size: int) -> int:
+        """Samples each rank gets of ``total``: floor with ``drop_last``, else ceil (padded)."""
+        return total // world_size if self.drop_last else -(-total // world_size)
+
+    def piece(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
+              batch_size: int | None) -> np.ndarray:
+        """The ids of one worker's piece: ``todo`` (ids in epoch order; None: the whole epoch)
+        cut into ``world_size`` equal contiguous parts (the last padded by wrapping to the
+        start), each cut into ``num_workers`` pieces (:func:`split_workers`)."""
+        return self._piece(todo, world_size=world_size, rank=rank, num_workers=num_workers, worker_id=worker_id,
+                           batch_size=batch_size)[0]
+
+    def _piece(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
+               batch_size: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`piece`, with each sample's shard and index in its shard."""
+        total = self.num_samples if todo is None else len(todo)
+        per_rank = self.per_rank(total, world_size)
+        sizes = split_workers(per_rank, num_workers, batch_size)
+        start = rank * per_rank + sum(sizes[:worker_id])
+        if total == 0:
+            empty = np.empty(0, np.int64)
+            return empty, empty, empty
+        positions = np.arange(start, start + sizes[worker_id], dtype=np.int64) % total  # a pad wraps
+        if todo is None:
+            return self._located(positions)
+        ids = todo[positions]
+        return (ids, *self.shard_of(ids))
+
+    def worker_plan(self, ids: np.ndarray, *, seg: int, rank: int, worker_id: int,
+                    located: tuple[np.ndarray, np.ndarray] | None = None) -> WorkerPlan:
+        """The plan of worker ``worker_id`` of ``rank`` whose piece is ``ids`` (epoch order;
+        ``located``: their shards and indices, when known)."""
+        streams = (self.seed, self.epoch, seg, rank, worker_id)
+        shard, index = located if located is not None else self.shard_of(ids)
         if not self.shuffle or len(ids) == 0:
-            return WorkerPlan(ids=ids, lane=np.zeros(len(ids), np.int64), order=np.arange(len(ids), dtype=np.int64))
-        shard, index = self.shard_of(ids)
+            return WorkerPlan(ids=ids, lane=np.zeros(len(ids), np.int64), shard=shard, index=index)
         # A run ends where the shard changes or the index does not go up (a pad wraps).
         breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1
         run = np.zeros(len(ids), np.int64)
@@ -290,19 +350,23 @@ class EpochPlan:
         labels = np.random.default_rng([*streams, 1]).permutation(np.sort(run_lane, kind="stable"))
         # The k-th arrival from lane L is lane L's k-th sample (its samples keep their order).
         arrival = np.empty(len(ids), np.int64)
-        arrival[np.argsort(labels, kind="stable")] = np.argsort(run_lane, kind="stable")
-        order = buffer_order(len(ids), self.shuffle_buffer, np.random.default_rng([*streams, 2]))
-        return WorkerPlan(ids=ids[arrival], lane=labels, order=order)
+        for lane in range(lanes):
+            arrival[labels == lane] = np.flatnonzero(run_lane == lane)
+        return WorkerPlan(ids=ids[arrival], lane=labels, shard=shard[arrival], index=index[arrival],
+                          capacity=self.shuffle_buffer, stream=(*streams, 2))
 
     def segment_plans(self, todo: np.ndarray, seg: int, segment: Segment) -> list[list[WorkerPlan]]:
         """Every worker's plan of a segment: ``[rank][worker_id]``."""
         return [
             [
-                self.worker_plan(part, seg=seg, rank=r, worker_id=w, num_workers=segment.num_workers,
-                                 batch_size=segment.split_batch_size)
+                self.worker_plan(
+                    self.piece(todo, world_size=segment.world_size, rank=r, num_workers=segment.num_workers,
+                               worker_id=w, batch_size=segment.split_batch_size),
+                    seg=seg, rank=r, worker_id=w,
+                )
                 for w in range(segment.num_workers)
             ]
-            for r, part in enumerate(self.rank_parts(todo, segment.world_size))
+            for r in range(segment.world_size)
         ]
 
     def delivered(self, plans: list[list[WorkerPlan]], segment: Segment) -> np.ndarray:
@@ -315,16 +379,17 @@ class EpochPlan:
             )
         out = []
         for workers in plans:
-            counts = consumed_per_worker([len(p.order) for p in workers], segment.batch_size, segment.samples_consumed)
+            counts = consumed_per_worker([len(p.ids) for p in workers], segment.batch_size, segment.samples_consumed)
             out.extend(p.ids[p.order[:d]] for p, d in zip(workers, counts))
         return np.concatenate(out) if out else np.empty(0, np.int64)
 
-    def current(self, *, world_size: int, num_workers: int) -> tuple[int, np.ndarray, Segment | None]:
+    def current(self, *, world_size: int, num_workers: int) -> tuple[int, np.ndarray | None, Segment | None]:
         """Replay the checkpoint's segments for a job of this shape: the index of the segment
-        to run now, the ids it splits (epoch order), and the segment it continues (same
-        shape, workers' pieces cut by the same batch size: skip what each worker delivered) or
-        None (a new segment)."""
-        todo = self.sequence()
+        to run now, the ids it splits (epoch order; None: the whole epoch, never built), and the
+        segment it continues (same shape, workers' pieces cut by the same batch size: skip what
+        each worker delivered) or None (a new segment). Closed segments (an elastic resume) are
+        replayed over the whole sequence: a cost per sample of the epoch, once per resume."""
+        todo: np.ndarray | None = None
         segments = list(self.segments)
         for i, segment in enumerate(segments):
             last = i == len(segments) - 1
@@ -332,6 +397,8 @@ class EpochPlan:
                 world_size, num_workers, self.batch_size
             ):
                 return i, todo, segment
+            if todo is None:
+                todo = self.sequence()
             plans = self.segment_plans(todo, i, segment)
             assigned = np.unique(np.concatenate([p.ids for workers in plans for p in workers] or [todo[:0]]))
             done = self.delivered(plans, segment)
@@ -341,18 +408,19 @@ class EpochPlan:
     def for_worker(self, *, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[WorkerPlan, int]:
         """This worker's plan now (resumed where the checkpoint says) and the segment index."""
         seg, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
-        parts = self.rank_parts(todo, world_size)
-        plan = self.worker_plan(parts[rank], seg=seg, rank=rank, worker_id=worker_id, num_workers=num_workers,
-                                batch_size=self.batch_size)
+        ids, shard, index = self._piece(todo, world_size=world_size, rank=rank, num_workers=num_workers,
+                                        worker_id=worker_id, batch_size=self.batch_size)
+        plan = self.worker_plan(ids, seg=seg, rank=rank, worker_id=worker_id, located=(shard, index))
         if continued is not None:
             yielded = dict(continued.worker_yielded)
             if worker_id in yielded:
                 plan.skip = yielded[worker_id]
             elif continued.samples_consumed is not None:
-                lengths = split_workers(len(parts[rank]), num_workers, self.batch_size)
+                total = self.num_samples if todo is None else len(todo)
+                lengths = split_workers(self.per_rank(total, world_size), num_workers, self.batch_size)
                 plan.skip = consumed_per_worker(lengths, continued.batch_size, continued.samples_consumed)[worker_id]
-            if plan.skip > len(plan.order):
-                raise ValueError(f"checkpoint says worker {worker_id} yielded {plan.skip} samples; it has {len(plan.order)}")
+            if plan.skip > len(plan.ids):
+                raise ValueError(f"checkpoint says worker {worker_id} yielded {plan.skip} samples; it has {len(plan.ids)}")
         return plan, seg
 
     def rank_count(self, *, world_size: int, num_workers: int, rank: int = 0) -> int:
@@ -361,7 +429,7 @@ class EpochPlan:
         StatefulDataLoader's checkpoint), the segment's whole count, since such loaders (and
         Lightning) count batches from the epoch's start."""
         _, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
-        part = len(self.rank_parts(todo, world_size)[rank])
+        part = self.per_rank(self.num_samples if todo is None else len(todo), world_size)
         if continued is None or continued.worker_yielded or continued.samples_consumed is None:
             return part
         return part - continued.samples_consumed

@@ -1,0 +1,238 @@
+"""Opening a dataset at scale: the index costs O(shards), never O(samples).
+
+1. **Synthetic, 10^10 samples**: a manifest of 1,000,000 shards x 10,000 samples whose rows
+   name a few real shards (each of 10,000 tiny samples, with its table), so reads work. For
+   rank 0 of 1,024 with 8 DataLoader workers it measures: time and RSS to open
+   (``ShardDataset(dest)``, over ``import shardstream, torch``), time to plan one worker's
+   epoch, time to the first sample through ``DataLoader(num_workers=8)``, and
+   ``shardstream info``.
+2. **Real packs**: 1,000,000 tiny files packed into 16 shards and into 10,000 shards, and
+   100,000 files into 16 shards (the reference): the same figures for one rank, and the RSS
+   of the ``DataLoader(num_workers=2)`` process tree while it reads.
+
+Each figure is taken in a fresh process. Targets (issue 15) are checked and printed.
+
+Usage:
+    python bench/scale.py [--files 1000000] [--workdir DIR] [--skip-synthetic] [--skip-real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHARDS_SYNTHETIC = 1_000_000
+SAMPLES_PER_SHARD = 10_000
+
+
+def rss_mb(pid: int | str = "self", field: str = "VmRSS:", source: str = "status") -> float:
+    try:
+        for line in Path(f"/proc/{pid}/{source}").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def tree_rss_mb(pid: int, *, proportional: bool = False) -> float:
+    """RSS summed over a process and its descendants; ``proportional``: PSS, which counts a
+    page shared by n processes (the forked workers' copy-on-write torch) as 1/n in each."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += rss_mb(current, "Pss:", "smaps_rollup") if proportional else rss_mb(current)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == current:
+                        todo.append(int(entry))
+                except (OSError, IndexError):
+                    pass
+    return total
+
+
+def measure(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
+    """In this (fresh) process: rank 0 of ``world_size`` opens ``dest``, plans, reads."""
+    import threading
+
+    import shardstream  # noqa: F401
+    import torch
+    from torch.utils.data import DataLoader
+
+    from shardstream import ShardDataset
+    from shardstream.plan import EpochPlan
+
+    base = rss_mb()
+    started = time.perf_counter()
+    dataset = ShardDataset(dest, shuffle_buffer=1000, seed=0)
+    open_s = time.perf_counter() - started
+    open_rss = rss_mb() - base
+
+    plan = EpochPlan(counts=dataset.index.manifest.shard_samples, seed=0, epoch=0, shuffle_buffer=1000)
+    started = time.perf_counter()
+    mine, _ = plan.for_worker(rank=0, world_size=world_size, worker_id=0, num_workers=num_workers)
+    first_emissions = list(zip(range(10), mine.emissions()))
+    plan_s = time.perf_counter() - started
+    del mine, first_emissions
+
+    torch.set_num_threads(1)
+    # The first sample as one reader sees it: worker 0 of rank 0 reads the same piece as the
+    # only worker of rank 0 of world_size * num_workers ranks.
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", str(world_size * num_workers)
+    started = time.perf_counter()
+    next(iter(DataLoader(dataset, batch_size=None, num_workers=1)))
+    reader_first_s = time.perf_counter() - started
+
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", str(world_size)
+    dataset.set_epoch(0)  # another DataLoader shape reads the dataset now
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
+    peak, peak_pss = [0.0], [0.0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], tree_rss_mb(os.getpid()))
+            peak_pss[0] = max(peak_pss[0], tree_rss_mb(os.getpid(), proportional=True))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    started = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first_s = time.perf_counter() - started
+    for _ in range(2000):  # read on a while, so every worker is at work when the tree is measured
+        next(it)
+    time.sleep(0.3)
+    stop.set()
+    watcher.join()
+    del it
+    return {"open_s": open_s, "open_rss_mb": open_rss, "plan_s": plan_s, "reader_first_s": reader_first_s,
+            "first_sample_s": first_s, "tree_rss_mb": peak[0], "tree_pss_mb": peak_pss[0],
+            "num_samples": dataset.num_samples, "num_shards": dataset.num_shards}
+
+
+def run_child(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, "--child", dest, str(world_size), str(num_workers)],
+                         capture_output=True, text=True, timeout=1200)
+    if out.returncode != 0:
+        raise SystemExit(f"measuring {dest} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def info_s(dest: str) -> float:
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "shardstream.cli", "info", dest], capture_output=True, text=True,
+                         timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(out.stderr)
+    return time.perf_counter() - started
+
+
+def tiny_files(root: Path, count: int) -> Path:
+    """``count`` files of ~70 bytes in 1,000-file directories (made once)."""
+    marker = root.with_name(root.name + ".done")
+    if not marker.exists():
+        for i in range(count):
+            folder = root / f"d{i // 1000:05d}"
+            if i % 1000 == 0:
+                folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i:08d}.txt").write_bytes(b"sample %08d of the scale benchmark, a tiny file\n" % i)
+        marker.touch()
+    return root
+
+
+def synthetic(work: Path) -> str:
+    """The 10^10-sample manifest over 4 real shards of 10,000 samples."""
+    import numpy as np
+
+    from shardstream import Manifest, open_index, pack
+
+    dest = work / "synthetic"
+    if (dest / "index.bin").exists():
+        return str(dest)
+    src = tiny_files(work / "files-40k", 4 * SAMPLES_PER_SHARD)
+    pack(src, dest, max_samples_per_shard=SAMPLES_PER_SHARD, workers=1, progress=False)
+    real = open_index(dest).manifest
+    k = np.arange(SHARDS_SYNTHETIC) % real.num_shards
+    manifest = Manifest.from_columns(
+        names=(real.name(int(i)) for i in k), shard_bytes=real.shard_bytes[k], shard_samples=real.shard_samples[k],
+        shard_members=real.shard_members[k], crc32=real.crc32[k],
+    )
+    with open(dest / "index.bin", "wb") as f:
+        for piece in manifest.pieces():
+            f.write(piece)
+    return str(dest)
+
+
+def row(label: str, r: dict[str, float], info: float) -> str:
+    return (f"{label:34s} {r['num_samples']:>14,d} {r['num_shards']:>9,d} {r['open_s']:7.2f} s {r['open_rss_mb']:6.0f} MB "
+            f"{r['plan_s']:6.2f} s {r['reader_first_s']:7.2f} s {r['first_sample_s']:7.2f} s "
+            f"{r['tree_rss_mb']:6.0f} / {r['tree_pss_mb']:4.0f} MB {info:6.2f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", type=int, default=1_000_000)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--skip-synthetic", action="store_true")
+    parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--child", nargs=3, metavar=("DEST", "WORLD_SIZE", "WORKERS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child[0], int(args.child[1]), int(args.child[2]))))
+        return
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="shardstream-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work directory {work}; {os.cpu_count()} cores")
+    header = (f"{'dataset':34s} {'samples':>14s} {'shards':>9s} {'open':>9s} {'+RSS':>9s} {'plan':>8s} "
+              f"{'1st: reader':>11s} {'loader':>9s} {'tree RSS / PSS':>16s} {'info':>8s}")
+    checks = []
+    if not args.skip_synthetic:
+        dest = synthetic(work)
+        r = run_child(dest, 1024, 8)
+        info = info_s(dest)
+        print(header)
+        print(row("synthetic, rank 0 of 1,024 x 8", r, info))
+        checks += [("synthetic open <= 2 s", r["open_s"] <= 2), ("synthetic +RSS <= 300 MB", r["open_rss_mb"] <= 300),
+                   ("synthetic plan <= 1 s", r["plan_s"] <= 1),
+                   ("synthetic first sample <= 0.5 s (one reader)", r["reader_first_s"] <= 0.5),
+                   ("synthetic first sample <= 0.5 s (DataLoader, 8 workers)", r["first_sample_s"] <= 0.5),
+                   ("synthetic info < 2 s", info < 2)]
+    if not args.skip_real:
+        from shardstream import pack
+
+        results = {}
+        for count, shards in ((args.files // 10, 16), (args.files, 16), (args.files, 10_000)):
+            src = tiny_files(work / f"files-{count}", count)
+            dest = work / f"packed-{count}-{shards}"
+            if not (dest / "index.bin").exists():
+                started = time.perf_counter()
+                pack(src, dest, max_samples_per_shard=-(-count // shards), progress=False)
+                print(f"packed {count:,d} files into {shards:,d} shards in {time.perf_counter() - started:.0f} s", flush=True)
+            results[(count, shards)] = run_child(str(dest), 1, 2), info_s(str(dest))
+        print(header)
+        for (count, shards), (r, info) in results.items():
+            print(row(f"{count:,d} files in {shards:,d} shards, 1 rank x 2", r, info))
+        small, big16, big10k = (results[k][0] for k in results)
+        checks += [
+            ("1 M in 16 shards: open <= 0.5 s", big16["open_s"] <= 0.5),
+            ("1 M in 10,000 shards: open <= 1.0 s", big10k["open_s"] <= 1.0),
+            ("1 M open <= 2x the 100 k open", max(big16["open_s"], big10k["open_s"]) <= 2 * max(small["open_s"], 0.01)),
+            ("1 M +RSS <= 150 MB", max(big16["open_rss_mb"], big10k["open_rss_mb"]) <= 150),
+            ("1 M first sample <= 0.5 s (DataLoader, 2 workers)", max(big16["first_sample_s"], big10k["first_sample_s"]) <= 0.5),
+            ("1 M DataLoader(num_workers=2) tree RSS <= 1.2 GB", max(big16["tree_rss_mb"], big10k["tree_rss_mb"]) <= 1200),
+        ]
+    for name, ok in checks:
+        print(f"{'MET' if ok else 'NOT MET':8s} {name}")
+
+
+if __name__ == "__main__":
+    main()
