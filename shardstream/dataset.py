@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import os
@@ -415,6 +416,12 @@ class ShardDataset(IterableDataset):
             in_worker = _in_worker()
             worker_id = slot.worker_id if in_worker else None
             first_here = in_worker and self._reader_pid != os.getpid()  # a worker process's first pass
+            if first_here:
+                # A forked worker inherits the training process's heap (torch: millions of
+                # objects) and the collector's counts; its first full collection would walk all
+                # of it (~0.15 s) while the first sample waits. Inherited objects are long-lived:
+                # move them out of the collector's way, as CPython's docs advise after a fork.
+                gc.freeze()
             state, first_advance = self._epochs.start_pass(
                 rank=slot.rank, worker_id=worker_id, num_workers=slot.num_workers, loaded=self._loaded,
                 copied=self._set if first_here else None,

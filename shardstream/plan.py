@@ -274,8 +274,8 @@ class EpochPlan:
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         # The epoch's order of shards and where each begins in the epoch's sequence: O(shards),
         # so a worker maps its positions to sample ids without the sequence being built.
-        self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(len(counts)) if self.shuffle
-                       else np.arange(len(counts)))
+        self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(np.arange(len(counts), dtype=np.int32))
+                       if self.shuffle else np.arange(len(counts), dtype=np.int32))  # int32: a million shards shuffle faster
         self._order_starts = np.concatenate([[0], np.cumsum(counts[self._order])])
 
     @property
@@ -346,8 +346,10 @@ class EpochPlan:
         run = np.cumsum(run)
         lanes = min(self.max_open_shards, int(run[-1]) + 1)
         run_lane = run % lanes
-        # A uniformly random interleaving of the lanes: shuffle the multiset of lane labels.
-        labels = np.random.default_rng([*streams, 1]).permutation(np.sort(run_lane, kind="stable"))
+        # A uniformly random interleaving of the lanes: shuffle the multiset of lane labels
+        # (as small ints: numpy's shuffle moves fewer bytes, and draws the same).
+        multiset = np.repeat(np.arange(lanes, dtype=np.int8), np.bincount(run_lane, minlength=lanes))
+        labels = np.random.default_rng([*streams, 1]).permutation(multiset)
         # The k-th arrival from lane L is lane L's k-th sample (its samples keep their order).
         arrival = np.empty(len(ids), np.int64)
         for lane in range(lanes):
