@@ -84,8 +84,13 @@ def measure(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
 
     torch.set_num_threads(1)
     # The first sample as one reader sees it: worker 0 of rank 0 reads the same piece as the
-    # only worker of rank 0 of world_size * num_workers ranks.
+    # only reader of rank 0 of world_size * num_workers ranks: in this process, then in one
+    # DataLoader worker (a fork of this process first).
     os.environ["RANK"], os.environ["WORLD_SIZE"] = "0", str(world_size * num_workers)
+    started = time.perf_counter()
+    next(iter(dataset))
+    inline_first_s = time.perf_counter() - started
+    dataset.set_epoch(0)
     started = time.perf_counter()
     next(iter(DataLoader(dataset, batch_size=None, num_workers=1)))
     reader_first_s = time.perf_counter() - started
@@ -114,7 +119,8 @@ def measure(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
     stop.set()
     watcher.join()
     del it
-    return {"open_s": open_s, "open_rss_mb": open_rss, "plan_s": plan_s, "reader_first_s": reader_first_s,
+    return {"open_s": open_s, "open_rss_mb": open_rss, "plan_s": plan_s, "inline_first_s": inline_first_s,
+            "reader_first_s": reader_first_s,
             "first_sample_s": first_s, "tree_rss_mb": peak[0], "tree_pss_mb": peak_pss[0],
             "num_samples": dataset.num_samples, "num_shards": dataset.num_shards}
 
@@ -174,7 +180,7 @@ def synthetic(work: Path) -> str:
 
 def row(label: str, r: dict[str, float], info: float) -> str:
     return (f"{label:34s} {r['num_samples']:>14,d} {r['num_shards']:>9,d} {r['open_s']:7.2f} s {r['open_rss_mb']:6.0f} MB "
-            f"{r['plan_s']:6.2f} s {r['reader_first_s']:7.2f} s {r['first_sample_s']:7.2f} s "
+            f"{r['plan_s']:6.2f} s {r['inline_first_s']:5.2f} / {r['reader_first_s']:4.2f} / {r['first_sample_s']:4.2f} s "
             f"{r['tree_rss_mb']:6.0f} / {r['tree_pss_mb']:4.0f} MB {info:6.2f} s")
 
 
@@ -193,7 +199,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     print(f"work directory {work}; {os.cpu_count()} cores")
     header = (f"{'dataset':34s} {'samples':>14s} {'shards':>9s} {'open':>9s} {'+RSS':>9s} {'plan':>8s} "
-              f"{'1st: reader':>11s} {'loader':>9s} {'tree RSS / PSS':>16s} {'info':>8s}")
+              f"{'1st sample: inline / 1 / N workers':>21s} {'tree RSS / PSS':>16s} {'info':>8s}")
     checks = []
     if not args.skip_synthetic:
         dest = synthetic(work)
@@ -203,7 +209,8 @@ def main() -> None:
         print(row("synthetic, rank 0 of 1,024 x 8", r, info))
         checks += [("synthetic open <= 2 s", r["open_s"] <= 2), ("synthetic +RSS <= 300 MB", r["open_rss_mb"] <= 300),
                    ("synthetic plan <= 1 s", r["plan_s"] <= 1),
-                   ("synthetic first sample <= 0.5 s (one reader)", r["reader_first_s"] <= 0.5),
+                   ("synthetic first sample <= 0.5 s (one reader, in process)", r["inline_first_s"] <= 0.5),
+                   ("synthetic first sample <= 0.5 s (one DataLoader worker)", r["reader_first_s"] <= 0.5),
                    ("synthetic first sample <= 0.5 s (DataLoader, 8 workers)", r["first_sample_s"] <= 0.5),
                    ("synthetic info < 2 s", info < 2)]
     if not args.skip_real:
