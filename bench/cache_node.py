@@ -60,14 +60,13 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=900)
     args = parser.parse_args()
 
-    from shardstream import S3Config, open_index, pack
+    from shardstream import open_index, pack
     from shardstream.cli import parse_size
     from shardstream.testing import SeaweedS3Server
 
     with tempfile.TemporaryDirectory() as tmp, SeaweedS3Server(data_dir=f"{tmp}/s3") as server:
         info = server.info
-        s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                      secret_access_key=info.secret_access_key, region_name=info.region_name)
+        s3 = info.s3_config()
         src = Path(tmp) / "src"
         rng = random.Random(0)
         for i in range(args.num_samples):

@@ -111,14 +111,12 @@ def main() -> None:
         rows.append((f"DALI {kind}, bytes in memory (no reading: the ceiling)",
                      best_rate(dali_memory_epoch(local, args, device_id), args.repeat)))
         if gpu or args.s3:
-            from shardstream import S3Config
             from shardstream.testing import SeaweedS3Server
 
             with SeaweedS3Server() as server:
                 server.create_bucket("bench")
                 info = server.info
-                s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                              secret_access_key=info.secret_access_key, region_name=info.region_name)
+                s3 = info.s3_config()
                 pack(corpus, "s3://bench/shards", max_shard_bytes=64 << 20, files_from=files, s3=s3, progress=False)
                 rate = best_rate(dali_epoch("s3://bench/shards", args, device_id, workers[-1], s3), args.repeat)
                 rows.append((f"DALI {kind}, {workers[-1]} reading workers, S3 (local SeaweedFS)", rate))

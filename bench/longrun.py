@@ -67,7 +67,7 @@ def main() -> None:
 
     from torch.utils.data import DataLoader
 
-    from shardstream import CpuDecoder, RandomResizedCrop, S3Config, ShardDataset, pack
+    from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
     from shardstream.synth import make_image_dataset
     from shardstream.testing import SeaweedS3Server
 
@@ -76,8 +76,7 @@ def main() -> None:
         make_image_dataset(f"{tmp}/images", num_images=args.num_images, min_side_px=96, max_side_px=192)
         server.create_bucket("longrun")
         info = server.info
-        s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                      secret_access_key=info.secret_access_key, region_name=info.region_name)
+        s3 = info.s3_config()
         pack(f"{tmp}/images", "s3://longrun/data", max_shard_bytes=4 << 20, s3=s3, progress=False)
         before = leftovers()
         threads_before = threading.active_count()

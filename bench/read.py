@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import webdataset as wds
 
-from shardstream import S3Config, ShardDataset, pack
+from shardstream import ShardDataset, pack
 from shardstream.synth import make_image_dataset
 from shardstream.testing import SeaweedS3Server
 
@@ -65,8 +65,7 @@ def main() -> None:
         shards = sorted(str(p) for p in local.glob("*.tar"))
         server.create_bucket("bench")
         info = server.info
-        s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                      secret_access_key=info.secret_access_key, region_name=info.region_name)
+        s3 = info.s3_config()
         pack(src, "s3://bench/shards", max_shard_bytes=args.shard_size, s3=s3, progress=False)
         names = [Path(p).name for p in shards]
 

@@ -73,8 +73,7 @@ def run_demo(
             else:
                 stack.callback(server.stop)
                 server.create_bucket(DEMO_BUCKET)
-                s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                              secret_access_key=info.secret_access_key, region_name=info.region_name)
+                s3 = info.s3_config()
                 dest = f"s3://{DEMO_BUCKET}/scenes"
                 print(f"[2/4] started a local S3 server (SeaweedFS) at {info.endpoint_url}, bucket {DEMO_BUCKET}")
         else:

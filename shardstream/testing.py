@@ -23,6 +23,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import S3Config
 
 __all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main"]
 
@@ -61,6 +65,13 @@ class S3ServerInfo:
         return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key_id,
                 "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
                 "AWS_DEFAULT_REGION": self.region_name, "AWS_REGION": self.region_name}
+
+    def s3_config(self) -> S3Config:
+        """An :class:`~shardstream.config.S3Config` pointing at this server."""
+        from .config import S3Config
+
+        return S3Config(endpoint_url=self.endpoint_url, access_key_id=self.access_key_id,
+                        secret_access_key=self.secret_access_key, region_name=self.region_name)
 
     def __repr__(self) -> str:
         return (f"S3ServerInfo(endpoint_url={self.endpoint_url!r}, access_key_id="

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from shardstream import S3Config, open_index, pack
+from shardstream import open_index, pack
 from shardstream.faults import FaultProxy
 
 SCRIPT = Path(__file__).with_name("cache_share.py")
@@ -40,8 +40,7 @@ def shared_dataset(tmp_path_factory, s3_server) -> tuple[str, list[str], int, in
     bucket = f"share-{os.getpid()}"
     s3_server.create_bucket(bucket)
     info = s3_server.info
-    s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                  secret_access_key=info.secret_access_key, region_name=info.region_name)
+    s3 = info.s3_config()
     pack(src, f"s3://{bucket}/data", max_samples_per_shard=40, s3=s3, progress=False)
     index = open_index(f"s3://{bucket}/data", s3=s3).as_v1()
     keys = sorted(x.key for shard in index.shards for x in shard.samples)
@@ -172,8 +171,7 @@ def test_a_wait_for_another_download_is_bounded_and_named(tmp_path, s3_server, s
 
     url, keys, dataset_bytes, _ = shared_dataset
     info = s3_server.info
-    s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                  secret_access_key=info.secret_access_key, region_name=info.region_name)
+    s3 = info.s3_config()
     cache_dir = tmp_path / "cache"
     dataset = ShardDataset(url, s3=s3, shuffle=False, cache_dir=cache_dir, cache_limit_bytes=2 * dataset_bytes,
                            fetch=FetchConfig(cache_wait_s=0.5))

@@ -34,7 +34,6 @@ def dataset_url(s3_server, tmp_path_factory) -> str:
     import sysconfig
     from pathlib import Path
 
-    from shardstream import S3Config
 
     src = tmp_path_factory.mktemp("faults")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -42,8 +41,7 @@ def dataset_url(s3_server, tmp_path_factory) -> str:
         shutil.copytree(stdlib / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     s3_server.create_bucket("faults")
     info = s3_server.info
-    s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                  secret_access_key=info.secret_access_key, region_name=info.region_name)
+    s3 = info.s3_config()
     pack(src, "s3://faults/data", max_shard_bytes=256 << 10, s3=s3, progress=False)
     return "s3://faults/data"
 

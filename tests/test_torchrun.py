@@ -42,8 +42,7 @@ def uneven_dataset(tmp_path_factory, s3_server) -> str:
     bucket = f"torchrun-{os.getpid()}"
     s3_server.create_bucket(bucket)
     info = s3_server.info
-    s3 = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                  secret_access_key=info.secret_access_key, region_name=info.region_name)
+    s3 = info.s3_config()
     report = pack(src, f"s3://{bucket}/uneven", max_shard_bytes=16 << 10, s3=s3, progress=False)
     counts = set(open_index(f"s3://{bucket}/uneven", s3=s3).manifest.shard_samples.tolist())
     assert report.num_samples == NUM_SAMPLES and len(counts) > 2  # unequal shards
