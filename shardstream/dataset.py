@@ -11,7 +11,7 @@ import random
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
@@ -23,7 +23,15 @@ from .epochs import EpochBoard, PassState, PassView
 from .errors import CorruptShardError, DecodeError
 from .fetch import iter_shard_streams
 from .index import resolve_source
-from .plan import EpochPlan, Segment, WorkerPlan, ramp_samples
+from .plan import (
+    EpochPlan,
+    PlanRun,
+    Segment,
+    ShardOrder,
+    WorkerPlan,
+    ramp_samples,
+    without,
+)
 from .shuffle import shuffle_buffer
 from .stats import ReaderStats, StatsBoard, StatsSnapshot
 from .tarstream import iter_samples
@@ -35,7 +43,6 @@ STATE_VERSION = 1
 
 log = logging.getLogger("shardstream")
 _UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
-_CHUNK = 1 << 16  # arrivals turned into Python ints at a time
 
 Source = str | os.PathLike[str] | Sequence[str]
 
@@ -234,6 +241,8 @@ class ShardDataset(IterableDataset):
         pending = view.latest if not view.started else None
         keep = pending is not None and pending.epoch == epoch and pending.segments
         self._set = self._epochs.set(epoch, pending.segments if keep else [])  # type: ignore[union-attr,arg-type]
+        if self.index is not None and not self.resampled:
+            self._shard_order(epoch)  # now, so DataLoader workers forked next inherit it
 
     def _view(self, num_workers: int | None = None) -> PassView:
         slot = current_slot(self.__dict__.get("_parent_rank"))
@@ -262,9 +271,25 @@ class ShardDataset(IterableDataset):
         plan = self._plan(PassState(upcoming.epoch, upcoming.segments or []))
         return plan.rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
 
+    def _shard_order(self, epoch: int) -> ShardOrder:
+        """``epoch``'s order of shards, O(shards): kept for the two latest epochs, so workers
+        forked after :meth:`set_epoch` or ``len()`` share the training process's copy (copy on
+        write) instead of each computing it (0.08 s and 20 MB at 1,000,000 shards)."""
+        assert self.index is not None  # internal invariant: callers check
+        orders: dict[tuple[int, int, bool], ShardOrder] = self.__dict__.setdefault("_shard_orders", {})
+        key = (epoch, self.seed, self.shuffle)
+        if key not in orders:
+            starts = next(iter(orders.values())).starts if orders else None
+            orders[key] = ShardOrder.make(self.index.manifest.shard_samples, seed=self.seed, epoch=epoch,
+                                          shuffle=self.shuffle, starts=starts)
+            while len(orders) > 2:
+                del orders[next(iter(orders))]
+        return orders[key]
+
     def _plan(self, state: PassState) -> EpochPlan:
         assert self.index is not None  # internal invariant: callers check
         return EpochPlan(
+            shard_order=self._shard_order(state.epoch),
             counts=self.index.manifest.shard_samples,
             seed=self.seed,
             epoch=state.epoch,
@@ -398,6 +423,7 @@ class ShardDataset(IterableDataset):
         # which do not inherit torch.distributed: record the rank it knows here.
         state = self.__dict__.copy()
         state["_parent_rank"] = distributed_rank()
+        state.pop("_shard_orders", None)  # O(shards) arrays a spawned worker remakes for its epoch
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -457,7 +483,7 @@ class ShardDataset(IterableDataset):
                     "ShardDataset.",
                     slot.num_workers, slot.num_workers - 1,
                 )
-            samples = self._read_plan(plan, mine, stats)
+            samples = self._read_plan(mine, stats)
         else:
             if self.resampled:
                 samples = self._read_resampled(slot, stats, state.epoch)
@@ -497,56 +523,68 @@ class ShardDataset(IterableDataset):
 
         return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
 
-    def _read_plan(self, epoch_plan: EpochPlan, plan: WorkerPlan, stats: ReaderStats) -> Iterator[dict[str, Any]]:
+    def _read_plan(self, plan: WorkerPlan, stats: ReaderStats) -> Iterator[dict[str, Any]]:
         """A worker's samples in its plan's emission order, skipping those delivered before a
         resume: each lane reads its runs (byte ranges of shards, from the index), arrivals
         follow the plan's interleaving, and a sample is held only until its turn comes, at most
-        ``shuffle_buffer`` of them. Per-sample work is done as samples come (the emission order
-        is generated as it goes), so a large piece costs nothing up front but a few arrays."""
-        count = len(plan.ids)
-        if plan.skip >= count:
+        ``shuffle_buffer`` of them. Nothing is listed per sample up front: the interleaving
+        and the emission order are drawn as samples come, so a piece of 10^8 samples costs
+        what one of 10^4 does before its first sample, but for its runs (O(shards))."""
+        if plan.skip >= plan.count:
             return
         emissions = plan.emissions()
-        wanted = np.ones(count, dtype=bool)
-        wanted[np.fromiter(itertools.islice(emissions, plan.skip), dtype=np.int64, count=plan.skip)] = False
-        shard, index = (plan.shard, plan.index) if plan.shard is not None else epoch_plan.shard_of(plan.ids)
-        lanes = int(plan.lane.max()) + 1
-        fetch = _lane_fetch(self.fetch, lanes)
-        readers = {}
-        for lane in range(lanes):
-            arrivals = np.flatnonzero((plan.lane == lane) & wanted)
-            readers[lane] = self._read_runs(_runs(arrivals, shard[arrivals], index[arrivals]), fetch, stats)
-        held: dict[int, dict[str, Any]] = {}
+        labels: Iterator[np.ndarray] = plan.labels()
+        lane_runs = [plan.lane_runs(lane) for lane in range(plan.lanes)]
+        skipped = np.zeros(0, dtype=bool)  # by arrival index: delivered before the resume
+        if plan.skip:
+            delivered = np.fromiter(itertools.islice(emissions, plan.skip), dtype=np.int64, count=plan.skip)
+            skipped = np.zeros(int(delivered.max()) + 1, dtype=bool)
+            skipped[delivered] = True
+            head: list[np.ndarray] = []
+            while sum(map(len, head)) < len(skipped):
+                head.append(next(labels))
+            prefix = np.concatenate(head)[: len(skipped)]
+            for lane in range(plan.lanes):  # each lane leaves out its delivered samples
+                lane_runs[lane] = without(lane_runs[lane], np.flatnonzero(skipped[prefix == lane]))
+            labels = itertools.chain(head, labels)
+        fetch = _lane_fetch(self.fetch, plan.lanes)
+        readers = [self._read_runs(runs, fetch, stats) for runs in lane_runs]
+        held: dict[int, dict[str, Any] | None] = {}
         turn = next(emissions, None)
-        arrivals, arrival_lanes = np.flatnonzero(wanted), plan.lane[wanted]
-        for start in range(0, len(arrivals), _CHUNK):
-            for t, lane in zip(arrivals[start : start + _CHUNK].tolist(), arrival_lanes[start : start + _CHUNK].tolist()):
-                got, sample = next(readers[lane])
-                assert got == t, (got, t)  # internal invariant: lanes deliver in arrival order
-                held[t] = sample
-                while turn is not None and turn in held:
-                    yield held.pop(turn)
-                    turn = next(emissions, None)
-        for reader in readers.values():  # run each to its end: it checks counts, commits cache entries
-            for extra in reader:
-                raise AssertionError(f"internal error: a lane read {extra[0]} beyond its plan")
+        t = 0
+        for chunk in labels:
+            lanes = chunk.tolist()
+            if t < len(skipped):  # arrivals delivered before the resume come from no lane
+                wanted = np.ones(len(lanes), dtype=bool)
+                part = skipped[t : t + len(lanes)]
+                wanted[: len(part)] = ~part
+                lanes = [lane if w else -1 for lane, w in zip(lanes, wanted.tolist())]
+            for lane in lanes:
+                if lane >= 0:
+                    held[t] = next(readers[lane])
+                    while turn is not None and turn in held:
+                        yield held.pop(turn)  # type: ignore[misc]
+                        turn = next(emissions, None)
+                t += 1
+        for reader in readers:  # run each to its end: it checks counts, commits cache entries
+            for _ in reader:
+                raise AssertionError("internal error: a lane read beyond its plan")
 
-    def _read_runs(self, runs: list[_Run], fetch: FetchConfig, stats: ReaderStats) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(arrival index, sample)`` of the wanted samples of each run, reading each run as one
-        byte range of its shard (the whole shard when the run covers it; else the range from
-        the shard's sample table)."""
+    def _read_runs(self, runs: list[PlanRun], fetch: FetchConfig, stats: ReaderStats) -> Iterator[dict[str, Any] | None]:
+        """The wanted samples of each run in order, reading each run as one byte range of its
+        shard (the whole shard when the run covers it; else the range from the shard's sample
+        table); with ``on_error="skip"``, None for each sample of a run a corrupt shard lost."""
         index = self.index
         assert index is not None  # internal invariant: only planned reads come here
         urls, ranges, sizes = [], [], []
         for run in runs:
-            lo, hi = int(run.index[0]), int(run.index[-1])
             urls.append(index.shard_url(run.shard))
             sizes.append(int(index.manifest.shard_bytes[run.shard]))
-            if lo == 0 and hi == int(index.manifest.shard_samples[run.shard]) - 1:
+            if run.lo == 0 and run.hi == int(index.manifest.shard_samples[run.shard]) - 1:
                 ranges.append(None)
             else:
                 ends = index.table(run.shard).sample_ends()
-                ranges.append((int(ends[lo - 1]) if lo else 0, int(ends[hi])))
+                ranges.append((int(ends[run.lo - 1]) if run.lo else 0, int(ends[run.hi])))
         streams = iter_shard_streams(
             urls, sizes_bytes=sizes, byte_ranges=ranges, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats
         )
@@ -558,21 +596,19 @@ class ShardDataset(IterableDataset):
             else:
                 yield from self._read_run(url, stream, run, byte_range)
 
-    def _read_run(
-        self, url: str, stream: Any, run: _Run, byte_range: tuple[int, int] | None
-    ) -> Iterator[tuple[int, dict[str, Any]]]:
-        """The wanted samples of one run ``(arrival index, sample)``, checked against the index:
-        the sample count, and for a byte range each key (from the shard's table)."""
+    def _read_run(self, url: str, stream: Any, run: PlanRun, byte_range: tuple[int, int] | None) -> Iterator[dict[str, Any]]:
+        """The wanted samples of one run, checked against the index: the sample count, and for
+        a byte range each key (from the shard's table)."""
         index = self.index
         assert index is not None  # internal invariant: runs come from the index
-        s, lo, hi = run.shard, int(run.index[0]), int(run.index[-1])
+        s, lo, hi = run.shard, run.lo, run.hi
         count = int(index.manifest.shard_samples[s])
         keys = index.table(s).keys()[lo : hi + 1] if byte_range is not None else None
         checked = None
         if self.verify_checksums and byte_range is None:
             stream = checked = _Checksummed(stream, url, index.manifest.crc32_hex(s))
-        pending = zip(run.arrivals.tolist(), run.index.tolist())
-        t, want = next(pending)
+        pending = iter(run.index.tolist()) if run.index is not None else None
+        want = next(pending) if pending is not None else lo
         i = lo
         for sample in iter_samples(stream, url=url, end_of_archive=byte_range is None):
             if i > hi or (keys is not None and sample["__key__"] != keys[i - lo]):
@@ -582,8 +618,8 @@ class ShardDataset(IterableDataset):
                     "shard or its index is stale or damaged, re-pack or re-upload the dataset"
                 )
             if i == want:
-                yield t, sample
-                t, want = next(pending, (-1, -1))
+                yield sample
+                want = (next(pending, -1) if pending is not None else i + 1)
             i += 1
         if i != hi + 1 and (byte_range is not None or i != count):
             raise CorruptShardError(
@@ -687,9 +723,7 @@ class _Checksummed:
             )
 
 
-def _skip_corrupt(
-    samples: Iterator[tuple[int, dict[str, Any]]], run: _Run, url: str
-) -> Iterator[tuple[int, dict[str, Any] | None]]:
+def _skip_corrupt(samples: Iterator[dict[str, Any]], run: PlanRun, url: str) -> Iterator[dict[str, Any] | None]:
     """A run's samples; from a CorruptShardError on, ``None`` for each wanted sample left
     (logged once)."""
     done = 0
@@ -698,9 +732,9 @@ def _skip_corrupt(
             done += 1
             yield item
     except CorruptShardError as exc:
-        log.warning("skipping %d samples of %s: %s", len(run.arrivals) - done, url, exc)
-        for t in run.arrivals[done:].tolist():
-            yield t, None
+        log.warning("skipping %d samples of %s: %s", run.count - done, url, exc)
+        for _ in range(run.count - done):
+            yield None
 
 
 def _repeat_over_skips(
@@ -746,23 +780,6 @@ def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
         max_inflight_requests=max(1, fetch.max_inflight_requests // lanes),
         max_inflight_shards=max(1, fetch.max_inflight_shards // lanes),
     )
-
-
-class _Run(NamedTuple):
-    """A lane's consecutive wanted samples of one shard: their arrival indices and their
-    indices in the shard (going up)."""
-
-    shard: int
-    arrivals: np.ndarray
-    index: np.ndarray
-
-
-def _runs(arrivals: np.ndarray, shard: np.ndarray, index: np.ndarray) -> list[_Run]:
-    """Group a lane's arrivals into runs: consecutive samples of one shard, index going up."""
-    if len(arrivals) == 0:
-        return []
-    cuts = (np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1).tolist()
-    return [_Run(int(shard[a]), arrivals[a:b], index[a:b]) for a, b in zip([0, *cuts], [*cuts, len(arrivals)])]
 
 
 def _segments(state: PassState) -> tuple[Segment, ...]:

@@ -48,6 +48,7 @@ import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -130,6 +131,19 @@ def split_workers(total: int, num_workers: int, batch_size: int | None) -> list[
     return sizes
 
 
+def _wrapped(start: int, stop: int, total: int) -> list[tuple[int, int]]:
+    """Ranges within ``[0, total)`` that cover positions ``start..stop-1`` taken modulo
+    ``total``, in order (a padded piece wraps to the start, more than once when the epoch has
+    fewer samples than ranks)."""
+    out = []
+    while start < stop:
+        a = start % total
+        b = min(total, a + stop - start)
+        out.append((a, b))
+        start += b - a
+    return out
+
+
 def ramp_samples(capacity: int) -> int:
     """Samples a shuffle buffer of ``capacity`` holds before it first emits: a tenth of it."""
     return max(1, capacity // 10)
@@ -209,37 +223,172 @@ def consumed_per_worker(lengths: Sequence[int], batch_size: int | None, samples_
     return done
 
 
+class PlanRun(NamedTuple):
+    """Samples of one shard that one lane reads as one byte range, in shard order: indices
+    ``lo..hi`` of the shard, every one (``index`` None) or those in ``index`` (int64, going
+    up; after an elastic resume or a skip, some are left out)."""
+
+    shard: int
+    lo: int
+    hi: int
+    index: np.ndarray | None = None
+
+    @property
+    def count(self) -> int:
+        return self.hi - self.lo + 1 if self.index is None else len(self.index)
+
+    def indices(self) -> np.ndarray:
+        """int64 ``(count,)``: the run's indices in its shard."""
+        return np.arange(self.lo, self.hi + 1, dtype=np.int64) if self.index is None else self.index
+
+
+def _runs_of(shard: np.ndarray, index: np.ndarray) -> list[PlanRun]:
+    """Cut samples (shard and index in the shard, in reading order) into runs: a run ends
+    where the shard changes or the index does not go up."""
+    if len(shard) == 0:
+        return []
+    cuts = (np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1).tolist()
+    runs = []
+    for a, b in zip([0, *cuts], [*cuts, len(shard)]):
+        lo, hi = int(index[a]), int(index[b - 1])
+        runs.append(PlanRun(int(shard[a]), lo, hi, None if hi - lo + 1 == b - a else index[a:b]))
+    return runs
+
+
+def without(runs: Sequence[PlanRun], positions: np.ndarray) -> list[PlanRun]:
+    """``runs`` less their samples at ``positions`` (sorted, 0-based over the runs' samples
+    in order); emptied runs go."""
+    out, base, k = [], 0, 0
+    for run in runs:
+        end = base + run.count
+        stop = k + int(np.searchsorted(positions[k:], end))
+        if stop == k:
+            out.append(run)
+        elif stop - k < run.count:
+            keep = np.delete(run.indices(), positions[k:stop] - base)
+            out.append(PlanRun(run.shard, int(keep[0]), int(keep[-1]), keep))
+        base, k = end, stop
+    return out
+
+
+def _draw_counts(rng: np.random.Generator, remaining: np.ndarray, n: int) -> np.ndarray:
+    """How many of the next ``n`` arrivals each lane gives, of a uniformly random interleaving
+    of lanes with ``remaining`` samples each: multivariate hypergeometric (exact). numpy draws
+    that for fewer than 10^9 samples in all; above, where ``n`` is a vanishing share of every
+    lane that can give it, a multinomial with the same means (clipped to what lanes hold)."""
+    if int(remaining.sum()) < 1_000_000_000:
+        return rng.multivariate_hypergeometric(remaining, n)
+    counts = np.minimum(rng.multinomial(n, remaining / remaining.sum()), remaining)
+    for lane in np.flatnonzero(remaining > counts).tolist():  # what clipping took, from lanes with room
+        extra = min(int(remaining[lane] - counts[lane]), n - int(counts.sum()))
+        counts[lane] += extra
+    return counts
+
+
 @dataclass
 class WorkerPlan:
-    """What one worker reads and yields in one segment.
+    """What one worker reads and yields in one segment, in O(runs): samples are never listed.
 
-    ``ids[t]`` is the sample id of the ``t``-th sample to arrive (reading order), ``lane[t]``
-    the lane it is read by; the emission order (a permutation of arrival indices ``t``) comes
-    from :meth:`emissions` as the worker goes (``order`` makes it whole, for tests and
-    replays). ``skip`` leading emissions were delivered before a resume.
+    ``runs`` are the worker's piece in epoch order; run ``r`` is read by lane ``r mod lanes``.
+    Samples arrive in a seeded uniformly random interleaving of the lanes (:meth:`labels`,
+    the lane of each arrival, drawn a chunk at a time), a lane's samples in its runs' order;
+    arrival indices leave the shuffle buffer in :meth:`emissions` order. ``skip`` leading
+    emissions were delivered before a resume. ``ids`` and ``order`` list it all, for tests and
+    for replaying a checkpoint.
     """
 
-    ids: np.ndarray
-    lane: np.ndarray
-    shard: np.ndarray | None = None  # per arrival: its shard and index in the shard (None: derive from ids)
-    index: np.ndarray | None = None
+    runs: list[PlanRun]
+    starts: np.ndarray  # int64: first sample id of each shard (ids = starts[shard] + index)
+    lanes: int = 1
     capacity: int = 0  # the shuffle buffer's; <= 1: emitted in arrival order
     stream: tuple[int, ...] = ()  # seed of the buffer's draws
+    interleave: tuple[int, ...] = ()  # seed of the lanes' interleaving
     skip: int = 0
+    count: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.count = sum(run.count for run in self.runs)
+
+    def lane_runs(self, lane: int) -> list[PlanRun]:
+        return self.runs[lane :: self.lanes]
+
+    def labels(self) -> Iterator[np.ndarray]:
+        """The lane of each arrival, in arrival order: int8 (int32 past 127 lanes) arrays of
+        up to 65,536, each drawn when asked for."""
+        small = np.int8 if self.lanes <= 127 else np.int32
+        left = self.count
+        if self.lanes <= 1:
+            while left:
+                n = min(_DRAW_CHUNK, left)
+                yield np.zeros(n, small)
+                left -= n
+            return
+        remaining = np.array([sum(run.count for run in self.lane_runs(lane)) for lane in range(self.lanes)], np.int64)
+        rng = np.random.default_rng(self.interleave)
+        lanes = np.arange(self.lanes, dtype=small)
+        while left:
+            n = min(_DRAW_CHUNK, left)
+            counts = _draw_counts(rng, remaining, n)
+            chunk = np.repeat(lanes, counts)
+            rng.shuffle(chunk)
+            remaining -= counts
+            left -= n
+            yield chunk
 
     def emissions(self) -> Iterator[int]:
         """Arrival indices in emission order, from the start."""
-        return iter_buffer_order(len(self.ids), self.capacity, np.random.default_rng(self.stream))
+        return iter_buffer_order(self.count, self.capacity, np.random.default_rng(self.stream))
+
+    @functools.cached_property
+    def ids(self) -> np.ndarray:
+        """int64 ``(count,)``: the sample id of each arrival (O(count): tests and replays)."""
+        labels = np.concatenate([np.empty(0, np.int8), *self.labels()])
+        ids = np.empty(self.count, np.int64)
+        for lane in range(self.lanes):
+            runs = self.lane_runs(lane)
+            if runs:
+                ids[labels == lane] = np.concatenate([self.starts[run.shard] + run.indices() for run in runs])
+        return ids
 
     @functools.cached_property
     def order(self) -> np.ndarray:
-        """The whole emission order: int64 ``(len(ids),)``."""
-        return np.fromiter(self.emissions(), dtype=np.int64, count=len(self.ids))
+        """The whole emission order: int64 ``(count,)``."""
+        return np.fromiter(self.emissions(), dtype=np.int64, count=self.count)
 
     @property
     def num_samples(self) -> int:
         """Samples this worker still yields."""
-        return len(self.ids) - self.skip
+        return self.count - self.skip
+
+
+@dataclass(frozen=True)
+class ShardOrder:
+    """One epoch's order of shards: the part of a plan that costs O(shards) and is the same
+    for every rank and worker. A dataset keeps the latest ones, so DataLoader workers forked
+    after ``set_epoch`` or ``len()`` inherit it instead of each computing its own copy.
+
+    Attributes (numpy, CPU):
+        starts: int64 ``(shards + 1,)``: the first sample id of each shard, in index order.
+        order: int32 ``(shards,)``: shard ids in the epoch's order.
+        order_starts: int64 ``(shards + 1,)``: where each shard of ``order`` begins in the
+            epoch's sequence.
+    """
+
+    starts: np.ndarray
+    order: np.ndarray
+    order_starts: np.ndarray
+
+    @classmethod
+    def make(cls, counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool,
+             starts: np.ndarray | None = None) -> ShardOrder:
+        """The order of ``counts``' shards in ``epoch`` (permuted by ``(seed, epoch)`` when
+        ``shuffle``); ``starts``: the cumulative counts, when already known."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if starts is None:
+            starts = np.concatenate([[0], np.cumsum(counts)])
+        shards = np.arange(len(counts), dtype=np.int32)  # int32: a million shards shuffle faster
+        order = np.random.default_rng([seed, epoch]).permutation(shards) if shuffle else shards
+        return cls(starts, order, np.concatenate([[0], np.cumsum(counts[order])]))
 
 
 @dataclass
@@ -267,16 +416,16 @@ class EpochPlan:
     drop_last: bool = False
     segments: Sequence[Segment] = ()
     batch_size: int | None = None
-    _starts: np.ndarray = field(init=False, repr=False)
+    shard_order: ShardOrder | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        counts = np.asarray(self.counts, dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(counts)])
         # The epoch's order of shards and where each begins in the epoch's sequence: O(shards),
         # so a worker maps its positions to sample ids without the sequence being built.
-        self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(np.arange(len(counts), dtype=np.int32))
-                       if self.shuffle else np.arange(len(counts), dtype=np.int32))  # int32: a million shards shuffle faster
-        self._order_starts = np.concatenate([[0], np.cumsum(counts[self._order])])
+        if self.shard_order is None:
+            self.shard_order = ShardOrder.make(self.counts, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        self._starts = self.shard_order.starts
+        self._order = self.shard_order.order
+        self._order_starts = self.shard_order.order_starts
 
     @property
     def num_samples(self) -> int:
@@ -303,67 +452,61 @@ class EpochPlan:
         shard, index = self._order[k], positions - self._order_starts[k]
         return self._starts[shard] + index, shard, index
 
+    def _runs_in(self, start: int, stop: int) -> list[PlanRun]:
+        """Runs of positions ``start..stop-1`` of the epoch's sequence: one per shard met, in
+        O(shards met)."""
+        if stop <= start:
+            return []
+        first, last = (np.searchsorted(self._order_starts, [start, stop - 1], side="right") - 1).tolist()
+        begins = self._order_starts[first : last + 2]
+        lo = np.maximum(begins[:-1], start) - begins[:-1]
+        hi = np.minimum(begins[1:], stop) - 1 - begins[:-1]
+        return [PlanRun(s, a, b) for s, a, b in zip(self._order[first : last + 1].tolist(), lo.tolist(), hi.tolist())
+                if b >= a]  # shards without samples take no place
+
     def per_rank(self, total: int, world_size: int) -> int:
         """Samples each rank gets of ``total``: floor with ``drop_last``, else ceil (padded)."""
         return total // world_size if self.drop_last else -(-total // world_size)
 
-    def piece(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
-              batch_size: int | None) -> np.ndarray:
-        """The ids of one worker's piece: ``todo`` (ids in epoch order; None: the whole epoch)
-        cut into ``world_size`` equal contiguous parts (the last padded by wrapping to the
-        start), each cut into ``num_workers`` pieces (:func:`split_workers`)."""
-        return self._piece(todo, world_size=world_size, rank=rank, num_workers=num_workers, worker_id=worker_id,
-                           batch_size=batch_size)[0]
-
-    def _piece(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
-               batch_size: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`piece`, with each sample's shard and index in its shard."""
+    def piece_runs(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
+                   batch_size: int | None) -> list[PlanRun]:
+        """One worker's piece as runs: ``todo`` (ids in epoch order; None: the whole epoch,
+        never listed) cut into ``world_size`` equal contiguous parts (the last padded by
+        wrapping to the start), each cut into ``num_workers`` pieces (:func:`split_workers`)."""
         total = self.num_samples if todo is None else len(todo)
+        if total == 0:
+            return []
         per_rank = self.per_rank(total, world_size)
         sizes = split_workers(per_rank, num_workers, batch_size)
         start = rank * per_rank + sum(sizes[:worker_id])
-        if total == 0:
-            empty = np.empty(0, np.int64)
-            return empty, empty, empty
-        positions = np.arange(start, start + sizes[worker_id], dtype=np.int64) % total  # a pad wraps
-        if todo is None:
-            return self._located(positions)
-        ids = todo[positions]
-        return (ids, *self.shard_of(ids))
+        stop = start + sizes[worker_id]
+        if todo is None:  # contiguous positions, wrapping to the start where a pad does
+            return [run for a, b in _wrapped(start, stop, total) for run in self._runs_in(a, b)]
+        ids = todo[np.arange(start, stop, dtype=np.int64) % total]  # a pad wraps
+        return _runs_of(*self.shard_of(ids))
 
-    def worker_plan(self, ids: np.ndarray, *, seg: int, rank: int, worker_id: int,
-                    located: tuple[np.ndarray, np.ndarray] | None = None) -> WorkerPlan:
-        """The plan of worker ``worker_id`` of ``rank`` whose piece is ``ids`` (epoch order;
-        ``located``: their shards and indices, when known)."""
+    def piece(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
+              batch_size: int | None) -> np.ndarray:
+        """The ids of one worker's piece (:meth:`piece_runs`), int64, in epoch order."""
+        runs = self.piece_runs(todo, world_size=world_size, rank=rank, num_workers=num_workers, worker_id=worker_id,
+                               batch_size=batch_size)
+        return np.concatenate([np.empty(0, np.int64), *(self._starts[r.shard] + r.indices() for r in runs)])
+
+    def worker_plan(self, runs: list[PlanRun], *, seg: int, rank: int, worker_id: int) -> WorkerPlan:
+        """The plan of worker ``worker_id`` of ``rank`` whose piece is ``runs`` (epoch order)."""
         streams = (self.seed, self.epoch, seg, rank, worker_id)
-        shard, index = located if located is not None else self.shard_of(ids)
-        if not self.shuffle or len(ids) == 0:
-            return WorkerPlan(ids=ids, lane=np.zeros(len(ids), np.int64), shard=shard, index=index)
-        # A run ends where the shard changes or the index does not go up (a pad wraps).
-        breaks = np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1
-        run = np.zeros(len(ids), np.int64)
-        run[breaks] = 1
-        run = np.cumsum(run)
-        lanes = min(self.max_open_shards, int(run[-1]) + 1)
-        run_lane = run % lanes
-        # A uniformly random interleaving of the lanes: shuffle the multiset of lane labels
-        # (as small ints: numpy's shuffle moves fewer bytes, and draws the same).
-        multiset = np.repeat(np.arange(lanes, dtype=np.int8), np.bincount(run_lane, minlength=lanes))
-        labels = np.random.default_rng([*streams, 1]).permutation(multiset)
-        # The k-th arrival from lane L is lane L's k-th sample (its samples keep their order).
-        arrival = np.empty(len(ids), np.int64)
-        for lane in range(lanes):
-            arrival[labels == lane] = np.flatnonzero(run_lane == lane)
-        return WorkerPlan(ids=ids[arrival], lane=labels, shard=shard[arrival], index=index[arrival],
-                          capacity=self.shuffle_buffer, stream=(*streams, 2))
+        if not self.shuffle:
+            return WorkerPlan(runs, self._starts)
+        return WorkerPlan(runs, self._starts, lanes=max(1, min(self.max_open_shards, len(runs))),
+                          capacity=self.shuffle_buffer, stream=(*streams, 2), interleave=(*streams, 1))
 
     def segment_plans(self, todo: np.ndarray, seg: int, segment: Segment) -> list[list[WorkerPlan]]:
         """Every worker's plan of a segment: ``[rank][worker_id]``."""
         return [
             [
                 self.worker_plan(
-                    self.piece(todo, world_size=segment.world_size, rank=r, num_workers=segment.num_workers,
-                               worker_id=w, batch_size=segment.split_batch_size),
+                    self.piece_runs(todo, world_size=segment.world_size, rank=r, num_workers=segment.num_workers,
+                                    worker_id=w, batch_size=segment.split_batch_size),
                     seg=seg, rank=r, worker_id=w,
                 )
                 for w in range(segment.num_workers)
@@ -381,7 +524,7 @@ class EpochPlan:
             )
         out = []
         for workers in plans:
-            counts = consumed_per_worker([len(p.ids) for p in workers], segment.batch_size, segment.samples_consumed)
+            counts = consumed_per_worker([p.count for p in workers], segment.batch_size, segment.samples_consumed)
             out.extend(p.ids[p.order[:d]] for p, d in zip(workers, counts))
         return np.concatenate(out) if out else np.empty(0, np.int64)
 
@@ -410,9 +553,9 @@ class EpochPlan:
     def for_worker(self, *, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[WorkerPlan, int]:
         """This worker's plan now (resumed where the checkpoint says) and the segment index."""
         seg, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
-        ids, shard, index = self._piece(todo, world_size=world_size, rank=rank, num_workers=num_workers,
-                                        worker_id=worker_id, batch_size=self.batch_size)
-        plan = self.worker_plan(ids, seg=seg, rank=rank, worker_id=worker_id, located=(shard, index))
+        runs = self.piece_runs(todo, world_size=world_size, rank=rank, num_workers=num_workers, worker_id=worker_id,
+                               batch_size=self.batch_size)
+        plan = self.worker_plan(runs, seg=seg, rank=rank, worker_id=worker_id)
         if continued is not None:
             yielded = dict(continued.worker_yielded)
             if worker_id in yielded:
@@ -421,8 +564,8 @@ class EpochPlan:
                 total = self.num_samples if todo is None else len(todo)
                 lengths = split_workers(self.per_rank(total, world_size), num_workers, self.batch_size)
                 plan.skip = consumed_per_worker(lengths, continued.batch_size, continued.samples_consumed)[worker_id]
-            if plan.skip > len(plan.ids):
-                raise ValueError(f"checkpoint says worker {worker_id} yielded {plan.skip} samples; it has {len(plan.ids)}")
+            if plan.skip > plan.count:
+                raise ValueError(f"checkpoint says worker {worker_id} yielded {plan.skip} samples; it has {plan.count}")
         return plan, seg
 
     def rank_count(self, *, world_size: int, num_workers: int, rank: int = 0) -> int:
