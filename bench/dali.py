@@ -65,13 +65,13 @@ def dali_epoch(source: str, args: argparse.Namespace, device_id: int | None, wor
 
 
 def dali_memory_epoch(source: str, args: argparse.Namespace, device_id: int | None) -> Callable[[], Iterable[int]]:
-    """The same DaliLoader with its reader swapped for the epoch's (bytes, label) pairs held
+    """The same DaliLoader with its reader swapped for the epoch's samples (bytes, label) held
     in memory: what the DALI pipeline does when feeding costs nothing (the feed's ceiling)."""
     dataset = ShardDataset(source)
-    pairs = [(sample["jpg"], int(sample["cls"])) for sample in dataset]
     loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.crop_px, num_threads=args.threads,
                         device_id=device_id)
-    loader._pairs = lambda: iter(pairs)  # type: ignore[method-assign]
+    items = list(loader._items())  # bytes and labels, each image checked once here
+    loader._items = lambda: iter(items)  # type: ignore[method-assign]
     return lambda: (len(labels) for _, labels in loader)
 
 

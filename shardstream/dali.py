@@ -20,19 +20,27 @@ yielded (``last_batch="partial"``, default) or dropped (``"drop"``).
 
 from __future__ import annotations
 
-import functools
+import collections
+import io
+import logging
 import queue
+import random
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from .dataset import ShardDataset
+from .decode.check import gpu_jpeg_problem
+from .decode.cpu import RandomResizedCrop
 from .errors import DecodeError
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DaliLoader", "dali_available", "gpu_available"]
+
+log = logging.getLogger("shardstream")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -68,18 +76,82 @@ def gpu_available() -> bool:
     return GetCUDADeviceCount() > 0
 
 
+class _Item(NamedTuple):
+    """One sample on its way to a batch: ``data`` (encoded JPEG bytes DALI decodes) or
+    ``cpu`` (the image already decoded and augmented on the CPU: ``torch.uint8``
+    ``(3, crop_px, crop_px)``), or neither (undecodable, skipped by ``on_error="skip"``)."""
+
+    data: bytes | None
+    label: int
+    cpu: torch.Tensor | None
+    problem: str | None  # why it is not decoded by DALI (None: it is)
+    where: str  # "shard: sample 'key', member 'jpg'", for errors
+
+
+@dataclass(frozen=True)
+class _Encoder:
+    """The DataLoader collate of the readers (workers, or a thread of this process): each
+    sample's image bytes and label, and for an image DALI's GPU decoders would reject (see
+    :mod:`shardstream.decode.check`) or cannot read (not a JPEG), the image decoded and
+    augmented here with Pillow instead. A worker sends a batch of them in one message."""
+
+    image_ext: str
+    label_ext: str | None
+    crop: RandomResizedCrop
+    flip_p: float
+    on_error: str
+    check_images: bool
+
+    def __call__(self, samples: list[dict[str, Any]]) -> list[_Item]:
+        return [self.item(sample) for sample in samples]
+
+    def item(self, sample: dict[str, Any]) -> _Item:
+        data, label = _member(sample, self.image_ext), _label(sample, self.label_ext)
+        where = f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}, member {self.image_ext!r}"
+        problem = gpu_jpeg_problem(data) if self.check_images else None
+        if problem is None:
+            return _Item(data, label, None, None, where)
+        return self.on_cpu(data, label, problem, where)
+
+    def on_cpu(self, data: bytes, label: int, problem: str, where: str) -> _Item:
+        """The item decoded by Pillow; undecodable: ``on_error`` ("raise": DecodeError)."""
+        try:
+            return _Item(None, label, self.crop.augment(data, random, flip_p=self.flip_p), problem, where)
+        except Exception as exc:  # Pillow raises many kinds for bad input
+            error = DecodeError(
+                f"{where}: no decoder can read this image ({problem}; Pillow: {exc}); re-encode or remove it, "
+                "or pass ShardDataset(on_error='skip') to skip such samples"
+            )
+            if self.on_error == "raise":
+                raise error from exc
+            return _Item(None, label, None, str(error), where)
+
+
+class _Batch(NamedTuple):
+    """A batch handed to DALI: its items (kept until DALI gives the batch back, to decode it
+    on the CPU if DALI fails) and which of them were decoded on the CPU (position -> image)."""
+
+    items: list[_Item]
+    cpu: dict[int, torch.Tensor]
+
+
 class _Feed:
-    """Whole batches ``(encoded images, labels)`` assembled ahead in a thread from
-    ``(image bytes, label)`` pairs: DALI's callback only pops them. Ends the epoch with
+    """Whole batches assembled ahead in a thread from :class:`_Item` s: DALI's callback only
+    pops them. Skipped items (``on_error="skip"``) are replaced by a repeat of the previous
+    good one (of the next, at the start), so every batch keeps its size. Ends the epoch with
     StopIteration; errors from reading are re-raised in the caller's thread."""
 
     _END = object()
 
-    def __init__(self, pairs: Iterator[tuple[bytes, int]], *, batch_size: int, drop_last: bool,
-                 prefetch_batches: int) -> None:
+    def __init__(self, items: Iterator[_Item], *, batch_size: int, drop_last: bool, prefetch_batches: int) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch_batches)
         self._stop = threading.Event()
-        self._args = (pairs, batch_size, drop_last)
+        self._args = (items, batch_size, drop_last)
+        self.fed: collections.deque[_Batch] = collections.deque()  # handed to DALI, not yet given back
+        self.error: BaseException | None = None  # what the reader raised
+        self.ended = False
+        self.counts: collections.Counter[str] = collections.Counter()  # problems of CPU-decoded images
+        self.skipped = 0
         self._thread = threading.Thread(target=self._run, name="shardstream-dali-feed", daemon=True)
         self._thread.start()
 
@@ -92,20 +164,40 @@ class _Feed:
                 continue
         return False
 
+    def _good(self, items: Iterator[_Item]) -> Iterator[_Item]:
+        """Items with skipped ones replaced by repeats (counted)."""
+        last: _Item | None = None
+        owed: list[_Item] = []
+        for item in items:
+            if item.data is None and item.cpu is None:
+                self.skipped += 1
+                log.warning("skipping a sample: %s", item.problem)
+                if last is None:
+                    owed.append(item)
+                    continue
+                item = last._replace(where=item.where)
+            elif item.problem is not None:
+                self.counts[_reason(item.problem)] += 1
+            last = item
+            for _ in owed:
+                yield item
+            owed = []
+            yield item
+        if owed:
+            raise DecodeError(f"no image of this epoch's samples could be decoded (first: {owed[0].problem})")
+
     def _run(self) -> None:
-        pairs, batch_size, drop_last = self._args
-        images: list[np.ndarray] = []
-        labels: list[np.ndarray] = []
+        items, batch_size, drop_last = self._args
+        batch: list[_Item] = []
         try:
-            for image, label in pairs:
-                images.append(np.frombuffer(image, dtype=np.uint8))
-                labels.append(np.array([label], dtype=np.int64))
-                if len(images) == batch_size:
-                    if not self._put((images, labels)):
+            for item in self._good(items):
+                batch.append(item)
+                if len(batch) == batch_size:
+                    if not self._put(batch):
                         return
-                    images, labels = [], []
-            if images and not drop_last:
-                self._put((images, labels))
+                    batch = []
+            if batch and not drop_last:
+                self._put(batch)
             self._put(self._END)
         except BaseException as exc:  # handed to the consumer, raised there
             self._put(exc)
@@ -113,15 +205,38 @@ class _Feed:
     def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         item = self._queue.get()
         if item is self._END:
+            self.ended = True
             self._queue.put(item)  # DALI may ask again while draining its prefetch
             raise StopIteration
         if isinstance(item, BaseException):
+            self.error = item
             raise item
-        return item
+        cpu = {i: x.cpu for i, x in enumerate(item) if x.cpu is not None}
+        self.fed.append(_Batch(item, cpu))
+        images = [_PLACEHOLDER if x.data is None else np.frombuffer(x.data, dtype=np.uint8) for x in item]
+        return images, [np.array([x.label], dtype=np.int64) for x in item]
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+def _reason(problem: str) -> str:
+    """A problem without its byte offsets, to count alike ones together."""
+    return problem.split(" at byte ")[0]
+
+
+def _placeholder_jpeg() -> np.ndarray:
+    """A tiny JPEG that DALI decodes in the place of an image decoded on the CPU (whose
+    output then replaces it)."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (128, 128, 128)).save(out, "JPEG")
+    return np.frombuffer(out.getvalue(), dtype=np.uint8)
+
+
+_PLACEHOLDER = _placeholder_jpeg()
 
 
 def _member(sample: dict[str, Any], ext: str) -> bytes:
@@ -132,12 +247,6 @@ def _member(sample: dict[str, Any], ext: str) -> bytes:
             f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} has no {ext!r} member "
             f"(it has {sorted(k for k in sample if not k.startswith('__'))}); set image_ext / label_ext"
         ) from None
-
-
-def _encoded(samples: list[dict[str, Any]], *, image_ext: str, label_ext: str | None) -> list[tuple[bytes, int]]:
-    """``(image bytes, label)`` of each sample: the DataLoader collate of the workers, so a
-    worker sends a batch of them in one message instead of one message per sample."""
-    return [(_member(sample, image_ext), _label(sample, label_ext)) for sample in samples]
 
 
 def _label(sample: dict[str, Any], ext: str | None) -> int:
@@ -176,6 +285,22 @@ class DaliLoader:
         prefetch_batches: whole batches read ahead of DALI.
         last_batch: ``"partial"`` yields the short last batch; ``"drop"`` drops it.
         seed: DALI's random seed (crops, flips); rank-specific seeds are derived from it.
+        check_images: check each image's structure before DALI sees it
+            (:func:`shardstream.decode.check.gpu_jpeg_problem`, ~4 µs an image) and decode
+            those it would reject on the CPU. False: every image goes to DALI (a failure
+            still falls back, a batch at a time, at the cost of rebuilding the pipeline).
+
+    Odd images (README, "DALI and odd images"): plain 8-bit JPEGs (baseline or progressive,
+    grey or colour) go to DALI. Anything else (PNG, WebP, GIF, 16-bit PNG, CMYK JPEG, and
+    JPEGs that are damaged in ways Pillow tolerates and DALI does not) is decoded with Pillow
+    by the reader (a DataLoader worker or the feed thread) with the same augmentation: random
+    resized crop of the same ``scale`` and ``ratio``, EXIF orientation applied (as DALI does),
+    resize, flip, normalisation, so it comes out with the same shape and dtype and goes into
+    its batch in its place. If DALI still fails on a batch, the pipeline is rebuilt and the
+    batches it held are decoded on the CPU. An image nobody can decode follows the dataset's
+    ``on_error``: ``"raise"`` raises DecodeError naming shard, key and member; ``"skip"``
+    repeats the previous good sample in its place, so every rank keeps ``len(loader)``
+    batches. :meth:`stats` counts all of it.
 
     Yields:
         ``(images, labels)``: images ``(B, 3, crop_px, crop_px)`` (NCHW) of ``dtype`` on
@@ -186,7 +311,8 @@ class DaliLoader:
         ImportError: DALI is not installed (names the extra to install).
         ValueError: bad arguments.
         DecodeError: a sample lacks the image or label member, or a label is not an integer
-            (names shard and key); DALI's own errors for undecodable images.
+            (names shard and key); an image no decoder can read, with ``on_error="raise"``
+            (names shard, key and member).
     """
 
     def __init__(
@@ -209,6 +335,7 @@ class DaliLoader:
         prefetch_batches: int = 2,
         last_batch: str = "partial",
         seed: int = 0,
+        check_images: bool = True,
     ) -> None:
         _import_dali()
         if not isinstance(dataset, ShardDataset):
@@ -238,7 +365,18 @@ class DaliLoader:
         self.prefetch_batches = prefetch_batches
         self.last_batch = last_batch
         self.seed = seed
+        self.check_images = check_images
         self._consumed = 0
+        self._stats = {"images": 0, "cpu_decoded": 0, "skipped": 0, "pipeline_rebuilds": 0}
+        self._reasons: collections.Counter[str] = collections.Counter()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since this loader was made: ``images`` yielded, ``cpu_decoded`` (decoded
+        with Pillow instead of DALI: odd formats, damaged files, batches DALI failed on),
+        ``skipped`` (undecodable, replaced by a repeat under ``on_error="skip"``),
+        ``pipeline_rebuilds`` (DALI failures recovered from), and ``cpu_reasons``: why,
+        by kind (e.g. ``{"not a JPEG": 3, "junk before a marker": 1}``)."""
+        return {**self._stats, "cpu_reasons": dict(self._reasons)}
 
     @property
     def device(self) -> torch.device:
@@ -259,17 +397,55 @@ class DaliLoader:
         batch_size = self.batch_size if self.num_workers else None
         return self.dataset.state_dict(self._consumed, batch_size=batch_size, num_workers=self.num_workers)
 
-    def _pairs(self) -> Iterator[tuple[bytes, int]]:
-        """``(image bytes, label)`` in the dataset's order: read here, or by DataLoader
+    def _encoder(self) -> _Encoder:
+        return _Encoder(self.image_ext, self.label_ext, RandomResizedCrop(size_px=self.crop_px, scale=self.scale,
+                        ratio=self.ratio), self.flip_p, self.dataset.on_error, self.check_images)
+
+    def _items(self) -> Iterator[_Item]:
+        """The samples as :class:`_Item` s in the dataset's order: read here, or by DataLoader
         workers that each send ``batch_size`` of them at a time (round-robin over workers,
         each worker's last batch possibly short), which ``state_dict`` accounts for."""
-        encoded = functools.partial(_encoded, image_ext=self.image_ext, label_ext=self.label_ext)
+        encoder = self._encoder()
         if self.num_workers == 0:
-            return (pair for sample in self.dataset for pair in encoded([sample]))
+            return (encoder.item(sample) for sample in self.dataset)
         from torch.utils.data import DataLoader
 
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, num_workers=self.num_workers, collate_fn=encoded)
-        return (pair for batch in loader for pair in batch)
+        loader = DataLoader(self.dataset, batch_size=self.batch_size, num_workers=self.num_workers, collate_fn=encoder)
+        return (item for batch in loader for item in batch)
+
+    def _finish(self, images: torch.Tensor) -> torch.Tensor:
+        """``torch.uint8`` ``(B, 3, H, W)`` CPU images as the pipeline gives them: normalised
+        to ``dtype``, on ``device``."""
+        images = images.to(self.device)
+        if self.dtype == torch.uint8:
+            return images
+        mean = torch.tensor(self.mean, device=self.device).view(1, 3, 1, 1) * 255
+        std = torch.tensor(self.std, device=self.device).view(1, 3, 1, 1) * 255
+        return (images.float() - mean) / std
+
+    def _on_cpu(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole batch decoded with Pillow (DALI failed on it or on one beside it)."""
+        encoder = self._encoder()
+        images = []
+        for i, item in enumerate(batch.items):
+            if i in batch.cpu:
+                images.append(batch.cpu[i])
+                continue
+            assert item.data is not None  # internal invariant: not CPU-decoded means DALI's bytes
+            done = encoder.on_cpu(item.data, item.label, "DALI failed on its batch", item.where)
+            if done.cpu is None:  # undecodable, on_error="skip": a repeat of a good one
+                self._stats["skipped"] += 1
+                log.warning("skipping a sample: %s", done.problem)
+            else:
+                self._stats["cpu_decoded"] += 1
+                self._reasons["DALI failed on its batch"] += 1
+            images.append(done.cpu)
+        good = [x for x in images if x is not None]
+        if not good:
+            raise DecodeError(f"no image of a batch DALI failed on can be decoded ({batch.items[0].where}, ...)")
+        filled = [x if x is not None else good[0] for x in images]
+        labels = torch.tensor([x.label for x in batch.items], dtype=torch.int64, device=self.device)
+        return self._finish(torch.stack(filled)), labels
 
     def _pipeline(self, feed: _Feed) -> Any:
         dali = _import_dali()
@@ -301,18 +477,51 @@ class DaliLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        feed = _Feed(self._pairs(), batch_size=self.batch_size, drop_last=self.last_batch == "drop",
+        feed = _Feed(self._items(), batch_size=self.batch_size, drop_last=self.last_batch == "drop",
                      prefetch_batches=self.prefetch_batches)
         self._consumed = 0
+        policy = LastBatchPolicy.DROP if self.last_batch == "drop" else LastBatchPolicy.PARTIAL
+        failures = 0  # in a row, with no batch from DALI between them
         try:
-            pipe = self._pipeline(feed)
-            pipe.build()
-            policy = LastBatchPolicy.DROP if self.last_batch == "drop" else LastBatchPolicy.PARTIAL
-            batches = DALIGenericIterator([pipe], ["images", "labels"], last_batch_policy=policy, auto_reset=False,
-                                          prepare_first_batch=False)
-            for out in batches:
-                images, labels = out[0]["images"], out[0]["labels"].reshape(-1)
-                self._consumed += len(labels)
-                yield images, labels
+            while not (feed.ended and not feed.fed):
+                pipe = self._pipeline(feed)
+                try:
+                    pipe.build()
+                    batches = DALIGenericIterator([pipe], ["images", "labels"], last_batch_policy=policy,
+                                                  auto_reset=False, prepare_first_batch=False)
+                    for out in batches:
+                        batch = feed.fed.popleft()
+                        images, labels = out[0]["images"], out[0]["labels"].reshape(-1)
+                        for i, image in batch.cpu.items():  # decoded on the CPU: in their places
+                            images[i] = self._finish(image[None])[0]
+                        failures = 0
+                        yield self._count(images, labels, batch)
+                    break
+                except Exception as exc:
+                    if feed.error is not None:  # the reader's error, passed through DALI
+                        raise feed.error from None
+                    failures += 1
+                    if failures > 3:
+                        raise
+                    # DALI failed on an image it took: the pipeline is dead. The batches it
+                    # holds are decoded on the CPU; a new pipeline takes the rest.
+                    self._stats["pipeline_rebuilds"] += 1
+                    log.warning("DALI failed (%s); decoding its %d batches on the CPU and rebuilding the pipeline",
+                                str(exc).strip().splitlines()[0][:300], len(feed.fed))
+                    while feed.fed:
+                        batch = feed.fed.popleft()
+                        yield self._count(*self._on_cpu(batch), batch)
+                finally:
+                    del pipe
         finally:
             feed.close()
+            self._stats["skipped"] += feed.skipped
+            feed.skipped = 0
+            self._reasons.update(feed.counts)
+            self._stats["cpu_decoded"] += sum(feed.counts.values())
+            feed.counts.clear()
+
+    def _count(self, images: torch.Tensor, labels: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        self._consumed += len(labels)
+        self._stats["images"] += len(labels)
+        return images, labels

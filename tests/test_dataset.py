@@ -209,3 +209,21 @@ def test_bad_arguments(tmp_path, kwargs, message):
         ShardDataset(dest, **kwargs)
     with pytest.raises(ValueError, match="epoch=-1"):
         ShardDataset(dest).set_epoch(-1)
+
+
+def test_cpu_decoder_scales_16_bit_images_and_converts_every_mode_to_rgb():
+    """Pillow's own convert("RGB") turns a 16-bit grey PNG white; the decoder keeps its top
+    byte (as DALI does). Palette and alpha images come out RGB (H, W, 3) uint8."""
+    grey16 = (np.arange(48 * 32, dtype=np.uint16).reshape(32, 48) * 40).astype(np.uint16)
+    decoder = CpuDecoder("numpy")
+    for image, expected in [
+        (Image.fromarray(grey16), np.repeat((grey16 >> 8).astype(np.uint8)[..., None], 3, -1)),
+        (Image.new("RGBA", (48, 32), (10, 20, 30, 0)), np.full((32, 48, 3), (10, 20, 30), np.uint8)),
+        (Image.new("P", (48, 32), 7), None),
+    ]:
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        decoded = decoder({"__key__": "a", "png": out.getvalue()})["png"]
+        assert decoded.shape == (32, 48, 3) and decoded.dtype == np.uint8
+        if expected is not None:
+            assert np.array_equal(decoded, expected)

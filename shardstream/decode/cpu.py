@@ -22,7 +22,7 @@ from typing import Any, Literal, get_args
 
 from ..errors import DecodeError
 
-__all__ = ["CpuDecoder", "ImageFormat", "RandomResizedCrop", "make_decoder"]
+__all__ = ["CpuDecoder", "ImageFormat", "RandomResizedCrop", "make_decoder", "to_rgb"]
 
 ImageFormat = Literal["pil", "numpy", "torch"]
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "gif", "webp", "tif", "tiff"})
@@ -95,7 +95,22 @@ class RandomResizedCrop:
         from PIL import Image
 
         image, box = self._draft_for_crop(image, rng)
-        return image.convert("RGB").resize((self.size_px, self.size_px), Image.Resampling.BILINEAR, box=box)
+        return to_rgb(image).resize((self.size_px, self.size_px), Image.Resampling.BILINEAR, box=box)
+
+    def augment(self, data: bytes, rng: Any, *, flip_p: float = 0.0) -> Any:
+        """What a DALI pipeline of ``decoders.image_random_crop`` (EXIF orientation applied,
+        as DALI does), ``resize`` and a random horizontal flip makes of image bytes, done with
+        Pillow and torch on the CPU: a ``torch.uint8`` tensor ``(3, size_px, size_px)``.
+
+        Raises:
+            OSError, ValueError, SyntaxError: Pillow cannot decode ``data``.
+        """
+        from PIL import Image, ImageOps
+
+        image = Image.open(io.BytesIO(data))
+        image.load()  # decode it all here, so a damaged file fails here
+        tensor = self._crop_tensor(ImageOps.exif_transpose(image), rng)
+        return tensor.flip(-1) if rng.random() < flip_p else tensor
 
     def _crop_tensor(self, image: Any, rng: Any) -> Any:
         """:meth:`tensor` of an opened, not yet decoded image."""
@@ -108,9 +123,7 @@ class RandomResizedCrop:
         # never past the edge: Image.crop would pad with black there
         right = min(max(math.ceil(right), left + 1), image.size[0])
         bottom = min(max(math.ceil(bottom), top + 1), image.size[1])
-        region = image.crop((left, top, right, bottom))  # copy only the crop's pixels
-        if region.mode != "RGB":
-            region = region.convert("RGB")
+        region = to_rgb(image.crop((left, top, right, bottom)))  # copy only the crop's pixels
         batch = torch.from_numpy(np.array(region)).permute(2, 0, 1).unsqueeze(0)
         resized = F.interpolate(batch, size=(self.size_px, self.size_px), mode="bilinear", antialias=True)
         return resized[0].contiguous()
@@ -211,7 +224,7 @@ class CpuDecoder:
         if self.crop is not None:
             image = self.crop._crop_pil(image, self.rng or random)
         else:
-            image = image.convert("RGB")
+            image = to_rgb(image)
         if self.image == "pil":
             return image
         import numpy as np
@@ -222,6 +235,25 @@ class CpuDecoder:
         import torch
 
         return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def to_rgb(image: Any) -> Any:
+    """A PIL image in RGB: 16-bit and 32-bit grey (``I;16``, ``I``; 16-bit PNGs) scaled to 8
+    bits by their top byte, as DALI does (Pillow's own ``convert("RGB")`` clips them to white);
+    palette, alpha, CMYK and grey images converted by Pillow (alpha dropped)."""
+    from PIL import Image
+
+    if image.mode == "RGB":
+        return image
+    if image.mode.startswith("I;16") or image.mode in ("I", "F"):
+        import numpy as np
+
+        pixels = np.asarray(image)
+        if image.mode.startswith("I;16") or (image.mode == "I" and pixels.max(initial=0) > 255):
+            pixels = np.clip(pixels.astype(np.int64), 0, 65535) >> 8  # 16-bit samples
+        grey = np.clip(pixels, 0, 255).astype(np.uint8)
+        return Image.fromarray(grey, "L").convert("RGB")
+    return image.convert("RGB")
 
 
 def make_decoder(decode: ImageFormat | Callable[[Sample], Any] | None) -> Callable[[Sample], Any] | None:
