@@ -218,3 +218,22 @@ def test_undecodable_images_skipped_keep_every_ranks_batch_count(tmp_path, monke
     bad = {i for i, name in enumerate(members) if name in UNDECODABLE}
     assert set(seen) == set(range(len(members))) - bad  # each good one, and repeats in the bad ones' places
     assert len(seen) == 18
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU that torch and DALI can use here")
+def test_odd_images_on_the_gpu_path(odd):
+    """The mixed (nvJPEG / hardware decoder) path: the same odd dataset, every sample once,
+    batches on cuda:0, the odd ones decoded on the CPU and moved there."""
+    from shardstream.dali import gpu_available
+
+    if not gpu_available():
+        pytest.skip("torch sees a GPU but DALI does not")
+    ds, names = odd
+    loader = DaliLoader(ShardDataset(ds, shuffle_buffer=4), batch_size=4, crop_px=24, label_ext="id", device_id="auto")
+    batches = list(loader)
+    images = torch.cat([x for x, _ in batches])
+    ids = torch.cat([y for _, y in batches]).tolist()
+    assert images.device == torch.device("cuda", 0) and images.shape == (len(names), 3, 24, 24)
+    assert sorted(ids) == list(range(len(names)))
+    assert loader.stats()["cpu_decoded"] == len(names) - len(TO_DALI)
