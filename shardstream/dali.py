@@ -495,7 +495,7 @@ class DaliLoader:
                         for i, image in batch.cpu.items():  # decoded on the CPU: in their places
                             images[i] = self._finish(image[None])[0]
                         failures = 0
-                        yield self._count(images, labels, batch)
+                        yield self._count(images, labels)
                     break
                 except Exception as exc:
                     if feed.error is not None:  # the reader's error, passed through DALI
@@ -510,7 +510,7 @@ class DaliLoader:
                                 str(exc).strip().splitlines()[0][:300], len(feed.fed))
                     while feed.fed:
                         batch = feed.fed.popleft()
-                        yield self._count(*self._on_cpu(batch), batch)
+                        yield self._count(*self._on_cpu(batch))
                 finally:
                     del pipe
         finally:
@@ -521,7 +521,7 @@ class DaliLoader:
             self._stats["cpu_decoded"] += sum(feed.counts.values())
             feed.counts.clear()
 
-    def _count(self, images: torch.Tensor, labels: torch.Tensor, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _count(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._consumed += len(labels)
         self._stats["images"] += len(labels)
         return images, labels

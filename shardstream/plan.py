@@ -444,13 +444,8 @@ class EpochPlan:
 
     def ids_at(self, positions: np.ndarray) -> np.ndarray:
         """Sample ids at these positions of the epoch's sequence (O(len + log shards) each)."""
-        return self._located(positions)[0]
-
-    def _located(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(ids, shard, index within shard)`` at these positions of the epoch's sequence."""
         k = np.searchsorted(self._order_starts, positions, side="right") - 1
-        shard, index = self._order[k], positions - self._order_starts[k]
-        return self._starts[shard] + index, shard, index
+        return self._starts[self._order[k]] + positions - self._order_starts[k]
 
     def _runs_in(self, start: int, stop: int) -> list[PlanRun]:
         """Runs of positions ``start..stop-1`` of the epoch's sequence: one per shard met, in
@@ -484,13 +479,6 @@ class EpochPlan:
             return [run for a, b in _wrapped(start, stop, total) for run in self._runs_in(a, b)]
         ids = todo[np.arange(start, stop, dtype=np.int64) % total]  # a pad wraps
         return _runs_of(*self.shard_of(ids))
-
-    def piece(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
-              batch_size: int | None) -> np.ndarray:
-        """The ids of one worker's piece (:meth:`piece_runs`), int64, in epoch order."""
-        runs = self.piece_runs(todo, world_size=world_size, rank=rank, num_workers=num_workers, worker_id=worker_id,
-                               batch_size=batch_size)
-        return np.concatenate([np.empty(0, np.int64), *(self._starts[r.shard] + r.indices() for r in runs)])
 
     def worker_plan(self, runs: list[PlanRun], *, seg: int, rank: int, worker_id: int) -> WorkerPlan:
         """The plan of worker ``worker_id`` of ``rank`` whose piece is ``runs`` (epoch order)."""
