@@ -171,7 +171,8 @@ class _Feed:
         for item in items:
             if item.data is None and item.cpu is None:
                 self.skipped += 1
-                log.warning("skipping a sample: %s", item.problem)
+                if self.skipped == 1:  # once a pass; stats() counts the rest
+                    log.warning("skipping undecodable samples (first: %s)", item.problem)
                 if last is None:
                     owed.append(item)
                     continue
