@@ -87,8 +87,10 @@ class FetchConfig:
             parsed included.
         part_bytes: size of one ranged GET when reading from S3.
         max_inflight_requests: ranged GETs in flight at once per reader.
-        max_buffer_bytes: bytes fetched from S3 and not yet consumed, at most, per reader;
-            fetching pauses when it is reached (>= ``part_bytes``).
+        max_buffer_bytes: bytes fetched from S3 and not yet consumed, at most, per rank
+            (a ShardDataset's process: its DataLoader workers share it equally, each with
+            ranged GETs of at most half its share, but not below 1 MiB); fetching pauses
+            when it is reached (>= ``part_bytes``).
         chunk_bytes: read buffer of local shard files.
         upload_part_bytes: multipart upload part size when writing to S3 (>= 5 MiB, the S3
             minimum part).

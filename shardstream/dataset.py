@@ -20,7 +20,7 @@ from .assign import WorkerSlot, assign_shards, current_slot, distributed_rank
 from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
 from .epochs import EpochBoard, PassState, PassView
-from .errors import CorruptShardError, DecodeError
+from .errors import CorruptShardError, DecodeError, ShardNotFoundError
 from .fetch import iter_shard_streams
 from .index import resolve_source
 from .plan import (
@@ -34,7 +34,8 @@ from .plan import (
 )
 from .shuffle import shuffle_buffer
 from .stats import ReaderStats, StatsBoard, StatsSnapshot
-from .tarstream import iter_samples
+from .slicer import RunSlices, iter_sliced_batches
+from .tarstream import Batch, iter_sample_batches
 
 __all__ = ["STATE_FORMAT", "ShardDataset", "loader_state_dict"]
 
@@ -43,6 +44,8 @@ STATE_VERSION = 1
 
 log = logging.getLogger("shardstream")
 _UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
+_OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
+_MIN_PART_BYTES = 1 << 20  # the smallest ranged GET a worker's share of the read-ahead budget makes
 
 Source = str | os.PathLike[str] | Sequence[str]
 
@@ -86,7 +89,8 @@ class ShardDataset(IterableDataset):
             :mod:`shardstream.decode.cpu`), or a callable taking and returning a sample.
         s3: S3 endpoint and credentials; default the standard AWS environment.
         fetch: read-ahead of S3 shards: ranged GET size, requests in flight, memory bound
-            ``max_buffer_bytes`` per reader (:class:`~shardstream.config.FetchConfig`).
+            ``max_buffer_bytes`` per rank, shared equally by its DataLoader workers
+            (:class:`~shardstream.config.FetchConfig`).
         cache_dir: a node-local directory caching ``s3://`` shards, shared safely by every
             rank and worker of the node (one download per shard per node); the next epoch
             reads hits from local disk. None: no cache.
@@ -463,6 +467,7 @@ class ShardDataset(IterableDataset):
                 "before each epoch to choose the epoch yourself.", state.epoch,
             )
         stats = self._board.reader(slot.worker_id + 1 if in_worker else 0)
+        fetch = _share_buffer(self.fetch, slot.num_workers if in_worker else 1)  # the rank's budget, shared
         self._yielded = 0
         self._iter_seg = None
         if self.index is not None and not self.resampled:
@@ -483,37 +488,44 @@ class ShardDataset(IterableDataset):
                     "ShardDataset.",
                     slot.num_workers, slot.num_workers - 1,
                 )
-            samples = self._read_plan(mine, stats)
+            samples = self._read_plan(mine, stats, fetch)
         else:
             if self.resampled:
-                samples = self._read_resampled(slot, stats, state.epoch)
+                samples = self._read_resampled(slot, stats, state.epoch, fetch)
             else:
-                samples = self._read(self._shard_ids(slot, state.epoch), stats)
+                samples = self._read(self._shard_ids(slot, state.epoch), stats, fetch)
             if self.shuffle and self.shuffle_buffer > 1:
                 seed = int(np.random.SeedSequence([self.seed, state.epoch, slot.index]).generate_state(1)[0])
-                samples = shuffle_buffer(
-                    samples, capacity_samples=self.shuffle_buffer, rng=random.Random(seed),
-                    initial_samples=ramp_samples(self.shuffle_buffer),
-                )
+                samples = _in_batches(shuffle_buffer(
+                    itertools.chain.from_iterable(samples), capacity_samples=self.shuffle_buffer,
+                    rng=random.Random(seed), initial_samples=ramp_samples(self.shuffle_buffer),
+                ))
         return self._deliver(samples, slot, stats, worker_id)
 
     def _deliver(
-        self, samples: Iterator[dict[str, Any] | None], slot: WorkerSlot, stats: ReaderStats, worker_id: int | None
+        self, batches: Iterator[Batch], slot: WorkerSlot, stats: ReaderStats, worker_id: int | None
     ) -> Iterator[Any]:
-        """The pass's samples, decoded, counted and logged; marks the pass finished at its end."""
+        """The pass's samples, decoded, counted (a batch at a time) and logged; marks the pass
+        finished at its end."""
         decode = self.decode
         log_every_s = self.log_every_s if slot.worker_id == 0 else None
         next_log = time.monotonic() + log_every_s if log_every_s else float("inf")
         if self.on_error == "skip":
-            samples = _repeat_over_skips(samples, decode, stats)
+            batches = _repeat_over_skips(batches, decode, stats)
             decode = None
-        for sample in samples:
-            self._yielded += 1
-            stats.sample(_payload_bytes(sample))  # type: ignore[arg-type]
+        for batch in batches:
+            stats.samples(len(batch), batch.nbytes)
             if time.monotonic() >= next_log:
                 log.info("%s", self.stats().log_line())
                 next_log = time.monotonic() + log_every_s  # type: ignore[operator]
-            yield decode(sample) if decode is not None else sample
+            if decode is None:
+                for sample in batch:
+                    self._yielded += 1
+                    yield sample
+            else:
+                for sample in batch:
+                    self._yielded += 1
+                    yield decode(sample)
         self._epochs.finish_pass(rank=slot.rank, worker_id=worker_id)
 
     def _cache(self) -> Any:
@@ -523,18 +535,26 @@ class ShardDataset(IterableDataset):
 
         return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
 
-    def _read_plan(self, plan: WorkerPlan, stats: ReaderStats) -> Iterator[dict[str, Any]]:
-        """A worker's samples in its plan's emission order, skipping those delivered before a
-        resume: each lane reads its runs (byte ranges of shards, from the index), arrivals
-        follow the plan's interleaving, and a sample is held only until its turn comes, at most
-        ``shuffle_buffer`` of them. Nothing is listed per sample up front: the interleaving
-        and the emission order are drawn as samples come, so a piece of 10^8 samples costs
-        what one of 10^4 does before its first sample, but for its runs (O(shards))."""
+    def _read_plan(self, plan: WorkerPlan, stats: ReaderStats, fetch: FetchConfig) -> Iterator[Batch]:
+        """A worker's samples in its plan's emission order, in batches, skipping those
+        delivered before a resume: each lane reads its runs (byte ranges of shards, from the
+        index), arrivals follow the plan's interleaving, and a sample is held only until its
+        turn comes, at most ``shuffle_buffer`` of them. Nothing is listed per sample up front:
+        the interleaving and the emission order are drawn as samples come, so a piece of 10^8
+        samples costs what one of 10^4 does before its first sample, but for its runs
+        (O(shards)). One lane in arrival order (``shuffle=False``) hands its batches on as
+        they are read."""
         if plan.skip >= plan.count:
             return
         emissions = plan.emissions()
         labels: Iterator[np.ndarray] = plan.labels()
         lane_runs = [plan.lane_runs(lane) for lane in range(plan.lanes)]
+        fetch = _lane_fetch(fetch, plan.lanes)
+        if plan.lanes == 1 and (plan.capacity <= 1 or plan.count <= 1):  # arrival order, one lane
+            if plan.skip:
+                lane_runs[0] = without(lane_runs[0], np.arange(plan.skip, dtype=np.int64))
+            yield from self._read_runs(lane_runs[0], fetch, stats)
+            return
         skipped = np.zeros(0, dtype=bool)  # by arrival index: delivered before the resume
         if plan.skip:
             delivered = np.fromiter(itertools.islice(emissions, plan.skip), dtype=np.int64, count=plan.skip)
@@ -547,9 +567,11 @@ class ShardDataset(IterableDataset):
             for lane in range(plan.lanes):  # each lane leaves out its delivered samples
                 lane_runs[lane] = without(lane_runs[lane], np.flatnonzero(skipped[prefix == lane]))
             labels = itertools.chain(head, labels)
-        fetch = _lane_fetch(self.fetch, plan.lanes)
+        pulled = [0]  # payload bytes of the batches the lanes have read
         readers = [self._read_runs(runs, fetch, stats) for runs in lane_runs]
+        lanes_samples = [_flatten(reader, pulled) for reader in readers]
         held: dict[int, dict[str, Any] | None] = {}
+        out, counted = Batch(), 0
         turn = next(emissions, None)
         t = 0
         for chunk in labels:
@@ -561,19 +583,27 @@ class ShardDataset(IterableDataset):
                 lanes = [lane if w else -1 for lane, w in zip(lanes, wanted.tolist())]
             for lane in lanes:
                 if lane >= 0:
-                    held[t] = next(readers[lane])
+                    held[t] = next(lanes_samples[lane])
                     while turn is not None and turn in held:
-                        yield held.pop(turn)  # type: ignore[misc]
+                        out.append(held.pop(turn))
                         turn = next(emissions, None)
+                    if len(out) >= _OUT_BATCH:
+                        out.nbytes, counted = pulled[0] - counted, pulled[0]
+                        yield out
+                        out = Batch()
                 t += 1
-        for reader in readers:  # run each to its end: it checks counts, commits cache entries
-            for _ in reader:
+        if out:
+            out.nbytes = pulled[0] - counted
+            yield out
+        for samples in lanes_samples:  # run each to its end: it checks counts, commits cache entries
+            for _ in samples:
                 raise AssertionError("internal error: a lane read beyond its plan")
 
-    def _read_runs(self, runs: list[PlanRun], fetch: FetchConfig, stats: ReaderStats) -> Iterator[dict[str, Any] | None]:
-        """The wanted samples of each run in order, reading each run as one byte range of its
-        shard (the whole shard when the run covers it; else the range from the shard's sample
-        table); with ``on_error="skip"``, None for each sample of a run a corrupt shard lost."""
+    def _read_runs(self, runs: list[PlanRun], fetch: FetchConfig, stats: ReaderStats) -> Iterator[Batch]:
+        """The wanted samples of each run in order, in batches, reading each run as one byte
+        range of its shard (the whole shard when the run covers it; else the range from the
+        shard's sample table); with ``on_error="skip"``, None for each sample of a run a
+        corrupt shard lost."""
         index = self.index
         assert index is not None  # internal invariant: only planned reads come here
         urls, ranges, sizes = [], [], []
@@ -596,40 +626,36 @@ class ShardDataset(IterableDataset):
             else:
                 yield from self._read_run(url, stream, run, byte_range)
 
-    def _read_run(self, url: str, stream: Any, run: PlanRun, byte_range: tuple[int, int] | None) -> Iterator[dict[str, Any]]:
-        """The wanted samples of one run, checked against the index: the sample count, and for
-        a byte range each key (from the shard's table)."""
+    def _read_run(self, url: str, stream: Any, run: PlanRun, byte_range: tuple[int, int] | None) -> Iterator[Batch]:
+        """The wanted samples of one run, in batches, checked against the index.
+
+        Where the shard's table is at hand (a local dataset, or a byte range, which needed
+        the table to find), members are sliced at the table's offsets and each header is
+        checked against it (:mod:`shardstream.slicer`); else the tar headers are parsed and
+        the sample count is checked."""
         index = self.index
         assert index is not None  # internal invariant: runs come from the index
-        s, lo, hi = run.shard, run.lo, run.hi
-        count = int(index.manifest.shard_samples[s])
-        keys = index.table(s).keys()[lo : hi + 1] if byte_range is not None else None
         checked = None
         if self.verify_checksums and byte_range is None:
-            stream = checked = _Checksummed(stream, url, index.manifest.crc32_hex(s))
-        pending = iter(run.index.tolist()) if run.index is not None else None
-        want = next(pending) if pending is not None else lo
-        i = lo
-        for sample in iter_samples(stream, url=url, end_of_archive=byte_range is None):
-            if i > hi or (keys is not None and sample["__key__"] != keys[i - lo]):
-                raise CorruptShardError(
-                    f"{url}: sample {i} is {sample['__key__']!r} but the index says "
-                    f"{keys[i - lo] if keys is not None and i <= hi else 'nothing more in this range'!r}; the "
-                    "shard or its index is stale or damaged, re-pack or re-upload the dataset"
-                )
-            if i == want:
-                yield sample
-                want = (next(pending, -1) if pending is not None else i + 1)
-            i += 1
-        if i != hi + 1 and (byte_range is not None or i != count):
-            raise CorruptShardError(
-                f"{url}: holds {i - lo} samples from sample {lo} but the index says {hi + 1 - lo}; the "
-                "shard or its index is stale or damaged, re-pack or re-upload the dataset"
-            )
+            stream = checked = _Checksummed(stream, url, index.manifest.crc32_hex(run.shard))
+        table = None
+        if byte_range is not None:
+            table = index.table(run.shard)
+        elif index.tables_local or index.has_table(run.shard):
+            try:
+                table = index.table(run.shard)
+            except ShardNotFoundError:  # a whole shard reads without its table, parsed
+                table = None
+        if table is not None:
+            slices = RunSlices(table, run.indices(), url=url)
+            chunks = stream.chunks() if hasattr(stream, "chunks") else iter(lambda: stream.read(1 << 20), b"")
+            yield from iter_sliced_batches(chunks, slices, base_offset=byte_range[0] if byte_range else 0)
+        else:
+            yield from _parsed_run(stream, run, url, int(index.manifest.shard_samples[run.shard]))
         if checked is not None:
             checked.check()
 
-    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats, epoch: int) -> Iterator[dict[str, Any]]:
+    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats, epoch: int, fetch: FetchConfig) -> Iterator[dict[str, Any]]:
         """Endless: shards drawn with replacement, weighted by their sample counts (or
         uniformly without an index), 64 at a time so S3 reads run ahead."""
         rng = np.random.default_rng([self.seed, epoch, slot.index, 3])
@@ -641,20 +667,21 @@ class ShardDataset(IterableDataset):
             raise ValueError("resampled=True needs a dataset with at least one sample")
         p = counts / counts.sum()
         while True:
-            yield from self._read(rng.choice(len(counts), size=64, p=p).tolist(), stats)
+            yield from self._read(rng.choice(len(counts), size=64, p=p).tolist(), stats, fetch)
 
-    def _read(self, shards: list[int], stats: ReaderStats) -> Iterator[dict[str, Any]]:
-        """Every sample of these shards (ids), checked against the index's counts when there is one."""
+    def _read(self, shards: list[int], stats: ReaderStats, fetch: FetchConfig) -> Iterator[Batch]:
+        """Every sample of these shards (ids), in batches, checked against the index's counts
+        when there is one."""
         manifest = self.index.manifest if self.index is not None else None
         urls = [self.shard_urls[s] for s in shards]
         sizes = [int(manifest.shard_bytes[s]) if manifest is not None else None for s in shards]
-        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=self.fetch, cache=self._cache(),
+        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=fetch, cache=self._cache(),
                                      stats=stats)
         for s, (url, stream) in zip(shards, streams):
             count = 0
-            for sample in iter_samples(stream, url=url):
-                count += 1
-                yield sample
+            for batch in iter_sample_batches(stream, url=url):
+                count += len(batch)
+                yield batch
             if manifest is not None and count != manifest.shard_samples[s]:
                 raise CorruptShardError(
                     f"{url}: holds {count} samples but the index says {manifest.shard_samples[s]}; the shard "
@@ -723,51 +750,103 @@ class _Checksummed:
             )
 
 
-def _skip_corrupt(samples: Iterator[dict[str, Any]], run: PlanRun, url: str) -> Iterator[dict[str, Any] | None]:
-    """A run's samples; from a CorruptShardError on, ``None`` for each wanted sample left
-    (logged once)."""
+def _parsed_run(stream: Any, run: PlanRun, url: str, count: int) -> Iterator[Batch]:
+    """A run covering a whole shard, read by parsing its tar headers: its wanted samples, in
+    batches; the shard must hold ``count`` samples (the index's)."""
+    wanted = None
+    if run.index is not None:
+        wanted = np.zeros(count, bool)
+        wanted[run.index] = True
+    i = 0
+    for batch in iter_sample_batches(stream, url=url):
+        if i + len(batch) > count:
+            raise CorruptShardError(
+                f"{url}: holds more than the {count} samples the index says; the shard or its index is stale or "
+                "damaged, re-pack or re-upload the dataset"
+            )
+        n = len(batch)
+        if wanted is not None:
+            kept = [sample for sample, w in zip(batch, wanted[i : i + n].tolist()) if w]
+            batch = Batch(kept, sum(map(_payload_bytes, kept)))
+        i += n
+        if batch:
+            yield batch
+    if i != count:
+        raise CorruptShardError(
+            f"{url}: holds {i} samples but the index says {count}; the shard or its index is stale or damaged, "
+            "re-pack or re-upload the dataset"
+        )
+
+
+def _skip_corrupt(batches: Iterator[Batch], run: PlanRun, url: str) -> Iterator[Batch]:
+    """A run's batches; from a CorruptShardError on, a batch of ``None`` for each wanted
+    sample left (logged once)."""
     done = 0
     try:
-        for item in samples:
-            done += 1
-            yield item
+        for batch in batches:
+            done += len(batch)
+            yield batch
     except CorruptShardError as exc:
         log.warning("skipping %d samples of %s: %s", run.count - done, url, exc)
-        for _ in range(run.count - done):
-            yield None
+        if run.count > done:
+            yield Batch([None] * (run.count - done))
 
 
 def _repeat_over_skips(
-    samples: Iterator[dict[str, Any] | None], decode: Callable[[dict[str, Any]], Any] | None, stats: ReaderStats
-) -> Iterator[Any]:
-    """Decoded samples; a skipped (None) or undecodable one is counted and replaced by a
-    repeat of the previous good one (or of the next, at the start), so the count is kept."""
+    batches: Iterator[Batch], decode: Callable[[dict[str, Any]], Any] | None, stats: ReaderStats
+) -> Iterator[Batch]:
+    """Batches of decoded samples; a skipped (None) or undecodable one is counted and
+    replaced by a repeat of the previous good one (or of the next, at the start), so the
+    count is kept."""
     last: Any = None
     owed = 0
     warned: set[str] = set()
-    for sample in samples:
-        if sample is not None and decode is not None:
-            try:
-                sample = decode(sample)
-            except DecodeError as exc:
-                shard = str(sample.get("__shard__"))
-                if shard not in warned:
-                    warned.add(shard)
-                    log.warning("skipping undecodable samples of %s (first: %s)", shard, exc)
-                sample = None
-        if sample is None:
-            stats.add("skipped", 1)
-            if last is None:
-                owed += 1
-                continue
-            sample = last
-        last = sample
-        for _ in range(owed):
-            yield sample
-        owed = 0
-        yield sample
+    for batch in batches:
+        out = Batch(nbytes=batch.nbytes)
+        for sample in batch:
+            if sample is not None and decode is not None:
+                try:
+                    sample = decode(sample)
+                except DecodeError as exc:
+                    shard = str(sample.get("__shard__"))
+                    if shard not in warned:
+                        warned.add(shard)
+                        log.warning("skipping undecodable samples of %s (first: %s)", shard, exc)
+                    sample = None
+            if sample is None:
+                stats.add("skipped", 1)
+                if last is None:
+                    owed += 1
+                    continue
+                sample = last
+            last = sample
+            out.extend([sample] * (owed + 1))
+            owed = 0
+        if out:
+            yield out
     if owed:
         raise CorruptShardError(f"on_error='skip': all {owed} samples of this reader were skipped; nothing to repeat")
+
+
+def _flatten(batches: Iterator[Batch], pulled: list[int]) -> Iterator[Any]:
+    """The samples of ``batches``, adding each batch's payload bytes to ``pulled[0]``."""
+    for batch in batches:
+        pulled[0] += batch.nbytes
+        yield from batch
+
+
+def _in_batches(samples: Iterator[dict[str, Any]], size: int = _OUT_BATCH) -> Iterator[Batch]:
+    """``samples`` in batches of ``size`` (the last one shorter), their payload bytes counted."""
+    batch = Batch()
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) >= size:
+            batch.nbytes = sum(map(_payload_bytes, batch))
+            yield batch
+            batch = Batch()
+    if batch:
+        batch.nbytes = sum(map(_payload_bytes, batch))
+        yield batch
 
 
 def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
@@ -775,11 +854,21 @@ def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
     if lanes <= 1:
         return fetch
     return dataclasses.replace(
-        fetch,
-        max_buffer_bytes=max(fetch.part_bytes, fetch.max_buffer_bytes // lanes),
+        _share_buffer(fetch, lanes),
         max_inflight_requests=max(1, fetch.max_inflight_requests // lanes),
         max_inflight_shards=max(1, fetch.max_inflight_shards // lanes),
     )
+
+
+def _share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
+    """``fetch`` for one of ``readers`` that share its ``max_buffer_bytes``: each gets an equal
+    part, holding at least two ranged GETs (smaller ones, down to 1 MiB, where the part is
+    small), so a rank's DataLoader workers together keep to the rank's budget."""
+    if readers <= 1:
+        return fetch
+    share = fetch.max_buffer_bytes // readers
+    part = min(fetch.part_bytes, max(_MIN_PART_BYTES, share // 2))
+    return dataclasses.replace(fetch, part_bytes=part, max_buffer_bytes=max(part, share))
 
 
 def _segments(state: PassState) -> tuple[Segment, ...]:
@@ -793,7 +882,9 @@ def _raise(exc: BaseException) -> Iterator[Any]:
     yield
 
 
-def _payload_bytes(sample: dict[str, Any]) -> int:
+def _payload_bytes(sample: dict[str, Any] | None) -> int:
+    if sample is None:
+        return 0
     return sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, bytearray)))
 
 

@@ -636,6 +636,10 @@ class _Window:
     def __len__(self) -> int:
         return self._len
 
+    def window(self) -> tuple[mmap.mmap, int, int]:
+        """``(map, start, end)``: the map and where this window lies in it."""
+        return self._map, self._start, self._start + self._len
+
     def __getitem__(self, key: slice) -> bytes:
         a, b, _ = key.indices(self._len)
         return self._map[self._start + a : self._start + max(a, b)]

@@ -176,10 +176,11 @@ class ReaderStats:
     def set(self, field: str, value: float) -> None:
         self._row[_COL[field]] = value
 
-    def sample(self, payload_bytes: int) -> None:
+    def samples(self, count: int, payload_bytes: int) -> None:
+        """``count`` samples of ``payload_bytes`` in all, yielded (counted a batch at a time)."""
         row = self._row
-        if row[_COL["samples"]] == 0:
+        if row[_COL["samples"]] == 0 and count:
             row[_COL["first_sample_s"]] = time.perf_counter() - self._start
-        row[_COL["samples"]] += 1
+        row[_COL["samples"]] += count
         row[_COL["bytes"]] += payload_bytes
 

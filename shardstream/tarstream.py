@@ -8,17 +8,29 @@ by pack), and hands each payload on as one ``bytes`` object read once from the s
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import CorruptShardError
-from .format import BLOCK_BYTES, RESERVED_FIELDS, padded_size, split_key
+from .format import BLOCK_BYTES, RESERVED_FIELDS
 
-__all__ = ["ReadStream", "iter_members", "iter_members_at", "iter_samples"]
+__all__ = ["Batch", "ReadStream", "iter_members", "iter_members_at", "iter_sample_batches", "iter_samples", "read_header"]
 
 _FILE_TYPES = frozenset({b"0", b"\0", b"7"})
 _REFUSED_TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device",
                   b"6": "FIFO"}
+
+
+class Batch(list):  # type: ignore[type-arg]
+    """Consecutive samples of one reader (dicts, or None for one lost to ``on_error="skip"``),
+    with ``nbytes``: their payload bytes, counted once for the batch."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, samples: Any = (), nbytes: int = 0) -> None:
+        super().__init__(samples)
+        self.nbytes = nbytes
 
 
 class ReadStream(Protocol):
@@ -28,6 +40,11 @@ class ReadStream(Protocol):
 
 
 def _number(field: bytes, *, url: str, offset: int) -> int:
+    if field[-1] in (0, 32) and field[0] != 0:  # the usual layout: octal digits, then NUL or space
+        try:
+            return int(field[:-1], 8)
+        except ValueError:
+            pass
     if field[:1] in (b"\x80", b"\xff"):  # GNU base-256
         value = int.from_bytes(field[1:], "big")
         return -value if field[:1] == b"\xff" else value
@@ -139,20 +156,13 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             )
         if header == _ZERO_BLOCK:
             return
-        stored = _number(header[148:156], url=url, offset=offset)
-        actual = sum(header) - sum(header[148:156]) + 8 * 32
-        if stored != actual:
-            raise CorruptShardError(
-                f"{url}: tar header checksum mismatch at byte {offset} "
-                f"(stored {stored}, computed {actual}); the shard is corrupt, re-pack or "
-                "re-upload it"
-            )
+        _check_sum(header, url, offset)
         typeflag = header[156:157]
         size = _number(header[124:136], url=url, offset=offset)
-        if "size" in pax:
+        if pax and "size" in pax:
             size = int(pax["size"])
         data_offset = offset + BLOCK_BYTES
-        padded = padded_size(size)
+        padded = (size + 511) & ~511
         offset = data_offset + padded
         if typeflag in _FILE_TYPES:
             if "path" in pax:
@@ -165,7 +175,7 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
                     prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                     name = f"{prefix}/{name}"
             long_name, pax = None, {}
-            if name.startswith("/") or ".." in name.split("/"):
+            if name[:1] == "/" or (".." in name and ".." in name.split("/")):
                 raise CorruptShardError(
                     f"{url}: member {name!r} at byte {offset - padded - BLOCK_BYTES} has an absolute path or "
                     "'..'; refused (shards hold relative paths only: re-pack with shardstream pack)"
@@ -205,6 +215,90 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             long_name, pax = None, {}
 
 
+def _check_sum(header: bytes, url: str, offset: int) -> None:
+    """Raise CorruptShardError unless the header's checksum field matches its bytes.
+
+    The sum of its 512 bytes comes from zlib's Adler-32 (whose low half is 1 + that sum,
+    modulo 65,521), about 20 times faster than ``sum(header)``; where that says no, or the
+    sum could wrap (a header of high bytes), the bytes are summed one by one."""
+    field = header[148:156]
+    stored = _number(field, url=url, offset=offset)
+    expected = stored + sum(field) - 8 * 32  # the sum of all 512 bytes, if the header is intact
+    if 0 <= expected < 65520 and zlib.adler32(header) & 0xFFFF == expected + 1:
+        return
+    actual = sum(header) - sum(field) + 8 * 32
+    if stored != actual:
+        raise CorruptShardError(
+            f"{url}: tar header checksum mismatch at byte {offset} (stored {stored}, computed {actual}); the "
+            "shard is corrupt, re-pack or re-upload it"
+        )
+
+
+def read_header(block: bytes, *, url: str, offset: int) -> tuple[str, int, bool]:
+    """``(name, size, regular)`` of one 512-byte tar header block, by the rules
+    :func:`iter_members_at` reads with: the name field and the ustar prefix (PAX and GNU
+    long-name records before the block are not seen here); ``regular``: a regular file.
+
+    Raises:
+        CorruptShardError: the block fails its checksum or a number field is malformed.
+    """
+    _check_sum(block, url, offset)
+    name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    if block[257:263] == b"ustar\0" and block[345] != 0:
+        name = block[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+    return name, _number(block[124:136], url=url, offset=offset), block[156:157] in _FILE_TYPES
+
+
+def iter_sample_batches(
+    stream: ReadStream, *, url: str, end_of_archive: bool = True, batch_samples: int = 256
+) -> Iterator[Any]:
+    """:func:`iter_samples` in lists of up to ``batch_samples`` samples, each a
+    :class:`Batch` (its ``nbytes``: the payload bytes of its samples)."""
+    batch, nbytes = Batch(), 0
+    sample: dict[str, object] | None = None
+    key = ""
+    members = iter_members_at(stream, url=url, end_of_archive=end_of_archive)
+    try:
+        for name, _, payload in members:
+            slash = name.rfind("/")
+            dot = name.find(".", slash + 2)
+            if dot < 0:
+                member_key, ext = name, ""
+            else:
+                member_key, ext = name[:dot], name[dot + 1 :]
+            if member_key != key or sample is None:
+                if ext in RESERVED_FIELDS:
+                    raise CorruptShardError(f"{url}: member {name!r} uses reserved extension {ext!r}")
+                if sample is not None:
+                    batch.append(sample)
+                    if len(batch) >= batch_samples:
+                        batch.nbytes = nbytes
+                        yield batch
+                        batch, nbytes = Batch(), 0
+                key = member_key
+                sample = {"__key__": key, "__shard__": url, ext: payload}
+            else:
+                if ext in sample or ext in RESERVED_FIELDS:
+                    if ext in RESERVED_FIELDS:
+                        raise CorruptShardError(f"{url}: member {name!r} uses reserved extension {ext!r}")
+                    raise CorruptShardError(
+                        f"{url}: sample {key!r} holds extension {ext!r} twice; members of a sample "
+                        "must have distinct extensions"
+                    )
+                sample[ext] = payload
+            nbytes += len(payload)
+    except CorruptShardError:
+        if batch:  # the samples before the damage, as they would have come one at a time
+            batch.nbytes = nbytes
+            yield batch
+        raise
+    if sample is not None:
+        batch.append(sample)
+    if batch:
+        batch.nbytes = nbytes
+        yield batch
+
+
 def iter_samples(stream: ReadStream, *, url: str, end_of_archive: bool = True) -> Iterator[dict[str, object]]:
     """Group consecutive members sharing a key into sample dicts (``end_of_archive`` as
     :func:`iter_members_at`: False for a byte range of a shard).
@@ -216,20 +310,5 @@ def iter_samples(stream: ReadStream, *, url: str, end_of_archive: bool = True) -
         CorruptShardError: as :func:`iter_members`, or one sample holds the same extension
             twice, or an extension is a reserved field name.
     """
-    sample: dict[str, object] | None = None
-    for name, payload in iter_members(stream, url=url, end_of_archive=end_of_archive):
-        key, ext = split_key(name)
-        if ext in RESERVED_FIELDS:
-            raise CorruptShardError(f"{url}: member {name!r} uses reserved extension {ext!r}")
-        if sample is None or sample["__key__"] != key:
-            if sample is not None:
-                yield sample
-            sample = {"__key__": key, "__shard__": url}
-        elif ext in sample:
-            raise CorruptShardError(
-                f"{url}: sample {key!r} holds extension {ext!r} twice; members of a sample "
-                "must have distinct extensions"
-            )
-        sample[ext] = payload
-    if sample is not None:
-        yield sample
+    for batch in iter_sample_batches(stream, url=url, end_of_archive=end_of_archive):
+        yield from batch

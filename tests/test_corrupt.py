@@ -52,7 +52,7 @@ def member_offset(clean: Path, shard: int, sample: int, ext: str = "jpg") -> tup
 
 def flip_header_byte(data: bytearray, clean: Path) -> bytearray:
     offset, _ = member_offset(clean, 1, 3)
-    data[offset - 512 + 10] ^= 0x55  # inside the name field of sample 3's header
+    data[offset - 512 + 1] ^= 0x55  # inside the name of sample 3's header
     return data
 
 

@@ -72,6 +72,30 @@ def test_first_sample_arrives_before_the_shard_and_memory_stays_under_the_budget
     assert stats.samples == 64 and stats.bytes == 64 * (64 << 10) and stats.first_sample_s is not None
 
 
+def test_a_ranks_workers_share_its_read_ahead_budget(tmp_path, s3_bucket, s3_config):
+    """max_buffer_bytes bounds a rank: two DataLoader workers hold at most that much between
+    them (each half of it), not twice it."""
+    from torch.utils.data import DataLoader
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(128):
+        (src / f"{i:03d}.bin").write_bytes(os.urandom(64 << 10))
+    url = f"s3://{s3_bucket}/shared-budget"
+    pack(src, url, s3=s3_config, max_samples_per_shard=32, progress=False)  # 4 shards of 2 MiB
+    budget = 1 << 20
+    dataset = ShardDataset(url, s3=s3_config, shuffle=False, batch_size=4,
+                           fetch=FetchConfig(part_bytes=128 << 10, max_buffer_bytes=budget))
+    held = []
+    for batch in DataLoader(dataset, batch_size=4, num_workers=2, timeout=60):
+        time.sleep(0.02)  # a slow consumer: the workers' read-ahead fills up meanwhile
+        held.append(dataset.stats().bytes_in_flight)
+        assert len(batch["bin"]) == 4
+    assert len(held) == 32
+    assert max(held) <= budget
+    assert max(held) > budget // 4  # the workers did read ahead
+
+
 def test_a_shard_shorter_or_longer_than_its_index_is_named(tmp_path, s3_bucket, s3_config, stdlib_tree):
     url = f"s3://{s3_bucket}/short"
     pack(stdlib_tree / "json", url, s3=s3_config, progress=False)

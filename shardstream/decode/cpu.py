@@ -44,11 +44,14 @@ class RandomResizedCrop:
         size_px: output height and width in pixels.
         scale: range of the crop's area as a fraction of the image's.
         ratio: range of the crop's aspect ratio (width / height).
+        draft: decode JPEGs at a reduced DCT scale where the crop allows (False: always
+            at full size, as torchvision's transform does).
     """
 
     size_px: int = 224
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    draft: bool = True
 
     def box(self, width: int, height: int, rng: Any) -> tuple[int, int, int, int]:
         """A crop box ``(left, top, right, bottom)`` in pixels of a ``width`` x ``height`` image."""
@@ -133,7 +136,7 @@ class RandomResizedCrop:
         crop, and the crop box in its pixels."""
         width, height = image.size
         left, top, right, bottom = self.box(width, height, rng)
-        if image.format != "JPEG":
+        if image.format != "JPEG" or not self.draft:
             return image, (left, top, right, bottom)
         request = (
             math.ceil(width * self.size_px / (right - left)),

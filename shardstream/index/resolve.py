@@ -62,6 +62,15 @@ class DatasetIndex:
     def shard_url(self, i: int) -> str:
         return _join(self.root, self.manifest.name(i))
 
+    @property
+    def tables_local(self) -> bool:
+        """The tables are local files (cheap to read: readers slice members by them)."""
+        return self._legacy_tables is not None or not is_s3_url(self.root)
+
+    def has_table(self, i: int) -> bool:
+        """Shard ``i``'s table is already in memory."""
+        return self._legacy_tables is not None or i in self._tables
+
     def table(self, i: int) -> ShardTable:
         """Shard ``i``'s sample table (read once, then kept among the last few used).
 

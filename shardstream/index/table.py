@@ -22,6 +22,7 @@ a shard is packed, with memory flat in its number of samples.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
@@ -105,6 +106,55 @@ class ShardTable:
             bounds = offsets.tolist()
             return [text[a:b] for a, b in zip(bounds, bounds[1:])]
         return [self._text(blob, offsets, i, what) for i in range(len(offsets) - 1)]
+
+    def name_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(names, name_offsets)``: every member name, UTF-8, concatenated (uint8), and the
+        ``num_members + 1`` int64 offsets into it (views of the table, no copy)."""
+        return self._names, self._name_offsets
+
+    @functools.cached_property
+    def extensions(self) -> tuple[str, ...] | None:
+        """The extensions of every sample's members, in member order, when all samples have
+        the same ones (nearly every dataset: ``("cls", "jpg")``); None when they differ.
+        Found with numpy over the name bytes, once per table."""
+        n, m = self.num_samples, self.num_members
+        if n == 0 or m % n or (np.diff(self.member_start) != m // n).any():
+            return None
+        k = m // n
+        starts, ends = self._extension_bounds()
+        starts, lengths = starts.reshape(n, k), (ends - starts).reshape(n, k)
+        if (lengths != lengths[0]).any():
+            return None
+        names = self._names
+        exts = []
+        for p in range(k):
+            length = int(lengths[0, p])
+            rows = names[starts[:, p, None] + np.arange(length)] if length else np.zeros((n, 0), np.uint8)
+            if (rows != rows[0]).any():
+                return None
+            exts.append(self._text(rows[0], np.array([0, length]), 0, "member name"))
+        return tuple(exts)
+
+    @functools.cached_property
+    def member_extensions(self) -> list[str]:
+        """Each member's extension (what follows its sample's key and a dot), in table order."""
+        keys = self.keys()
+        starts = self.member_start.tolist()
+        names = self.member_names()
+        out: list[str] = []
+        for i, key in enumerate(keys):
+            cut = len(key) + 1
+            out.extend(name[cut:] for name in names[starts[i] : starts[i + 1]])
+        return out
+
+    def _extension_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """int64 ``(num_members,)`` each: where each member's extension starts and ends in the
+        name bytes (empty for a name without one: the name is the key)."""
+        counts = np.diff(self.member_start)
+        key_lengths = np.repeat(np.diff(self._key_offsets), counts)
+        ends = self._name_offsets[1:]
+        starts = np.minimum(self._name_offsets[:-1] + key_lengths + 1, ends)
+        return starts, ends
 
     def pieces(self) -> Iterator[bytes]:
         fields = {"format": FORMAT, "version": VERSION, "shard": self.shard, "num_samples": self.num_samples,
