@@ -5,6 +5,8 @@
   The wheel is fetched with ``pip download`` (no install) and only its images are read.
   Each JPEG is a random crop, scale, flip and quality of one photo, one class per source
   photo and directory, so neighbouring files are alike, as in real datasets.
+- :func:`small_corpus`: the same kind of JPEGs at about 200 x 200 px (~18 KB): a web-scale
+  image-text dataset's thumbnails.
 - :func:`tiny_corpus`: many 100-byte files, 1,000 per directory.
 """
 
@@ -44,8 +46,12 @@ def source_photos() -> list[Path]:
     return [folder / name for name in PHOTOS]
 
 
-def _make_chunk(args: tuple[Path, int, int, int]) -> int:
-    root, first, count, seed = args
+PHOTO_PX = ((460, 700), (380, 580))  # (width range, height range) of photo_corpus's JPEGs
+SMALL_PX = ((210, 280), (170, 240))  # small_corpus's
+
+
+def _make_chunk(args: tuple[Path, int, int, int, tuple[tuple[int, int], tuple[int, int]]]) -> int:
+    root, first, count, seed, (widths, heights) = args
     photos = [Image.open(p).convert("RGB") for p in source_photos()]
     grain = np.random.default_rng(seed).integers(-12, 13, (1024, 1024, 3), dtype=np.int16)
     total = 0
@@ -53,7 +59,7 @@ def _make_chunk(args: tuple[Path, int, int, int]) -> int:
         rng = random.Random(seed * 1_000_003 + i)
         label = i % len(photos)
         photo = photos[label]
-        cw, ch = rng.randint(460, 700), rng.randint(380, 580)
+        cw, ch = rng.randint(*widths), rng.randint(*heights)
         scale = max(rng.uniform(1.0, 2.0), cw / photo.width, ch / photo.height)
         sw, sh = min(cw / scale, photo.width), min(ch / scale, photo.height)  # the crop, in source pixels
         left, top = rng.uniform(0, max(0.0, photo.width - sw)), rng.uniform(0, max(0.0, photo.height - sh))
@@ -75,14 +81,23 @@ def _make_chunk(args: tuple[Path, int, int, int]) -> int:
 
 def photo_corpus(num_images: int, *, seed: int = 0, processes: int = 2) -> Path:
     """``num_images`` JPEGs (+ a ``.cls`` label each) under the cache; made once."""
-    root = CACHE / f"photos-{num_images}-{seed}"
+    return _jpeg_corpus(CACHE / f"photos-{num_images}-{seed}", num_images, seed, PHOTO_PX, processes)
+
+
+def small_corpus(num_images: int, *, seed: int = 0, processes: int = 2) -> Path:
+    """``num_images`` small JPEGs (~18 KB, + a ``.cls`` label each) under the cache; made once."""
+    return _jpeg_corpus(CACHE / f"small-{num_images}-{seed}", num_images, seed, SMALL_PX, processes)
+
+
+def _jpeg_corpus(root: Path, num_images: int, seed: int, px: tuple[tuple[int, int], tuple[int, int]],
+                 processes: int) -> Path:
     done = root / ".complete"
     if done.exists():
         return root
     for label in range(len(source_photos())):
         (root / f"class{label:02d}").mkdir(parents=True, exist_ok=True)
     step = 500
-    chunks = [(root, first, min(step, num_images - first), seed) for first in range(0, num_images, step)]
+    chunks = [(root, first, min(step, num_images - first), seed, px) for first in range(0, num_images, step)]
     with ProcessPoolExecutor(processes) as pool:
         total = sum(pool.map(_make_chunk, chunks))
     done.write_text(str(total))

@@ -98,7 +98,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import CACHE, photo_corpus
+from corpus import CACHE, photo_corpus, small_corpus, tiny_corpus
 from pack import tree_rss_bytes
 
 BUCKET = "bench"
@@ -162,21 +162,30 @@ def split_key(relative: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext
 
 
-def corpus_samples(args: argparse.Namespace) -> tuple[Path, list[tuple[str, dict[str, str]]], str]:
-    """(root, samples in sorted path order, cache tag or "" for --dir) of the corpus to use.
+CORPORA = ("photos", "small", "tiny")
 
-    Without --dir: the first ``num_images`` images of the smallest cached photo corpus that has
-    that many (``photo_corpus`` makes image ``i`` the same whatever its size), else a new one.
+
+def corpus_samples(corpus: str, args: argparse.Namespace) -> tuple[Path, list[tuple[str, dict[str, str]]], str]:
+    """(root, samples in sorted path order, cache tag or "" for --dir) of a corpus.
+
+    ``photos``: the first ``--num-images`` images of the smallest cached photo corpus that has
+    that many (``photo_corpus`` makes image ``i`` the same whatever its size), else a new one;
+    ``small``: ``--num-small`` JPEGs of ~18 KB and a label each; ``tiny``: ``--num-tiny``
+    files of 100 bytes, one member a sample; ``dir``: ``--dir``.
     """
-    if args.dir:
+    if corpus == "dir":
         root, tag = Path(args.dir).resolve(), ""
         wanted: Callable[[str], bool] = lambda name: not name.startswith(".")
-    else:
+    elif corpus == "photos":
         sizes = sorted(int(p.name.split("-")[1]) for p in CACHE.glob("photos-*-0") if (p / ".complete").exists())
         size = next((s for s in sizes if s >= args.num_images), None)
         root = CACHE / f"photos-{size}-0" if size else photo_corpus(args.num_images)
         tag = f"photos{args.num_images}"
         wanted = lambda name: not name.startswith(".") and int(name.split(".")[0]) < args.num_images
+    else:
+        root = small_corpus(args.num_small) if corpus == "small" else tiny_corpus(args.num_tiny)
+        tag = root.name
+        wanted = lambda name: not name.startswith(".")
     relatives = sorted(os.path.relpath(os.path.join(folder, name), root)
                        for folder, _, names in os.walk(root) for name in names if wanted(name))
     samples: dict[str, dict[str, str]] = {}
@@ -184,7 +193,7 @@ def corpus_samples(args: argparse.Namespace) -> tuple[Path, list[tuple[str, dict
         key, ext = split_key(relative)
         samples.setdefault(key, {})[ext] = relative
     members = {tuple(sorted(m)) for m in samples.values()}
-    if len(members) != 1 or IMAGE_EXT not in next(iter(members)):
+    if len(members) != 1 or (corpus != "tiny" and IMAGE_EXT not in next(iter(members))):
         raise SystemExit(f"{root}: every sample needs the same members, one of them .{IMAGE_EXT}; found {members}")
     return root, list(samples.items()), tag
 
@@ -292,8 +301,8 @@ def touch(sample: dict[str, Any]) -> tuple[int, int, int]:
         if not field.startswith("__"):
             bytes(memoryview(value)[::4096])
             total += len(value)
-    image = sample[IMAGE_EXT]
-    return 1, total, int(image[:2] != b"\xff\xd8" or image[-2:] != b"\xff\xd9")
+    image = sample.get(IMAGE_EXT)
+    return 1, total, int(image is not None and (image[:2] != b"\xff\xd8" or image[-2:] != b"\xff\xd9"))
 
 
 def vm_hwm_bytes() -> int:
@@ -564,6 +573,48 @@ def decode_memory_loader(setup: Setup) -> Progress:
     yield from batches(_MemoryShares())
 
 
+def read_loader(batched: bool) -> Callable[[Setup], Progress]:
+    """shardstream from local disk through a DataLoader with 2 workers: samples cross one at
+    a time (``batch_size=None``: each pickled on its own) or in batches of 64 collated in the
+    worker (the way to use it)."""
+    def read(setup: Setup) -> Progress:
+        from torch.utils.data import DataLoader
+
+        from shardstream import ShardDataset
+
+        if batched:
+            dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
+            for batch in DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS):
+                keys = batch["__key__"]
+                yield len(keys), sum(len(v) for f, values in batch.items() if not f.startswith("__")
+                                     for v in values), 0
+        else:
+            dataset = ShardDataset(setup.local["shardstream"], shuffle=False)
+            for sample in DataLoader(dataset, batch_size=None, num_workers=WORKERS):
+                yield touch(sample)
+
+    return read
+
+
+def _decode_share_draft(share: int, draft: bool) -> int:
+    from shardstream.decode import CpuDecoder, RandomResizedCrop
+
+    decoder = CpuDecoder(image="torch", crop=RandomResizedCrop(size_px=CROP_PX, draft=draft))
+    for sample in _IN_MEMORY[share::WORKERS]:
+        decoder(sample)
+    return len(_IN_MEMORY[share::WORKERS])
+
+
+def decode_in_memory_full(setup: Setup) -> Progress:
+    """As ``decode-memory``, each JPEG decoded at full size (no draft mode): what Pillow's DCT
+    scaling saves."""
+    import functools
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
+        yield sum(pool.map(functools.partial(_decode_share_draft, draft=False), range(WORKERS))), 0, 0
+
+
 @dataclass(frozen=True)
 class Reader:
     label: str
@@ -573,12 +624,14 @@ class Reader:
     read: Callable[[Setup], Progress]
     imports: tuple[str, ...] = ()  # imported before the clock starts ("streaming": Mosaic, module doc)
     prepare: Callable[[Setup], None] | None = None  # untimed work before ``read``
+    corpora: tuple[str, ...] = ("photos", "dir")  # the corpora it runs on
 
 
 SS, WDS, WDS_S3 = ("shardstream.dataset",), ("webdataset",), ("webdataset", "boto3")
 SS_S3 = (*SS, "aiobotocore.session")  # each system's S3 library is imported before the clock, as boto3 is
 MOSAIC, LITDATA = ("streaming",), ("litdata", "litdata.streaming.downloader")
 LOADER = ("torch.utils.data", "numpy", "PIL.Image", "shardstream.decode")
+EVERY = ("photos", "dir", "small", "tiny")
 READERS = {
     "s3-limit": Reader("aiobotocore 8x16MiB ranged GETs", "limit", "raw", "s3", read_s3_limit,
                        ("aiobotocore.session",)),
@@ -587,14 +640,21 @@ READERS = {
     "s3-wds-boto3": Reader("webdataset boto3 gopen", "webdataset", "raw", "s3", read_wds("boto3"), WDS_S3),
     "s3-mosaic": Reader("mosaic streaming", "mosaic", "raw", "s3", read_mosaic("s3"), MOSAIC, clean_mosaic_shm),
     "s3-litdata": Reader("litdata", "litdata", "raw", "s3", read_litdata("s3"), LITDATA),
-    "local-cat": Reader("cat > /dev/null", "limit", "raw", "local", read_cat),
-    "local-shardstream": Reader("shardstream", "shardstream", "raw", "local", read_shardstream("local"), SS),
-    "local-wds": Reader("webdataset", "webdataset", "raw", "local", read_wds("local"), WDS),
+    "local-cat": Reader("cat > /dev/null", "limit", "raw", "local", read_cat, corpora=EVERY),
+    "local-shardstream": Reader("shardstream", "shardstream", "raw", "local", read_shardstream("local"), SS,
+                                corpora=EVERY),
+    "local-wds": Reader("webdataset", "webdataset", "raw", "local", read_wds("local"), WDS, corpora=EVERY),
+    "loader-unbatched": Reader("shardstream, DataLoader batch_size=None", "shardstream", "loader", "local",
+                               read_loader(False), SS + LOADER, corpora=("small",)),
+    "loader-batched": Reader("shardstream, DataLoader batch_size=64", "shardstream", "loader", "local",
+                             read_loader(True), SS + LOADER, corpora=("small",)),
     "local-mosaic": Reader("mosaic streaming", "mosaic", "raw", "local", read_mosaic("local"), MOSAIC,
                            clean_mosaic_shm),
     "local-litdata": Reader("litdata", "litdata", "raw", "local", read_litdata("local"), LITDATA),
     "decode-memory": Reader("CpuDecoder, bytes in memory", "limit", "decode", "memory", decode_in_memory,
                             LOADER, preload),
+    "decode-memory-full": Reader("CpuDecoder, bytes in memory, no draft", "limit", "decode", "memory",
+                                 decode_in_memory_full, LOADER, preload),
     "decode-memory-loader": Reader("CpuDecoder, bytes in memory, DataLoader", "limit", "decode", "memory",
                                    decode_memory_loader, LOADER, preload),
     "decode-shardstream": Reader("shardstream CpuDecoder", "shardstream", "decode", "s3", decode_shardstream,
@@ -645,6 +705,7 @@ class Result:
     """One reader's best runs; ``error`` says why it has none."""
 
     reader: Reader
+    corpus: str = "photos"
     samples: int = 0
     bytes: int = 0
     seconds: float = math.inf
@@ -725,47 +786,68 @@ def peer_problems(skip_peers: bool) -> dict[str, str]:
     return problems
 
 
-def print_targets(results: dict[str, Result], num_samples: int) -> None:
-    """Each target as met / NOT met, or n/a with the readers it lacks."""
+def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]]) -> None:
+    """Each target as met / NOT met, or n/a with the readers it lacks (readers are named
+    ``corpus:reader``)."""
     from shardstream import FetchConfig
 
     measured = {n: r for n, r in results.items() if r.runs}
-    rate = {n: r.samples_per_s(num_samples) for n, r in measured.items()}
+    rate = {n: r.samples_per_s(sizes[r.corpus][0]) for n, r in measured.items()}
+    main = "dir" if "dir" in sizes else "photos"
 
     def best_peer(group: str, source: str) -> str:
         peers = [n for n, r in measured.items() if r.reader.system not in ("shardstream", "limit")
-                 and (r.reader.group, r.reader.source) == (group, source)]
-        return max(peers, key=rate.__getitem__, default=f"any {group}-{source} peer")
+                 and (r.corpus, r.reader.group, r.reader.source) == (main, group, source)]
+        return max(peers, key=rate.__getitem__, default=f"{main}:any {group}-{source} peer")
 
+    def ratio(a: str, b: str) -> Callable[[], float]:
+        return lambda: rate[a] / rate[b]
+
+    m = f"{main}:"
     s3_peer, decode_peer = best_peer("raw", "s3"), best_peer("decode", "s3")
     budget = FetchConfig().max_buffer_bytes
-    rss_of = ("s3-shardstream", "local-shardstream")
+    rss_of = (m + "s3-shardstream", m + "local-shardstream")
     rows: list[tuple[str, tuple[str, ...], Callable[[], float | None], float, bool, str]] = [
-        ("S3 raw: shardstream / S3 limit", ("s3-shardstream", "s3-limit"),
-         lambda: rate["s3-shardstream"] / rate["s3-limit"], 0.8, True, "x"),
-        (f"S3 raw: shardstream / best peer ({s3_peer})", ("s3-shardstream", s3_peer),
-         lambda: rate["s3-shardstream"] / rate[s3_peer], 2.0, True, "x"),
-        ("local raw: shardstream / webdataset", ("local-shardstream", "local-wds"),
-         lambda: rate["local-shardstream"] / rate["local-wds"], 4.0, True, "x"),
-        ("local raw: shardstream / cat", ("local-shardstream", "local-cat"),
-         lambda: rate["local-shardstream"] / rate["local-cat"], 0.3, True, "x"),
-        ("first sample from S3", ("s3-shardstream",), lambda: measured["s3-shardstream"].first_s, 0.5, False, " s"),
-        ("first sample from local disk", ("local-shardstream",),
-         lambda: measured["local-shardstream"].first_s, 0.1, False, " s"),
-        (f"decode: shardstream / best peer ({decode_peer})", ("decode-shardstream", decode_peer),
-         lambda: rate["decode-shardstream"] / rate[decode_peer], 1.5, True, "x"),
-        ("decode: loader overhead vs in-memory", ("decode-shardstream", "decode-memory"),
-         lambda: 1 - rate["decode-shardstream"] / rate["decode-memory"], 0.10, False, "%"),
-        ("decode: of which the DataLoader alone (no target)", ("decode-memory-loader", "decode-memory"),
-         lambda: 1 - rate["decode-memory-loader"] / rate["decode-memory"], 1.0, False, "%"),
+        ("S3 raw: shardstream / S3 limit", (m + "s3-shardstream", m + "s3-limit"),
+         ratio(m + "s3-shardstream", m + "s3-limit"), 0.9, True, "x"),
+        (f"S3 raw: shardstream / best peer ({s3_peer})", (m + "s3-shardstream", s3_peer),
+         ratio(m + "s3-shardstream", s3_peer), 2.0, True, "x"),
+        (f"local raw, {main}: shardstream / webdataset", (m + "local-shardstream", m + "local-wds"),
+         ratio(m + "local-shardstream", m + "local-wds"), 4.0, True, "x"),
+        (f"local raw, {main}: shardstream / cat", (m + "local-shardstream", m + "local-cat"),
+         ratio(m + "local-shardstream", m + "local-cat"), 0.3, True, "x"),
+        ("local raw, small: shardstream / webdataset", ("small:local-shardstream", "small:local-wds"),
+         ratio("small:local-shardstream", "small:local-wds"), 10.0, True, "x"),
+        ("local raw, tiny: shardstream samples/s", ("tiny:local-shardstream",),
+         lambda: rate["tiny:local-shardstream"], 100_000, True, "/s"),
+        ("local raw, tiny: shardstream / webdataset (no target)", ("tiny:local-shardstream", "tiny:local-wds"),
+         ratio("tiny:local-shardstream", "tiny:local-wds"), 0.0, True, "x"),
+        ("small, DataLoader: batch_size=64 / batch_size=None (no target)",
+         ("small:loader-batched", "small:loader-unbatched"),
+         ratio("small:loader-batched", "small:loader-unbatched"), 0.0, True, "x"),
+        ("first sample from S3", (m + "s3-shardstream",), lambda: measured[m + "s3-shardstream"].first_s, 0.5, False,
+         " s"),
+        ("first sample from local disk", (m + "local-shardstream",),
+         lambda: measured[m + "local-shardstream"].first_s, 0.1, False, " s"),
+        (f"decode: shardstream / best peer ({decode_peer})", (m + "decode-shardstream", decode_peer),
+         ratio(m + "decode-shardstream", decode_peer), 1.5, True, "x"),
+        ("decode: loader overhead vs in-memory", (m + "decode-shardstream", m + "decode-memory"),
+         lambda: 1 - rate[m + "decode-shardstream"] / rate[m + "decode-memory"], 0.15, False, "%"),
+        ("decode: of which the DataLoader alone (no target)", (m + "decode-memory-loader", m + "decode-memory"),
+         lambda: 1 - rate[m + "decode-memory-loader"] / rate[m + "decode-memory"], 1.0, False, "%"),
         ("decode: shardstream + S3 server vs DataLoader from memory (no target)",
-         ("decode-shardstream", "decode-memory-loader"),
-         lambda: 1 - rate["decode-shardstream"] / rate["decode-memory-loader"], 1.0, False, "%"),
+         (m + "decode-shardstream", m + "decode-memory-loader"),
+         lambda: 1 - rate[m + "decode-shardstream"] / rate[m + "decode-memory-loader"], 1.0, False, "%"),
+        ("decode: draft mode / full-size decode, in memory (no target)", (m + "decode-memory", m + "decode-memory-full"),
+         ratio(m + "decode-memory", m + "decode-memory-full"), 0.0, True, "x"),
         (f"peak RSS of a shardstream reader (max_buffer_bytes {budget / 1e6:.0f} MB + 300)", rss_of,
          lambda: max(measured[n].vm_hwm for n in rss_of) / 1e6, budget / 1e6 + 300, False, " MB"),
     ]
     print("\ntargets:")
+
     def show(value: float, unit: str) -> str:
+        if unit == "/s":
+            return f"{value:,.0f}/s"
         return f"{value:.1%}" if unit == "%" else f"{value:.0f} MB" if unit == " MB" else f"{value:.2f}{unit}"
 
     for label, needs, compute, target, at_least, unit in rows:
@@ -782,24 +864,29 @@ def print_targets(results: dict[str, Result], num_samples: int) -> None:
               f"{'>=' if at_least else '<='} {show(target, unit):9s} {outcome}")
 
 
-def print_table(results: dict[str, Result], num_samples: int, payload_bytes: int) -> None:
-    print(f"\n{'group':6s} {'from':6s} {'reader':34s} {'samples/s':>10s} {'MB/s':>7s} {'first':>8s} "
-          f"{'RSS main':>9s} {'RSS tree':>9s} {'S3 srv cores':>12s}")
-    for r in results.values():
-        head = f"{r.reader.group:6s} {r.reader.source:6s} {r.reader.label:34s}"
-        if not r.runs:
-            print(f"{head} failed: {r.error}")
-            continue
-        first = f"{r.first_s:7.3f}s" if r.first_s is not None and r.reader.system != "limit" else f"{'-':>8s}"
-        srv = f"{r.server_cpu_s / r.seconds:.2f}" if r.reader.source == "s3" else "-"
-        note = f"  (capped after {r.samples} samples)" if r.capped else ""
-        note += f"  ({r.damaged} damaged JPEGs in a run)" if r.damaged else ""
-        note += f"  ({r.failures} run(s) failed: {r.error})" if r.failures else ""
-        print(f"{head} {r.samples_per_s(num_samples):10.0f} {r.mb_per_s(num_samples, payload_bytes):7.0f} {first} "
-              f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB {srv:>12s}{note}")
+def print_table(results: dict[str, Result], sizes: dict[str, tuple[int, int]]) -> None:
+    for corpus, (num_samples, payload_bytes) in sizes.items():
+        print(f"\n{corpus}: {num_samples} samples, {payload_bytes / 1e6:.0f} MB of payload "
+              f"({payload_bytes / max(num_samples, 1) / 1e3:.1f} KB a sample)")
+        print(f"{'group':6s} {'from':6s} {'reader':40s} {'samples/s':>10s} {'MB/s':>7s} {'first':>8s} "
+              f"{'RSS main':>9s} {'RSS tree':>9s} {'S3 srv cores':>12s}")
+        for r in results.values():
+            if r.corpus != corpus:
+                continue
+            head = f"{r.reader.group:6s} {r.reader.source:6s} {r.reader.label:40s}"
+            if not r.runs:
+                print(f"{head} failed: {r.error}")
+                continue
+            first = f"{r.first_s:7.3f}s" if r.first_s is not None and r.reader.system != "limit" else f"{'-':>8s}"
+            srv = f"{r.server_cpu_s / r.seconds:.2f}" if r.reader.source == "s3" else "-"
+            note = f"  (capped after {r.samples} samples)" if r.capped else ""
+            note += f"  ({r.damaged} damaged JPEGs in a run)" if r.damaged else ""
+            note += f"  ({r.failures} run(s) failed: {r.error})" if r.failures else ""
+            print(f"{head} {r.samples_per_s(num_samples):10.0f} {r.mb_per_s(num_samples, payload_bytes):7.0f} {first} "
+                  f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB {srv:>12s}{note}")
 
 
-def save_chart(results: dict[str, Result], num_samples: int, path: Path, title: str) -> None:
+def save_chart(results: dict[str, Result], sizes: dict[str, tuple[int, int]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -807,21 +894,24 @@ def save_chart(results: dict[str, Result], num_samples: int, path: Path, title: 
 
     colors = {"shardstream": "tab:blue", "webdataset": "tab:orange", "mosaic": "tab:green",
               "litdata": "tab:red", "limit": "tab:gray"}
-    groups = [("raw", "raw reading, 1 process (samples/s)"),
-              ("decode", f"decode + crop {CROP_PX}, {WORKERS} workers (images/s)")]
-    rows_of = {g: [r for r in results.values() if r.reader.group == g and r.runs] for g, _ in groups}
-    groups = [(g, heading) for g, heading in groups if rows_of[g]]
-    figure, axes = plt.subplots(len(groups), 1, figsize=(10, 2 + 0.4 * sum(len(rows_of[g]) for g, _ in groups)),
-                                height_ratios=[len(rows_of[g]) for g, _ in groups], squeeze=False)
-    for axis, (group, heading) in zip(axes[:, 0], groups):
-        rows = rows_of[group]
+    headings = {"raw": "raw reading, 1 process (samples/s)", "loader": f"DataLoader, {WORKERS} workers (samples/s)",
+                "decode": f"decode + crop {CROP_PX}, {WORKERS} workers (images/s)"}
+    groups = [(corpus, group) for corpus in sizes for group in headings
+              if any(r.runs and r.corpus == corpus and r.reader.group == group for r in results.values())]
+    rows_of = {g: [r for r in results.values() if (r.corpus, r.reader.group) == g and r.runs] for g in groups}
+    figure, axes = plt.subplots(len(groups), 1, figsize=(10, 2 + 0.4 * sum(len(v) for v in rows_of.values())),
+                                height_ratios=[len(rows_of[g]) for g in groups], squeeze=False)
+    for axis, (corpus, group) in zip(axes[:, 0], groups):
+        rows = rows_of[(corpus, group)]
+        num_samples, payload_bytes = sizes[corpus]
         labels = [f"{r.reader.source}: {r.reader.label}" for r in rows]
         values = [r.samples_per_s(num_samples) for r in rows]
         bars = axis.barh(labels, values, color=[colors[r.reader.system] for r in rows])
         axis.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
         axis.invert_yaxis()
         axis.set_xscale("log" if group == "raw" and len(rows) > 1 else "linear")
-        axis.set_title(heading, fontsize=10)
+        axis.set_title(f"{corpus} ({payload_bytes / max(num_samples, 1) / 1e3:.1f} KB samples): {headings[group]}",
+                       fontsize=10)
         axis.tick_params(axis="y", labelsize=8)
         axis.margins(x=0.15)
     figure.suptitle(title, fontsize=11)
@@ -832,11 +922,14 @@ def save_chart(results: dict[str, Result], num_samples: int, path: Path, title: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-images", type=int, default=10_000)
-    parser.add_argument("--dir", help="use this directory's files instead of the photo corpus")
+    parser.add_argument("--num-images", type=int, default=10_000, help="photos of the photo corpus")
+    parser.add_argument("--num-small", type=int, default=30_000, help="samples of the small-JPEG corpus")
+    parser.add_argument("--num-tiny", type=int, default=200_000, help="100-byte files of the tiny corpus")
+    parser.add_argument("--corpora", default=",".join(CORPORA), help=f"comma-separated subset of {', '.join(CORPORA)}")
+    parser.add_argument("--dir", help="use this directory's files instead of the corpora")
     parser.add_argument("--repeat", type=int, default=2, help="runs per reader; the best is shown")
     parser.add_argument("--skip-peers", action="store_true", help="only shardstream and the limits")
-    parser.add_argument("--png", help="bar chart path (default: ~/.cache/shardstream-bench/stream-N.png)")
+    parser.add_argument("--png", help="bar chart path (default: ~/.cache/shardstream-bench/stream.png)")
     parser.add_argument("--shard-mib", type=int, default=64, help="shard / chunk size of every system")
     parser.add_argument("--cap-s", type=float, default=60.0, help="stop a run after this many seconds")
     parser.add_argument("--readers", help=f"comma-separated subset of: {', '.join(READERS)}")
@@ -847,87 +940,101 @@ def main() -> None:
         reader_main(args._reader, args._setup)
         return
 
-    from shardstream import pack
     from shardstream.testing import SeaweedS3Server
 
-    root, samples, tag = corpus_samples(args)
-    relatives = [r for _, members in samples for r in members.values()]
-    payload_bytes = sum(os.path.getsize(root / r) for r in relatives)
-    print(f"corpus: {len(samples)} samples ({len(relatives)} files, {payload_bytes / 1e6:.0f} MB) from {root}; "
-          "warming the page cache ...", flush=True)
-    subprocess.run(["xargs", "-0", "cat"], input="\0".join(relatives).encode(), cwd=root,
-                   stdout=subprocess.DEVNULL, check=True)
+    corpora = ["dir"] if args.dir else args.corpora.split(",")
     problems = peer_problems(args.skip_peers)
     if not args.skip_peers and not Path(sys.executable).with_name("aws").exists() and not shutil.which("aws"):
         problems["s3-wds-pipe"] = "no aws CLI (pip install awscli)"
     for system, why in problems.items():
         print(f"left out: {system}: {why}")
-    shard_bytes = args.shard_mib << 20
-
+    results: dict[str, Result] = {}
+    sizes: dict[str, tuple[int, int]] = {}  # corpus -> (samples, payload bytes)
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-stream-") as scratch, SeaweedS3Server() as server:
-        tmp = Path(scratch)
         server.create_bucket(BUCKET)
-        info = server.info
-        peer_root = CACHE / f"stream-{tag}-{args.shard_mib}MiB" if tag else tmp / "peers"
-        peers = [s for s, system in (("wds", "webdataset"), ("mds", "mosaic"), ("litdata", "litdata"))
-                 if system not in problems]
-        (tmp / "caches").mkdir()
-        setup = Setup(root=str(root), samples=samples,
-                      local={"shardstream": str(tmp / "shardstream"), **{s: str(peer_root / s) for s in peers}},
-                      endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                      secret_access_key=info.secret_access_key, region_name=info.region_name,
-                      scratch=str(tmp / "caches"), cap_s=args.cap_s)
-        files_from = tmp / "files.txt"
-        files_from.write_text("".join(f"{r}\n" for r in relatives))
-        for dest in (setup.local["shardstream"], setup.s3_url("shardstream")):
-            started = time.perf_counter()
-            pack(root, dest, max_shard_bytes=shard_bytes, files_from=files_from, s3=setup.s3_config(), progress=False)
-            print(f"shardstream pack -> {dest}: {time.perf_counter() - started:.1f} s", flush=True)
-        for system in peers:
-            seconds = convert_peer(setup, system, peer_root / system, shard_bytes)
-            started = time.perf_counter()
-            upload_tree(setup, peer_root / system, system)
-            made = f"converted in {seconds:.1f} s" if seconds else "cached"
-            print(f"{system}: {made} at {peer_root / system}, uploaded in {time.perf_counter() - started:.1f} s",
-                  flush=True)
-        setup_path = tmp / "setup.json"
-        setup_path.write_text(json.dumps(asdict(setup)))
-        env = {**os.environ, **info.env(), "S3_ENDPOINT_URL": info.endpoint_url, "AWS_EC2_METADATA_DISABLED": "true",
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        wanted = args.readers.split(",") if args.readers else list(READERS)
-        chosen = {n: r for n, r in READERS.items() if n in wanted and r.system not in problems and n not in problems}
-        results = {n: Result(r) for n, r in chosen.items()}
         logs = CACHE / "stream-logs"  # kept after the run, to read why a reader failed
         shutil.rmtree(logs, ignore_errors=True)
         logs.mkdir(parents=True)
-        for repeat in range(args.repeat):
-            for name in chosen:
-                print(f"run {repeat + 1}/{args.repeat}: {name} ...", end=" ", flush=True)
-                run = run_reader(name, setup_path, env, logs / f"{name}-{repeat + 1}.log", args.cap_s, server.pid)
-                shutil.rmtree(setup.scratch, ignore_errors=True)  # every run downloads anew
-                Path(setup.scratch).mkdir()
-                if isinstance(run, str):
-                    results[name].error = run
-                    results[name].failures += 1
-                    print(f"failed: {run}", flush=True)
-                else:
-                    results[name].add(run)
-                    print(f"{run['seconds']:.1f} s, {run['samples']} samples", flush=True)
-        for name, r in results.items():
-            if r.runs and r.samples != len(samples) and r.reader.system != "limit" and not r.capped:
-                print(f"note: {name} read {r.samples} samples, the dataset has {len(samples)}")
-        shard_counts = ", ".join(f"{s} {len([p for p in Path(d).iterdir() if p.suffix in ('.tar', '.mds', '.bin')])}"
-                                 for s, d in setup.local.items())
-        print(f"\n{len(samples)} samples, {payload_bytes / 1e6:.0f} MB payload; shards/chunks of {args.shard_mib} MiB: "
-              f"{shard_counts}; best of {args.repeat} run(s), each in its own process")
-        print_table(results, len(samples), payload_bytes)
-        print_targets(results, len(samples))
-        png = Path(args.png) if args.png else CACHE / f"stream-{len(samples)}.png"
-        save_chart(results, len(samples), png, f"shardstream vs peers: {len(samples)} JPEGs "
-                   f"({payload_bytes / 1e6:.0f} MB), local SeaweedFS S3 and local disk, {os.cpu_count()} cores")
-        print(f"\nchart: {png}")
-        print(f"command: {shlex.join(['python', *sys.argv])}")
+        for corpus in corpora:
+            results.update(run_corpus(corpus, args, problems, server, Path(scratch) / corpus, logs, sizes))
+    print(f"\nshards/chunks of {args.shard_mib} MiB; best of {args.repeat} run(s), each in its own process")
+    print_table(results, sizes)
+    print_targets(results, sizes)
+    png = Path(args.png) if args.png else CACHE / "stream.png"
+    save_chart(results, sizes, png, f"shardstream vs peers: local SeaweedFS S3 and local disk, {os.cpu_count()} cores")
+    print(f"\nchart: {png}")
+    print(f"command: {shlex.join(['python', *sys.argv])}")
+
+
+def run_corpus(corpus: str, args: argparse.Namespace, problems: dict[str, str], server: Any, tmp: Path, logs: Path,
+               sizes: dict[str, tuple[int, int]]) -> dict[str, Result]:
+    """Pack one corpus for every system that reads it, run its readers; results keyed
+    ``corpus:reader``."""
+    from shardstream import pack
+
+    root, samples, tag = corpus_samples(corpus, args)
+    relatives = [r for _, members in samples for r in members.values()]
+    payload_bytes = sum(os.path.getsize(root / r) for r in relatives)
+    sizes[corpus] = (len(samples), payload_bytes)
+    print(f"\n{corpus}: {len(samples)} samples ({len(relatives)} files, {payload_bytes / 1e6:.0f} MB) from {root}; "
+          "warming the page cache ...", flush=True)
+    subprocess.run(["xargs", "-0", "cat"], input="\0".join(relatives).encode(), cwd=root,
+                   stdout=subprocess.DEVNULL, check=True)
+    shard_bytes = args.shard_mib << 20
+    wanted = args.readers.split(",") if args.readers else list(READERS)
+    chosen = {n: r for n, r in READERS.items() if n in wanted and corpus in r.corpora and r.system not in problems
+              and n not in problems}
+    info = server.info
+    peer_root = CACHE / f"stream-{tag}-{args.shard_mib}MiB" if tag else tmp / "peers"
+    needed = {r.system for r in chosen.values()}
+    peers = [s for s, system in (("wds", "webdataset"), ("mds", "mosaic"), ("litdata", "litdata")) if system in needed]
+    (tmp / "caches").mkdir(parents=True)
+    setup = Setup(root=str(root), samples=samples,
+                  local={"shardstream": str(tmp / "shardstream"), **{s: str(peer_root / s) for s in peers}},
+                  endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
+                  secret_access_key=info.secret_access_key, region_name=info.region_name,
+                  scratch=str(tmp / "caches"), cap_s=args.cap_s)
+    files_from = tmp / "files.txt"
+    files_from.write_text("".join(f"{r}\n" for r in relatives))
+    on_s3 = any(r.source == "s3" for r in chosen.values())
+    for dest in (setup.local["shardstream"], *([f"{setup.s3_url('shardstream')}"] if on_s3 else [])):
+        started = time.perf_counter()
+        pack(root, dest, max_shard_bytes=shard_bytes, files_from=files_from, s3=setup.s3_config(), progress=False)
+        print(f"shardstream pack -> {dest}: {time.perf_counter() - started:.1f} s", flush=True)
+    for system in peers:
+        seconds = convert_peer(setup, system, peer_root / system, shard_bytes)
+        made = f"converted in {seconds:.1f} s" if seconds else "cached"
+        if on_s3:
+            started = time.perf_counter()
+            upload_tree(setup, peer_root / system, system)
+            made += f", uploaded in {time.perf_counter() - started:.1f} s"
+        print(f"{system}: {made} at {peer_root / system}", flush=True)
+    setup_path = tmp / "setup.json"
+    setup_path.write_text(json.dumps(asdict(setup)))
+    env = {**os.environ, **info.env(), "S3_ENDPOINT_URL": info.endpoint_url, "AWS_EC2_METADATA_DISABLED": "true",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    results = {n: Result(r, corpus) for n, r in chosen.items()}
+    for repeat in range(args.repeat):
+        for name in chosen:
+            print(f"run {repeat + 1}/{args.repeat}: {corpus} {name} ...", end=" ", flush=True)
+            run = run_reader(name, setup_path, env, logs / f"{corpus}-{name}-{repeat + 1}.log", args.cap_s, server.pid)
+            shutil.rmtree(setup.scratch, ignore_errors=True)  # every run downloads anew
+            Path(setup.scratch).mkdir()
+            if isinstance(run, str):
+                results[name].error = run
+                results[name].failures += 1
+                print(f"failed: {run}", flush=True)
+            else:
+                results[name].add(run)
+                print(f"{run['seconds']:.1f} s, {run['samples']} samples", flush=True)
+    for name, r in results.items():
+        if r.runs and r.samples != len(samples) and r.reader.system != "limit" and not r.capped:
+            print(f"note: {corpus} {name} read {r.samples} samples, the dataset has {len(samples)}")
+    counts = ", ".join(f"{s} {len([p for p in Path(d).iterdir() if p.suffix in ('.tar', '.mds', '.bin')])}"
+                       for s, d in setup.local.items())
+    print(f"{corpus}: shards/chunks: {counts}")
+    return {f"{corpus}:{n}": r for n, r in results.items()}
 
 
 if __name__ == "__main__":
