@@ -587,7 +587,7 @@ class ShardDataset(IterableDataset):
                     while turn is not None and turn in held:
                         out.append(held.pop(turn))
                         turn = next(emissions, None)
-                    if len(out) >= _OUT_BATCH:
+                    if len(out) >= _OUT_BATCH or (out and not counted):  # the first sample goes at once
                         out.nbytes, counted = pulled[0] - counted, pulled[0]
                         yield out
                         out = Batch()
