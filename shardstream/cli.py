@@ -109,7 +109,10 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="shardstream", description="Pack small files into tar shards and stream them back.")
+    parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("pack", help="pack files into tar shards plus an index (resumable: run it again)")
@@ -118,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="data", help="shard name prefix: NAME-000000.tar ... (default: data)")
     p.add_argument("--shard-size", type=_size_arg, default="256MiB", metavar="SIZE",
                    help="max bytes per shard, e.g. 256MiB, 1GB (default: 256MiB)")
-    p.add_argument("--max-samples-per-shard", type=_positive_int, default=None, metavar="N")
+    p.add_argument("--max-samples-per-shard", type=_positive_int, default=None, metavar="N",
+                   help="also start a new shard after N samples (default: no limit, only --shard-size)")
     p.add_argument("--files-from", metavar="LIST",
                    help="pack only the paths in LIST (relative to SOURCE; newline- or NUL-separated; - for stdin)")
     p.add_argument("--on-error", choices=[e.value for e in OnError], default=OnError.FAIL.value,
@@ -159,9 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_s3_args(u)
 
     d = commands.add_parser("demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch")
-    d.add_argument("--num-images", type=_positive_int, default=3000)
-    d.add_argument("--num-workers", type=int, default=2)
-    d.add_argument("--batch-size", type=_positive_int, default=64)
+    d.add_argument("--num-images", type=_positive_int, default=3000, help="images to make and pack (default: 3000)")
+    d.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading them (default: 2)")
+    d.add_argument("--batch-size", type=_positive_int, default=64, help="DataLoader batch size (default: 64)")
     d.add_argument("--workdir", help="keep the generated files here (default: a temporary directory)")
     d.add_argument("--local", action="store_true", help="pack to a local directory instead of S3")
     return parser

@@ -236,9 +236,9 @@ def pack(
     totals = None
     if not unfinished_streams(store, spec):
         totals, _ = merge(store, spec)
-        if totals["num_samples"] == 0:
-            for name_ in (MANIFEST_NAME, REPORT_NAME):
-                store.delete(name_)
+        if totals["num_samples"] == 0:  # nothing packed: leave nothing, so the next pack starts afresh
+            _wipe(store, spec)
+            store.remove_empty_dirs((STATE_DIR, ""))
             raise SourceError(f"{source_url}: holds no file to pack (check SOURCE{' and --files-from' if files_from else ''})")
     return PackReport(
         dest=store.url, index_url=store.url_of(MANIFEST_NAME) if totals else None,
@@ -334,7 +334,7 @@ class _spooled_list:
 
 def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None = None) -> list[StreamResult]:
     """Run streams inline (one) or in spawned worker processes, driving one progress bar."""
-    bar = tqdm(unit="file", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr,
+    bar = tqdm(unit=" files", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr,
                mininterval=0.5, total=total_files)
     payload = 0
     shown_at = 0.0

@@ -110,3 +110,43 @@ def test_demo_runs_end_to_end_on_its_own_s3_server(tmp_path):
     # 2 workers with whole batches of 64: ceil(300 / 64) = len(loader) batches, not 3 + 3
     assert "read 300 samples in 5 batches" in out and "every sample exactly once" in out
     assert "the S3 server is stopped" in out
+
+
+def test_an_s3_url_without_a_bucket_is_a_usage_error(tmp_path):
+    from shardstream import ShardDataset
+
+    for url in ("s3://", "s3:/bucket/x", "S3:bucket"):
+        result = run("info", url)
+        assert result.returncode == 2, result.stderr
+        assert f"{url!r} names no bucket: write s3://BUCKET/PREFIX" in error_line(result)
+    with pytest.raises(ValueError, match=r"'s3:/bucket/x' names no bucket"):
+        ShardDataset("s3:/bucket/x")
+    assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
+
+
+def test_packing_an_empty_source_leaves_nothing_behind(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for _ in range(2):  # the second run fails the same way: no unfinished pack is left to finish
+        result = run("pack", str(tmp_path / "empty"), str(tmp_path / "out"), "--no-progress")
+        assert result.returncode == 1
+        assert "holds no file to pack" in error_line(result)
+        assert not (tmp_path / "out").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("a file of the user's")
+    assert run("pack", str(tmp_path / "empty"), str(tmp_path / "kept"), "--no-progress").returncode == 1
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["mine.txt"]
+
+
+def test_version_and_help_text_for_every_option():
+    import argparse
+
+    from shardstream import __version__
+    from shardstream.cli import build_parser
+
+    result = run("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"shardstream {__version__}"
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        for action in sub._actions:
+            if action.option_strings and not isinstance(action, argparse._HelpAction):
+                assert action.help, f"shardstream {name} {action.option_strings[0]} has no help text"

@@ -51,13 +51,26 @@ class Store(Protocol):
     def list_names(self, prefix: str = "") -> list[str]:
         """Sorted names starting with ``prefix``."""
 
+    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
+        """Remove these directories ("" is the root) where empty (local stores)."""
+
     def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
         """Drop what killed writers of the names ``is_mine`` accepts left behind (in the top
         directory and ``folders``); returns a count."""
 
 
 def is_s3_url(url: str) -> bool:
-    return url.startswith("s3://")
+    """``url`` is an S3 URL (``s3://BUCKET/...``).
+
+    Raises:
+        ValueError: it starts with ``s3:`` but names no bucket (``s3://``, ``s3:/bucket/x``),
+            which would otherwise be taken for a local path.
+    """
+    if url.startswith("s3://") and len(url) > 5 and url[5] != "/":
+        return True
+    if url[:3].lower() == "s3:":
+        raise ValueError(f"{url!r} names no bucket: write s3://BUCKET/PREFIX (two slashes, then a bucket name)")
+    return False
 
 
 def split_url(url: str) -> tuple[str, str]:

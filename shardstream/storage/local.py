@@ -127,6 +127,14 @@ class LocalStore:
                     removed += 1
         return removed
 
+    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
+        """Remove these directories (relative to the root; "" is the root) where empty."""
+        for folder in folders:
+            try:
+                (self.root / folder).rmdir()
+            except OSError:  # not empty, or gone
+                pass
+
     def open_writer(self, name: str) -> _LocalSink:
         path = self.root / name
         if path.parent != self.root:

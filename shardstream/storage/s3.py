@@ -331,6 +331,9 @@ class S3Store:
                 return
             token = {"ContinuationToken": page["NextContinuationToken"]}
 
+    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
+        """Nothing to do: S3 has no directories."""
+
     def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
         """Abort unfinished multipart uploads (left by killed writers) of names ``is_mine``
         accepts, anywhere under the prefix (``folders`` matters only to local stores)."""
