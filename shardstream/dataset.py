@@ -679,7 +679,7 @@ class ShardDataset(IterableDataset):
                                      stats=stats)
         for s, (url, stream) in zip(shards, streams):
             count = 0
-            for batch in iter_sample_batches(stream, url=url):
+            for batch in iter_sample_batches(stream, url=url, foreign=manifest is None):
                 count += len(batch)
                 yield batch
             if manifest is not None and count != manifest.shard_samples[s]:

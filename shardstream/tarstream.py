@@ -8,12 +8,15 @@ by pack), and hands each payload on as one ``bytes`` object read once from the s
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 from .errors import CorruptShardError
 from .format import BLOCK_BYTES, RESERVED_FIELDS
+
+log = logging.getLogger("shardstream")
 
 __all__ = ["Batch", "ReadStream", "iter_members", "iter_members_at", "iter_sample_batches", "iter_samples", "read_header"]
 
@@ -84,7 +87,7 @@ def iter_members(stream: ReadStream, *, url: str, end_of_archive: bool = True) -
 
 
 def iter_members_at(
-    stream: ReadStream, *, url: str, base_offset: int = 0, end_of_archive: bool = True
+    stream: ReadStream, *, url: str, base_offset: int = 0, end_of_archive: bool = True, foreign: bool = False
 ) -> Iterator[tuple[str, int, bytes]]:
     """Yield ``(member_name, payload_offset, payload)`` for each regular file, in order;
     ``payload_offset`` is the byte where the payload starts in the tar stream.
@@ -98,13 +101,18 @@ def iter_members_at(
             member's header); offsets yielded and named in errors count from the shard's start.
         end_of_archive: the stream must end with the end-of-archive blocks; False for a byte
             range, which may also end cleanly after a member.
+        foreign: a shard without a shardstream index (another tool's, read as WebDataset
+            reads it): links, devices and FIFOs are skipped, never followed, and a stream
+            that ends at a member boundary without the end-of-archive blocks is read; each
+            logs one warning for the shard.
 
     Raises:
-        CorruptShardError: a header fails its checksum, a field is malformed, or the stream
-            ends before the end-of-archive blocks (or, for a range, inside a member).
+        CorruptShardError: a header fails its checksum, a field is malformed, the stream
+            ends before the end-of-archive blocks (or, for a range, inside a member), or
+            (unless ``foreign``) a member is a link, device or FIFO.
     """
     chunks = stream.chunks() if hasattr(stream, "chunks") else _read_chunks(stream)
-    return _members(iter(chunks), url, base_offset, end_of_archive)
+    return _members(iter(chunks), url, base_offset, end_of_archive, foreign)
 
 
 def _read_chunks(stream: ReadStream, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
@@ -130,12 +138,14 @@ def _take(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[bytes,
 _ZERO_BLOCK = bytes(BLOCK_BYTES)
 
 
-def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: bool) -> Iterator[tuple[str, int, bytes]]:
+def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: bool,
+             foreign: bool = False) -> Iterator[tuple[str, int, bytes]]:
     # The buffer and position live in locals: a header or payload inside the current chunk
     # costs one slice, and only one that crosses chunks goes through _take.
     buf, pos = b"", 0
     long_name: str | None = None
     pax: dict[str, str] = {}
+    skipped: dict[str, int] = {}  # foreign shards: members that are not regular files, by kind
     while True:
         end = pos + BLOCK_BYTES
         if end <= len(buf):
@@ -144,7 +154,11 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             header, buf, pos = _take(chunks, buf, pos, BLOCK_BYTES)
         if len(header) < BLOCK_BYTES:
             if not header:
-                if not end_of_archive and long_name is None and not pax:
+                if (not end_of_archive or foreign) and long_name is None and not pax:
+                    if foreign and end_of_archive:
+                        log.warning("%s: ends at byte %d, after a member, without the tar end-of-archive blocks; "
+                                    "read as GNU tar and WebDataset read it", url, offset)
+                    _warn_skipped(url, skipped)
                     return
                 raise CorruptShardError(
                     f"{url}: ends at byte {offset} without the tar end-of-archive blocks; the shard "
@@ -155,6 +169,7 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
                 "re-pack or re-upload it"
             )
         if header == _ZERO_BLOCK:
+            _warn_skipped(url, skipped)
             return
         _check_sum(header, url, offset)
         typeflag = header[156:157]
@@ -206,6 +221,9 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             long_name = body[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
         elif typeflag == b"x":
             pax = _pax_records(body[:size], url=url, offset=data_offset)
+        elif typeflag in _REFUSED_TYPES and foreign:
+            skipped[_REFUSED_TYPES[typeflag]] = skipped.get(_REFUSED_TYPES[typeflag], 0) + 1
+            long_name, pax = None, {}
         elif typeflag in _REFUSED_TYPES:
             raise CorruptShardError(
                 f"{url}: member at byte {data_offset - BLOCK_BYTES} is a {_REFUSED_TYPES[typeflag]}; refused "
@@ -213,6 +231,12 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             )
         elif typeflag != b"g":  # a directory: skipped with its long name
             long_name, pax = None, {}
+
+
+def _warn_skipped(url: str, skipped: dict[str, int]) -> None:
+    if skipped:
+        kinds = ", ".join(f"{count} {kind}{'s' if count > 1 else ''}" for kind, count in sorted(skipped.items()))
+        log.warning("%s: skipped %s (not regular files; never followed)", url, kinds)
 
 
 def _check_sum(header: bytes, url: str, offset: int) -> None:
@@ -251,17 +275,17 @@ def read_header(block: bytes, *, url: str, offset: int) -> tuple[str, int, bool]
 
 def iter_sample_batches(
     stream: ReadStream, *, url: str, end_of_archive: bool = True, batch_samples: int = 256,
-    batch_bytes: int = 1 << 20,
+    batch_bytes: int = 1 << 20, foreign: bool = False,
 ) -> Iterator[Any]:
     """:func:`iter_samples` in lists (:class:`Batch`, its ``nbytes``: the payload bytes of its
     samples) of up to ``batch_samples`` samples or about ``batch_bytes`` of payload; the first
     holds the first sample alone, so it is not kept waiting for the bytes of the next ones
-    (from S3, 256 photos are 20 MB still on the wire)."""
+    (from S3, 256 photos are 20 MB still on the wire). ``foreign`` as :func:`iter_members_at`."""
     batch, nbytes = Batch(), 0
     sample: dict[str, object] | None = None
     key = ""
     first = True
-    members = iter_members_at(stream, url=url, end_of_archive=end_of_archive)
+    members = iter_members_at(stream, url=url, end_of_archive=end_of_archive, foreign=foreign)
     try:
         for name, _, payload in members:
             slash = name.rfind("/")
