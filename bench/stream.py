@@ -1,12 +1,21 @@
 """Streaming read speed: shardstream against WebDataset, Mosaic Streaming and LitData, in one run.
 
-The same corpus (JPEGs cut from real photos with a ``.cls`` label each, bench/corpus.py) is
-packed once per system with that system's own writer, all with the same shard size (64 MiB,
-the peers' default): shardstream ``pack`` (to local disk, and to S3 by itself), webdataset
-``ShardWriter``, Mosaic ``MDSWriter`` and LitData ``optimize`` (written locally, then uploaded
-as they are). S3 is one local SeaweedFS server started here. The peers' conversions are cached
-under ~/.cache/shardstream-bench/stream-N-SHARDMiB; shardstream packs anew every run. All
-members are stored as bytes in every format.
+Three corpora (bench/corpus.py), each read by every reader that applies to it:
+  - ``photos``: JPEGs of 60-150 KB cut from real photos, a ``.cls`` label each (~1 GB at
+    the default 10,000): every reader below, raw and decoding, local and S3;
+  - ``small``: the same kind of JPEGs at ~240 x 200 px (~17 KB) and a label, 30,000 samples:
+    raw local reading (``cat``, shardstream, WebDataset) and shardstream through a
+    DataLoader with ``batch_size=None`` against ``batch_size=64`` (what crossing from the
+    workers one sample at a time costs);
+  - ``tiny``: 200,000 files of 100 bytes, one member a sample: raw local reading.
+``--dir`` reads a directory laid out like the photo corpus instead of the three.
+
+Each corpus is packed once per system with that system's own writer, all with the same
+shard size (64 MiB, the peers' default): shardstream ``pack`` (to local disk, and to S3 by
+itself), webdataset ``ShardWriter``, Mosaic ``MDSWriter`` and LitData ``optimize`` (written
+locally, then uploaded as they are). S3 is one local SeaweedFS server started here. The
+peers' conversions are cached under ~/.cache/shardstream-bench/stream-TAG-SHARDMiB;
+shardstream packs anew every run. All members are stored as bytes in every format.
 
 Every reader runs in its own subprocess (``--_reader NAME``), one at a time, on the same
 machine; each peer's download cache is a fresh empty directory, so every S3 run downloads.
@@ -43,11 +52,13 @@ table's "S3 srv cores": the server's CPU seconds per second of the run, set-up i
 reader's output goes to ~/.cache/shardstream-bench/stream-logs/NAME-RUN.log.
 
 Usage:
-    python bench/stream.py [--num-images 10000] [--dir DIR] [--repeat 2] [--skip-peers] [--png PATH]
+    python bench/stream.py [--corpora photos,small,tiny] [--num-images 10000] [--num-small 30000]
+                           [--num-tiny 200000] [--dir DIR] [--repeat 2] [--skip-peers] [--png PATH]
                            [--shard-mib 64] [--cap-s 60] [--readers NAME,...]
 
-``--dir`` takes a directory laid out like the corpus: ``<key>.jpg`` (+ ``<key>.cls``) files,
-the same members in every sample.
+``--dir`` takes a directory laid out like the photo corpus: ``<key>.jpg`` (+ ``<key>.cls``)
+files, the same members in every sample. A whole node (ranks x DataLoader workers) is
+measured by bench/node.py.
 
 Dependencies: ``pip install -e '.[bench]'``, then the two peers without their dependencies:
 

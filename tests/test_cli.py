@@ -150,3 +150,12 @@ def test_version_and_help_text_for_every_option():
         for action in sub._actions:
             if action.option_strings and not isinstance(action, argparse._HelpAction):
                 assert action.help, f"shardstream {name} {action.option_strings[0]} has no help text"
+
+
+def test_verify_and_info_take_the_same_dataset_arguments(stdlib_tree, tmp_path):
+    dest = tmp_path / "out"
+    assert run("pack", str(stdlib_tree / "json"), str(dest), "--no-progress").returncode == 0
+    for dataset in (str(dest), str(dest) + "/", str(dest / "index.bin")):
+        for command in (["info", dataset], ["verify", dataset, "--no-progress"]):
+            result = run(*command)
+            assert result.returncode == 0, (command, result.stderr)

@@ -84,3 +84,55 @@ def test_a_tar_without_its_end_blocks_reads_with_a_warning(tmp_path, caplog):
     (tmp_path / "mid.tar").write_bytes(buf.getvalue()[: end - 100])  # inside a member: still an error
     with pytest.raises(CorruptShardError, match="mid.tar: member '003.cls' ends early"):
         ours(str(tmp_path / "mid.tar"))
+
+
+def plain_members(count: int = 5) -> list[tuple[str, bytes]]:
+    return [(f"{i:03d}.{ext}", payload) for i in range(count)
+            for ext, payload in (("jpg", os.urandom(900 + i)), ("json", b'{"i": %d}' % i))]
+
+
+def tar_bytes(members: list[tuple[str, bytes]], mode: str = "w") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return buf.getvalue()
+
+
+def test_gzip_shards_from_gnu_tar_tarfile_and_webdataset_read_as_webdataset_reads_them(tmp_path):
+    members = plain_members()
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, payload in members:
+        (src / name).write_bytes(payload)
+    subprocess.run(["tar", "--sort=name", "-czf", str(tmp_path / "gnu.tar.gz"), "-C", str(src), "."], check=True)
+    (tmp_path / "tarfile.tgz").write_bytes(tar_bytes(members, "w:gz"))
+    with wds.TarWriter(str(tmp_path / "writer.tar.gz"), compress=True) as sink:
+        for i in range(5):
+            sink.write({"__key__": f"{i:03d}", "jpg": members[2 * i][1], "json": members[2 * i + 1][1]})
+    (tmp_path / "misnamed.tar").write_bytes((tmp_path / "tarfile.tgz").read_bytes())  # told by content, not name
+    for name in ("gnu.tar.gz", "tarfile.tgz", "writer.tar.gz", "misnamed.tar"):
+        got = ours(str(tmp_path / name))
+        assert len(got) == 5, name
+        assert got == webdataset_samples(str(tmp_path / name)), name
+
+
+def test_zstd_shards_and_concatenated_gzip(tmp_path):
+    import gzip
+
+    import zstandard
+
+    members = plain_members()
+    plain = tar_bytes(members)
+    (tmp_path / "a.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(plain))
+    reference = ours_from_plain = [
+        {"__key__": f"{i:03d}", "jpg": members[2 * i][1], "json": members[2 * i + 1][1]} for i in range(5)]
+    assert ours(str(tmp_path / "a.tar.zst")) == reference
+    cut = len(plain) // 2
+    (tmp_path / "two.tar.gz").write_bytes(gzip.compress(plain[:cut]) + gzip.compress(plain[cut:]))  # as pigz/cat make
+    assert ours(str(tmp_path / "two.tar.gz")) == ours_from_plain
+    (tmp_path / "short.tar.gz").write_bytes(gzip.compress(plain)[:-100])
+    with pytest.raises(CorruptShardError, match="short.tar.gz: a gzip-compressed shard that does not decompress"):
+        ours(str(tmp_path / "short.tar.gz"))
