@@ -88,6 +88,14 @@ def _info(source: str, manifest) -> str:
     for what, column in (("shard bytes", manifest.shard_bytes), ("samples per shard", manifest.shard_samples)):
         if len(column):
             lines.append(f"{what}: min {column.min()}, median {np.median(column):.0f}, max {column.max()}")
+    numbers = [re.search(r"(\d+)\.tar$", manifest.name(i)) for i in range(manifest.num_shards)]
+    if manifest.num_shards and all(numbers):
+        found = sorted(int(m.group(1)) for m in numbers)  # type: ignore[union-attr]
+        if found != list(range(found[0], found[0] + len(found))):
+            lines.append(
+                f"shard numbers run from {found[0]} to {found[-1]} with gaps (each pack worker numbers its own "
+                "shards): read the dataset by its directory or index file, not a {a..b} brace pattern over the numbers"
+            )
     return "\n".join(lines)
 
 

@@ -118,6 +118,7 @@ def iter_members_at(
     return _members(iter(chunks), url, base_offset, end_of_archive, foreign)
 
 
+_SPARSE_KEYS = frozenset({"GNU.sparse.major", "GNU.sparse.map", "GNU.sparse.size", "GNU.sparse.numblocks"})
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -251,6 +252,14 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             return
         _check_sum(header, url, offset)
         typeflag = header[156:157]
+        if typeflag == b"S" or (pax and not _SPARSE_KEYS.isdisjoint(pax)):
+            name = pax.get("GNU.sparse.name") or long_name or header[:100].split(b"\0", 1)[0].decode(
+                "utf-8", "surrogateescape")
+            raise CorruptShardError(
+                f"{url}: member {name!r} at byte {offset} is a sparse file (tar -S, or bsdtar on a file with "
+                "holes), which shardstream does not expand; refused rather than read wrong. Re-create the shard "
+                "without sparse members (GNU tar without -S; bsdtar --read-sparse off) or repack its files"
+            )
         size = _number(header[124:136], url=url, offset=offset)
         if pax and "size" in pax:
             size = int(pax["size"])

@@ -159,3 +159,17 @@ def test_verify_and_info_take_the_same_dataset_arguments(stdlib_tree, tmp_path):
         for command in (["info", dataset], ["verify", dataset, "--no-progress"]):
             result = run(*command)
             assert result.returncode == 0, (command, result.stderr)
+
+
+def test_info_says_when_shard_numbers_have_gaps():
+    from shardstream.cli import _info
+    from shardstream.index.manifest import Manifest
+
+    def manifest(numbers):
+        n = len(numbers)
+        return Manifest.from_columns(names=[f"data-{i:06d}.tar" for i in numbers], shard_bytes=[10240] * n,
+                                     shard_samples=[1] * n, shard_members=[1] * n, crc32=[0] * n)
+
+    assert "gaps" not in _info("ds", manifest([0, 1, 2]))
+    text = _info("ds", manifest([0, 1, 3, 5]))
+    assert "shard numbers run from 0 to 5 with gaps" in text and "not a {a..b} brace pattern" in text

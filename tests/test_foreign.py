@@ -136,3 +136,22 @@ def test_zstd_shards_and_concatenated_gzip(tmp_path):
     (tmp_path / "short.tar.gz").write_bytes(gzip.compress(plain)[:-100])
     with pytest.raises(CorruptShardError, match="short.tar.gz: a gzip-compressed shard that does not decompress"):
         ours(str(tmp_path / "short.tar.gz"))
+
+
+@pytest.mark.parametrize("fmt", ["gnu", "posix"])
+def test_sparse_members_are_refused_naming_shard_and_member(tmp_path, fmt):
+    """GNU tar -S stores a file with holes as a sparse member (GNU: type S; pax: GNU.sparse
+    records and a GNUSparseFile.0/ name): refused, never lost or read as its sparse map."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "000.txt").write_text("before")
+    with open(src / "001.bin", "wb") as f:
+        f.write(b"head")
+        f.seek(1 << 20)
+        f.write(b"tail")  # a 1 MiB hole
+    (src / "002.txt").write_text("after")
+    shard = tmp_path / f"sparse-{fmt}.tar"
+    subprocess.run(["tar", "-S", f"--format={fmt}", "--sort=name", "-cf", str(shard), "-C", str(src),
+                    "000.txt", "001.bin", "002.txt"], check=True)
+    with pytest.raises(CorruptShardError, match=rf"sparse-{fmt}.tar: member '.*001.bin' at byte \d+ is a sparse file"):
+        ours(str(shard))
