@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(v)
 
-    x = commands.add_parser("index", help="index commands: merge, upgrade, or --dali DEST")
+    x = commands.add_parser("index", help="index commands: build, merge, upgrade, or --dali DEST")
     x.add_argument("--dali", metavar="DEST", help="write DALI .idx files (as wds2idx does) next to the shards "
                    "of the local dataset DEST, from its index")
     x.add_argument("--out-dir", help="with --dali: write the .idx files here instead")
@@ -165,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     m = x_commands.add_parser("merge", help="write DEST/index.bin once every part of a split pack is done")
     m.add_argument("dest", metavar="DEST")
     _add_s3_args(m)
+    b = x_commands.add_parser("build", help="index existing tar shards (other tools' WebDataset shards) in place, "
+                              "without copying or changing them")
+    b.add_argument("shards", metavar="SHARDS", nargs="+",
+                   help="shard paths or s3:// URLs, brace patterns, or a directory or s3:// prefix of .tar shards")
+    b.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
+                   help="shards scanned at once (default: the CPU count)")
+    b.add_argument("--overwrite", action="store_true", help="replace an index already beside the shards")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_s3_args(b)
     u = x_commands.add_parser("upgrade", help="convert a version 1 dataset (index.json) to version 2 in place; "
                               "the shards are not touched")
     u.add_argument("dest", metavar="DEST")
@@ -211,6 +220,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             written = write_dali_index(args.dali, out_dir=args.out_dir)
             where = args.out_dir or args.dali
             print(f"wrote {len(written)} DALI index files (.idx) to {where}")
+        elif args.command == "index" and args.index_command == "build":
+            from tqdm import tqdm
+
+            from .index_build import build_index, shard_urls_of
+
+            s3 = _s3_config(args)
+            total = len(shard_urls_of(args.shards, s3=s3))
+            with tqdm(total=total, unit=" shards", desc="indexing", disable=args.no_progress, file=sys.stderr) as bar:
+                manifest = build_index(args.shards, s3=s3, workers=args.workers, overwrite=args.overwrite,
+                                       on_shard=lambda _: bar.update())
+            print(f"wrote {manifest.url}: {manifest.num_shards} shards, {manifest.num_samples} samples, "
+                  f"{manifest.total_bytes / 1e6:.1f} MB")
         elif args.command == "index" and args.index_command == "upgrade":
             from .index import MANIFEST_NAME, upgrade
             from .storage import open_store
@@ -220,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"beside each shard: {totals['num_shards']} shards, {totals['num_samples']} samples")
         elif args.command == "index":
             if args.index_command != "merge":
-                raise ValueError("shardstream index: give a command: merge DEST, upgrade DEST, or --dali DEST")
+                raise ValueError("shardstream index: give a command: build SHARDS..., merge DEST, upgrade DEST, or "
+                                 "--dali DEST")
             from .index import MANIFEST_NAME
             from .journal import SPEC_NAME, PackSpec, merge
             from .storage import open_store

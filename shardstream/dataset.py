@@ -651,7 +651,8 @@ class ShardDataset(IterableDataset):
             chunks = stream.chunks() if hasattr(stream, "chunks") else iter(lambda: stream.read(1 << 20), b"")
             yield from iter_sliced_batches(chunks, slices, base_offset=byte_range[0] if byte_range else 0)
         else:
-            yield from _parsed_run(stream, run, url, int(index.manifest.shard_samples[run.shard]))
+            yield from _parsed_run(stream, run, url, int(index.manifest.shard_samples[run.shard]),
+                                   foreign=index.manifest.foreign)
         if checked is not None:
             checked.check()
 
@@ -750,15 +751,16 @@ class _Checksummed:
             )
 
 
-def _parsed_run(stream: Any, run: PlanRun, url: str, count: int) -> Iterator[Batch]:
+def _parsed_run(stream: Any, run: PlanRun, url: str, count: int, *, foreign: bool = False) -> Iterator[Batch]:
     """A run covering a whole shard, read by parsing its tar headers: its wanted samples, in
-    batches; the shard must hold ``count`` samples (the index's)."""
+    batches; the shard must hold ``count`` samples (the index's). ``foreign``: an index built
+    for another tool's shards (links skipped, as the index left them out)."""
     wanted = None
     if run.index is not None:
         wanted = np.zeros(count, bool)
         wanted[run.index] = True
     i = 0
-    for batch in iter_sample_batches(stream, url=url):
+    for batch in iter_sample_batches(stream, url=url, foreign=foreign):
         if i + len(batch) > count:
             raise CorruptShardError(
                 f"{url}: holds more than the {count} samples the index says; the shard or its index is stale or "

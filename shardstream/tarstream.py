@@ -88,8 +88,9 @@ def iter_members(stream: ReadStream, *, url: str, end_of_archive: bool = True) -
 
 
 def iter_members_at(
-    stream: ReadStream, *, url: str, base_offset: int = 0, end_of_archive: bool = True, foreign: bool = False
-) -> Iterator[tuple[str, int, bytes]]:
+    stream: ReadStream, *, url: str, base_offset: int = 0, end_of_archive: bool = True, foreign: bool = False,
+    payloads: bool = True,
+) -> Iterator[tuple[str, int, Any]]:
     """Yield ``(member_name, payload_offset, payload)`` for each regular file, in order;
     ``payload_offset`` is the byte where the payload starts in the tar stream.
 
@@ -106,6 +107,8 @@ def iter_members_at(
             reads it): links, devices and FIFOs are skipped, never followed, and a stream
             that ends at a member boundary without the end-of-archive blocks is read; each
             logs one warning for the shard.
+        payloads: False: yield each payload's size (an int) instead of its bytes, which are
+            passed over uncopied (indexing needs offsets and sizes only).
 
     Raises:
         CorruptShardError: a header fails its checksum, a field is malformed, the stream
@@ -115,7 +118,7 @@ def iter_members_at(
     chunks = stream.chunks() if hasattr(stream, "chunks") else _read_chunks(stream)
     if foreign:
         chunks = _decompressed(iter(chunks), url)
-    return _members(iter(chunks), url, base_offset, end_of_archive, foreign)
+    return _members(iter(chunks), url, base_offset, end_of_archive, foreign, payloads)
 
 
 _SPARSE_KEYS = frozenset({"GNU.sparse.major", "GNU.sparse.map", "GNU.sparse.size", "GNU.sparse.numblocks"})
@@ -214,11 +217,22 @@ def _take(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[bytes,
     return b"".join(pieces), b"", 0
 
 
+def _skip(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[int, bytes, int]:
+    """Pass over ``n`` bytes from ``buf[pos:]`` on without copying them: how many there
+    were (fewer only at the end), and the new ``(buf, pos)``."""
+    need = n - (len(buf) - pos)
+    for chunk in chunks:
+        if len(chunk) >= need:
+            return n, chunk, need
+        need -= len(chunk)
+    return n - need, b"", 0
+
+
 _ZERO_BLOCK = bytes(BLOCK_BYTES)
 
 
 def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: bool,
-             foreign: bool = False) -> Iterator[tuple[str, int, bytes]]:
+             foreign: bool = False, payloads: bool = True) -> Iterator[tuple[str, int, Any]]:
     # The buffer and position live in locals: a header or payload inside the current chunk
     # costs one slice, and only one that crosses chunks goes through _take.
     buf, pos = b"", 0
@@ -284,12 +298,15 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
                 )
             end = pos + padded
             if end <= len(buf):
-                payload, pos = buf[pos : pos + size], end
+                payload, pos = (buf[pos : pos + size] if payloads else size), end
                 complete = True
-            else:
+            elif payloads:
                 body, buf, pos = _take(chunks, buf, pos, padded)
                 complete = len(body) == padded
                 payload = body[:size] if padded != size else body
+            else:
+                skipped_bytes, buf, pos = _skip(chunks, buf, pos, padded)
+                complete, payload = skipped_bytes == padded, size
             if not complete:
                 raise CorruptShardError(
                     f"{url}: member {name!r} ends early (expected {size} bytes from byte "

@@ -80,7 +80,7 @@ def _check(stream: _Hashing, index: DatasetIndex, i: int) -> Iterator[str]:
     names, offsets, sizes = table.member_names(), table.offsets.tolist(), table.sizes.tolist()
     found = 0
     try:
-        for name, offset, payload in iter_members_at(stream, url=url):
+        for name, offset, payload in iter_members_at(stream, url=url, foreign=manifest.foreign):
             if found < len(names):
                 if (name, offset, len(payload)) != (names[found], offsets[found], sizes[found]):
                     yield (f"member {found}: found {name!r} at byte {offset}, {len(payload)} bytes; "

@@ -6,7 +6,10 @@ member counts and CRC-32, plus totals. Per-sample data lives in one table per sh
 
 Header fields: ``format`` ("shardstream-index"), ``version`` (2), ``num_shards``,
 ``num_samples``, ``num_members``, ``bytes`` (totals), ``table_suffix`` (".samples": shard
-``NAME``'s table is ``NAME.samples`` beside it). Columns, one entry per shard in dataset order:
+``NAME``'s table is ``NAME.samples`` beside it), and ``foreign`` (true, only in an index
+``shardstream index build`` wrote for other tools' shards: readers parsing a whole shard
+skip its links, as when reading it without an index). Columns, one entry per shard in
+dataset order:
 
 ==============  =======  =========================================================
 ``bytes``       int64    size of the shard file
@@ -50,6 +53,7 @@ class Manifest:
         url: where it was read from (named in errors).
         shard_bytes, shard_samples, shard_members: int64 arrays of shape ``(num_shards,)``.
         crc32: uint32 array of shape ``(num_shards,)``.
+        foreign: indexes shards other tools wrote (``shardstream index build``).
     """
 
     def __init__(
@@ -63,8 +67,10 @@ class Manifest:
         name_offsets: np.ndarray,
         names: np.ndarray,
         source: tuple[str, Any] | None = None,
+        foreign: bool = False,
     ) -> None:
         self.url = url
+        self.foreign = foreign
         self.shard_bytes, self.shard_samples, self.shard_members = shard_bytes, shard_samples, shard_members
         self.crc32 = crc32
         self._name_offsets, self._names = name_offsets, names
@@ -119,7 +125,10 @@ class Manifest:
 
     def pieces(self) -> Iterator[bytes]:
         """The manifest file's bytes, in pieces."""
-        fields = {"format": FORMAT, "version": VERSION, "table_suffix": TABLE_SUFFIX, **self.totals()}
+        fields: dict[str, Any] = {"format": FORMAT, "version": VERSION, "table_suffix": TABLE_SUFFIX,
+                                  **self.totals()}
+        if self.foreign:
+            fields["foreign"] = True
         return container.to_pieces(MAGIC, fields, [
             ("bytes", self.shard_bytes.astype("<i8")), ("num_samples", self.shard_samples.astype("<i8")),
             ("num_members", self.shard_members.astype("<i8")), ("crc32", self.crc32.astype("<u4")),
@@ -136,6 +145,7 @@ class Manifest:
         shard_members: Sequence[int] | np.ndarray,
         crc32: Sequence[int] | np.ndarray,
         url: str = MANIFEST_NAME,
+        foreign: bool = False,
     ) -> Manifest:
         """A manifest from per-shard values (names are checked as :meth:`parse` does)."""
         encoded = [name.encode("utf-8") for name in names]
@@ -145,7 +155,8 @@ class Manifest:
         manifest = cls(url=url, shard_bytes=np.asarray(shard_bytes, dtype=np.int64),
                        shard_samples=np.asarray(shard_samples, dtype=np.int64),
                        shard_members=np.asarray(shard_members, dtype=np.int64),
-                       crc32=np.asarray(crc32, dtype=np.uint32), name_offsets=offsets, names=blob)
+                       crc32=np.asarray(crc32, dtype=np.uint32), name_offsets=offsets, names=blob,
+                       foreign=foreign)
         manifest._check()
         return manifest
 
@@ -170,7 +181,8 @@ class Manifest:
                 raise IndexFormatError(f"{url}: column {name!r} missing or not {dtype}; re-run shardstream pack")
         manifest = cls(url=url, shard_bytes=columns["bytes"], shard_samples=columns["num_samples"],
                        shard_members=columns["num_members"], crc32=columns["crc32"],
-                       name_offsets=columns["name_offsets"], names=columns["names"], source=source)
+                       name_offsets=columns["name_offsets"], names=columns["names"], source=source,
+                       foreign=fields.get("foreign") is True)
         manifest._check()
         totals = {k: fields.get(k) for k in ("num_shards", "num_samples", "num_members", "bytes")}
         if totals != manifest.totals():

@@ -230,7 +230,7 @@ def resolve_source(source: Any, *, s3: Any = None) -> tuple[Sequence[str], Datas
         from braceexpand import braceexpand
 
         return [_normalize(u) for u in braceexpand(text)], None
-    if text.endswith(".tar"):
+    if text.endswith((".tar", ".tar.gz", ".tgz", ".tar.zst")):
         return [_normalize(text)], None
     index = open_index(_normalize(text), s3=s3)
     return ShardUrls(index), index

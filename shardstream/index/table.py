@@ -37,6 +37,7 @@ __all__ = ["ShardTable", "TableSpool"]
 FORMAT = "shardstream-table"
 VERSION = 2
 MAGIC = b"SSTABLE\x00"
+_SPOOL_SAMPLES = 4096  # samples a TableSpool holds as Python values before writing them to its files
 _COLUMNS = {"member_start": "<i8", "offsets": "<i8", "sizes": "<i8", "key_offsets": "<i8", "keys": "|u1",
             "name_offsets": "<i8", "names": "|u1"}
 
@@ -231,26 +232,39 @@ class TableSpool:
         self._files = {name: _spool() for name in ("counts", "offsets", "sizes", "key_lengths", "keys",
                                                    "name_lengths", "names")}
         self._keys_bytes = self._names_bytes = 0
+        self._pending: dict[str, list[Any]] = {name: [] for name in self._files}  # added, not yet spooled
 
     def add(self, key: str, members: list[tuple[str, int, int]]) -> None:
         """One sample: its key and ``(member name, payload offset, payload size)`` in order."""
-        files = self._files
+        pending = self._pending
         encoded_key = key.encode("utf-8")
-        names = [name.encode("utf-8") for name, _, _ in members]
-        files["counts"].write(np.int64(len(members)).tobytes())
-        files["offsets"].write(np.array([o for _, o, _ in members], dtype="<i8").tobytes())
-        files["sizes"].write(np.array([z for _, _, z in members], dtype="<i8").tobytes())
-        files["key_lengths"].write(np.int64(len(encoded_key)).tobytes())
-        files["keys"].write(encoded_key)
-        files["name_lengths"].write(np.array([len(n) for n in names], dtype="<i8").tobytes())
-        files["names"].write(b"".join(names))
+        pending["counts"].append(len(members))
+        pending["key_lengths"].append(len(encoded_key))
+        pending["keys"].append(encoded_key)
+        for name, offset, size in members:
+            encoded = name.encode("utf-8")
+            pending["offsets"].append(offset)
+            pending["sizes"].append(size)
+            pending["name_lengths"].append(len(encoded))
+            pending["names"].append(encoded)
+            self._names_bytes += len(encoded)
         self.num_samples += 1
         self.num_members += len(members)
         self._keys_bytes += len(encoded_key)
-        self._names_bytes += sum(map(len, names))
+        if len(pending["counts"]) >= _SPOOL_SAMPLES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the samples added since the last flush to the spool files, a column at a time."""
+        for name, values in self._pending.items():
+            if values:
+                data = b"".join(values) if name in ("keys", "names") else np.array(values, dtype="<i8").tobytes()
+                self._files[name].write(data)
+                values.clear()
 
     def pieces(self) -> Iterator[bytes]:
         """The table file's bytes, in pieces of at most a few MiB."""
+        self._flush()
         n, m = self.num_samples, self.num_members
         fields = {"format": FORMAT, "version": VERSION, "shard": self.shard, "num_samples": n, "num_members": m}
         head, placement = container.layout(MAGIC, fields, [

@@ -1,0 +1,235 @@
+"""``shardstream index build``: a shardstream index for tar shards someone else wrote.
+
+WebDataset shards made by GNU tar, bsdtar, Python's tarfile or webdataset's ``TarWriter``
+get the same index ``pack`` writes (``index.bin`` and a ``NAME.samples`` table beside each
+shard), so exact epochs, ``len()``, resume, byte-range reads, the node cache, ``verify`` and
+``index --dali`` work on them. No shard is copied or changed: each is read once, front to
+back (in parallel, ``workers`` at a time), its members' offsets and sizes are recorded and
+its CRC-32 computed as the bytes go by.
+
+Samples are grouped as readers group them (consecutive members sharing a key, WebDataset's
+rule, :mod:`shardstream.format`). Links, devices and FIFOs are left out of the tables with
+a warning, as readers of other tools' shards skip them; the index marks the dataset as
+built from foreign shards, so readers parsing a whole shard skip them too. Refused, naming
+the shard: compressed shards (an index addresses bytes of a plain tar; decompress them, or
+repack them with ``shardstream pack``), sparse members, and a sample holding one extension
+twice. The shards must lie in one directory or S3 prefix, where the index is written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import mmap
+import os
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .config import S3Config
+from .errors import CorruptShardError, DestinationError, ShardNotFoundError
+from .fetch import iter_shard_streams
+from .format import RESERVED_FIELDS, split_key
+from .index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
+from .storage import is_s3_url, open_store, split_url
+from .tarstream import _GZIP_MAGIC, _ZSTD_MAGIC, iter_members_at
+
+__all__ = ["SHARD_SUFFIXES", "build_index", "shard_urls_of"]
+
+log = logging.getLogger("shardstream")
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")
+
+
+@dataclass(frozen=True)
+class _Scanned:
+    name: str
+    size_bytes: int
+    num_samples: int
+    num_members: int
+    crc32: int
+
+
+def shard_urls_of(sources: Sequence[str], *, s3: S3Config | None = None) -> list[str]:
+    """The shard URLs ``sources`` name: shard paths or URLs, brace patterns, and directories
+    or S3 prefixes (every ``.tar`` file directly in them, in name order).
+
+    Raises:
+        ShardNotFoundError: a directory or prefix holds no shard.
+        ValueError: no source given.
+    """
+    if not sources:
+        raise ValueError("give the shards to index: paths, s3:// URLs, brace patterns, or a directory or prefix")
+    urls: list[str] = []
+    for source in sources:
+        text = os.fspath(source)
+        if "{" in text:
+            from braceexpand import braceexpand
+
+            urls.extend(braceexpand(text))
+        elif text.endswith(SHARD_SUFFIXES):
+            urls.append(text if is_s3_url(text) else os.path.abspath(text))
+        else:
+            store = open_store(text.rstrip("/") if is_s3_url(text) else os.path.abspath(text), s3=s3)
+            names = [n for n in store.list_names() if n.endswith(SHARD_SUFFIXES)]
+            if not names:
+                raise ShardNotFoundError(f"{store.url}: holds no .tar shard to index")
+            urls.extend(store.url_of(n) for n in names)
+    return [u if is_s3_url(u) else os.path.abspath(u) for u in urls]
+
+
+def build_index(
+    sources: Sequence[str],
+    *,
+    s3: S3Config | None = None,
+    workers: int = 4,
+    overwrite: bool = False,
+    on_shard: Callable[[str], None] | None = None,
+) -> Manifest:
+    """Index existing shards in place (module doc): write each shard's table beside it, then
+    ``index.bin``.
+
+    Args:
+        sources: as :func:`shard_urls_of`; the shards keep this order in the index.
+        s3: S3 endpoint and credentials for ``s3://`` shards.
+        workers: shards scanned at once (processes; a scan is CPU-bound parsing).
+        overwrite: replace an index already there.
+        on_shard: called with each shard's URL when it is done (a progress bar).
+
+    Returns:
+        The manifest written.
+
+    Raises:
+        ValueError: the shards lie in more than one directory or prefix, or a name repeats.
+        DestinationError: an index is already there (and not ``overwrite``).
+        CorruptShardError: a shard is compressed, damaged, or holds a sparse member or a
+            sample with one extension twice (named).
+        ShardNotFoundError, StorageError: a shard cannot be read.
+    """
+    urls = shard_urls_of(sources, s3=s3)
+    roots = {split_url(u)[0] for u in urls}
+    if len(roots) != 1:
+        raise ValueError(f"the shards lie in {len(roots)} places ({', '.join(sorted(roots)[:3])}, ...); an index "
+                         "sits beside its shards, in one directory or S3 prefix: index each place on its own")
+    names = [split_url(u)[1] for u in urls]
+    if len(set(names)) != len(names):
+        raise ValueError("a shard is named twice in the sources")
+    root = roots.pop()
+    store = open_store(root, s3=s3)
+    if store.exists(MANIFEST_NAME) and not overwrite:
+        raise DestinationError(f"{store.url_of(MANIFEST_NAME)}: an index is already there; pass --overwrite to "
+                               "replace it")
+    scanned: dict[str, _Scanned] = {}
+    if workers <= 1 or len(urls) == 1:
+        for url in urls:
+            scanned[url] = _scan(url, s3)
+            if on_shard is not None:
+                on_shard(url)
+    else:
+        import multiprocessing
+
+        # local shards: fork (nothing imported again); S3: spawn, as this process runs the S3
+        # event loop's thread, which a fork would copy mid-flight (call from under
+        # ``if __name__ == "__main__":``, as spawn needs)
+        context = multiprocessing.get_context("spawn" if any(map(is_s3_url, urls)) else "fork")
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(urls)), mp_context=context) as pool:
+            futures = {pool.submit(_scan, url, s3): url for url in urls}
+            for future in concurrent.futures.as_completed(futures):
+                scanned[futures[future]] = future.result()
+                if on_shard is not None:
+                    on_shard(futures[future])
+    rows = [scanned[u] for u in urls]
+    manifest = Manifest.from_columns(
+        names=names, shard_bytes=[r.size_bytes for r in rows], shard_samples=[r.num_samples for r in rows],
+        shard_members=[r.num_members for r in rows], crc32=np.array([r.crc32 for r in rows], np.uint32),
+        url=store.url_of(MANIFEST_NAME), foreign=True,
+    )
+    store.write_bytes(MANIFEST_NAME, b"".join(manifest.pieces()))
+    return manifest
+
+
+def _scan(url: str, s3: S3Config | None) -> _Scanned:
+    """Read one shard front to back: write its table beside it; its size, counts and CRC-32."""
+    root, name = split_url(url)
+    store = open_store(root or os.sep, s3=s3)
+    spool = TableSpool(name)
+    try:
+        for _, stream in iter_shard_streams([url], s3=s3):
+            hashed = _Hashed(stream, url)
+            key: str | None = None
+            members: list[tuple[str, int, int]] = []
+            exts: set[str] = set()
+            for member, offset, size in iter_members_at(hashed, url=url, foreign=True, payloads=False):
+                sample_key, ext = split_key(member)
+                if ext in RESERVED_FIELDS:
+                    raise CorruptShardError(f"{url}: member {member!r} uses reserved extension {ext!r}")
+                if sample_key != key:
+                    if key is not None:
+                        spool.add(key, members)
+                    key, members, exts = sample_key, [], set()
+                elif ext in exts:
+                    raise CorruptShardError(f"{url}: sample {key!r} holds extension {ext!r} twice; readers would "
+                                            "lose one of them: repack the shard")
+                exts.add(ext)
+                members.append((member, offset, size))
+            if key is not None:
+                spool.add(key, members)
+            hashed.drain()
+            size, crc = hashed.bytes, hashed.crc32
+        if spool.num_samples == 0:
+            raise CorruptShardError(f"{url}: holds no regular file; nothing to index")
+        sink = store.open_writer(name + TABLE_SUFFIX)
+        try:
+            for piece in spool.pieces():
+                sink.write(piece)
+            sink.commit()
+        finally:
+            sink.abort()
+        return _Scanned(name, size, spool.num_samples, spool.num_members, crc)
+    finally:
+        spool.close()
+
+
+class _Hashed:
+    """A shard stream counted and checksummed as the parser reads it; compressed shards
+    are refused at their first bytes."""
+
+    def __init__(self, stream: Any, url: str) -> None:
+        self._stream, self._url = stream, url
+        self.crc32 = 0
+        self.bytes = 0
+        self._chunks: Iterator[Any] | None = None
+
+    def chunks(self) -> Iterator[Any]:
+        source = self._stream.chunks() if hasattr(self._stream, "chunks") else iter(lambda: self._stream.read(1 << 20), b"")
+        self._chunks = iter(source)
+        for chunk in self._chunks:
+            if self.bytes == 0 and len(chunk) >= 4 and (bytes(chunk[:2]) == _GZIP_MAGIC or bytes(chunk[:4]) == _ZSTD_MAGIC):
+                raise CorruptShardError(
+                    f"{self._url}: a compressed shard; an index addresses the bytes of a plain tar, so decompress it "
+                    "first (gunzip, zstd -d) or repack it with shardstream pack"
+                )
+            self._count(chunk)
+            yield chunk
+
+    def drain(self) -> None:
+        """Read the rest (the end-of-archive blocks and padding): all of the shard is counted."""
+        for _ in self.chunks() if self._chunks is None else self._rest():
+            pass
+
+    def _rest(self) -> Iterator[Any]:
+        assert self._chunks is not None  # internal invariant: chunks() started
+        for chunk in self._chunks:
+            self._count(chunk)
+            yield chunk
+
+    def _count(self, chunk: Any) -> None:
+        if isinstance(chunk, (bytes, mmap.mmap)):
+            with memoryview(chunk) as view:  # a mapped shard is not copied; the view is gone before it closes
+                self.crc32 = zlib.crc32(view, self.crc32)
+        else:
+            self.crc32 = zlib.crc32(bytes(chunk), self.crc32)
+        self.bytes += len(chunk)
