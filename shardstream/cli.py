@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffle", action="store_true", help="spread samples over shards in a seeded random order")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished pack) at DEST")
+    p.add_argument("--from-shards", action="store_true",
+                   help="SOURCE is tar shards (a directory or prefix of .tar/.tar.gz/.tar.zst, or a brace pattern): "
+                        "repack their samples (resharding)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(p)
 
@@ -201,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 on_error=OnError.SKIP if args.skip_unreadable else OnError(args.on_error),
                 workers=args.workers, part=args.part, shuffle=args.shuffle, seed=args.seed,
                 overwrite=args.overwrite, s3=_s3_config(args), progress=not args.no_progress,
+                from_shards=args.from_shards,
             )
             shown = [p for p in report.problems if not p.packed][:20]
             for problem in shown:

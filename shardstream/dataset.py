@@ -454,7 +454,7 @@ class ShardDataset(IterableDataset):
                 gc.freeze()
             state, first_advance = self._epochs.start_pass(
                 rank=slot.rank, worker_id=worker_id, num_workers=slot.num_workers, loaded=self._loaded,
-                copied=self._set if first_here else None,
+                copied=self._set if first_here else None, loader=_loader_id() if in_worker else 0,
             )
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
             return _raise(exc)
@@ -888,6 +888,14 @@ def _payload_bytes(sample: dict[str, Any] | None) -> int:
     if sample is None:
         return 0
     return sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, bytearray)))
+
+
+def _loader_id() -> int:
+    """The base seed this DataLoader worker process shares with its siblings (not 0)."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return ((info.seed - info.id) % (1 << 62)) or 1
 
 
 def _in_worker() -> bool:

@@ -44,8 +44,8 @@ ROWS_PER_RANK = 257  # the training process, then up to 256 DataLoader workers
 STATE_BYTES = 64 << 10  # JSON of the latest set_epoch / load_state_dict
 _HEADER = 4  # int64: generation, flags (once), state length, unused
 _ADVANCED = 1  # flag: a pass advanced the epoch by itself (warned)
-_SEEN, _EPOCH, _PASSES, _FINISHED, _LOCAL = range(5)  # int64 columns of a reader's row
-_COLUMNS = 5
+_SEEN, _EPOCH, _PASSES, _FINISHED, _LOCAL, _LOADER = range(6)  # int64 columns of a reader's row
+_COLUMNS = 6
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,7 @@ class EpochBoard:
         num_workers: int,
         loaded: PassState | None,
         copied: tuple[int, PassState] | None,
+        loader: int = 0,
     ) -> tuple[PassState, bool]:
         """A reader starts a pass: its epoch and segments by the rule, and whether this is the
         dataset's first pass that advanced the epoch on its own (the caller warns).
@@ -160,6 +161,10 @@ class EpochBoard:
                 worker that starts late does not take a ``set_epoch`` made after that; None:
                 the latest (the training process itself, or a persistent worker's next pass,
                 which starts when the training process creates the next iterator).
+            loader: which DataLoader worker processes this worker is one of (their shared
+                base seed; persistent workers keep theirs), so workers of one DataLoader
+                tell a sibling that has not started this pass yet from one of another
+                DataLoader; 0: unknown.
 
         Raises:
             ValueError: the DataLoader's workers have read different numbers of passes since
@@ -180,16 +185,22 @@ class EpochBoard:
                 me[_PASSES] += 1
                 first_advance = not header[1] & _ADVANCED
                 header[1] |= _ADVANCED
-            me[_SEEN], me[_EPOCH], me[_FINISHED] = gen, state.epoch, 0
+            me[_SEEN], me[_EPOCH], me[_FINISHED], me[_LOADER] = gen, state.epoch, 0, loader
             if worker_id is not None and loaded is None:
-                self._check_workers(rows, rank, num_workers, gen, int(me[_PASSES]))
+                self._check_workers(rows, rank, num_workers, gen, int(me[_PASSES]), loader)
         return state, first_advance
 
-    def _check_workers(self, rows: np.ndarray, rank: int, num_workers: int, gen: int, passes: int) -> None:
+    def _check_workers(self, rows: np.ndarray, rank: int, num_workers: int, gen: int, passes: int,
+                       loader: int) -> None:
+        """Raise unless this DataLoader's workers agree: a sibling of the same worker processes
+        has read ``passes`` or ``passes - 1`` passes since ``gen`` (it started this pass, or
+        is about to); a row of other processes (an earlier DataLoader's, or none yet) exactly
+        ``passes - 1``, which its worker of this DataLoader will take up from."""
         first = self._row(rank, 0)
         others = rows[first : first + num_workers]
         counts = np.where(others[:, _SEEN] == gen, others[:, _PASSES], 0)
-        if counts.min() < passes - 1 or counts.max() > passes:
+        same = (others[:, _SEEN] == gen) & (others[:, _LOADER] == loader) if loader else np.ones(len(others), bool)
+        if (counts[same] < passes - 1).any() or (counts[same] > passes).any() or (counts[~same] != passes - 1).any():
             raise ValueError(
                 f"the {num_workers} DataLoader workers of this ShardDataset have read {counts.tolist()} passes since "
                 "the last set_epoch(), so they would read different epochs: the dataset was iterated by a "

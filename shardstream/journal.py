@@ -61,6 +61,7 @@ class PackSpec:
     workers: int
     shuffle: bool
     seed: int
+    from_shards: bool = False  # SOURCE is tar shards whose samples are packed again (resharding)
 
     @property
     def num_streams(self) -> int:
@@ -79,7 +80,10 @@ class PackSpec:
         return int(match.group(1)) % self.num_streams if match else None
 
     def to_json(self) -> bytes:
-        return json.dumps({"version": 1, **asdict(self)}, sort_keys=True).encode()
+        doc = asdict(self)
+        if not self.from_shards:  # as before resharding existed: earlier unfinished packs still resume
+            del doc["from_shards"]
+        return json.dumps({"version": 1, **doc}, sort_keys=True).encode()
 
     @property
     def digest(self) -> str:

@@ -138,6 +138,7 @@ def pack(
     s3: S3Config | None = None,
     fetch: FetchConfig | None = None,
     progress: bool = True,
+    from_shards: bool = False,
 ) -> PackReport:
     """Pack every file of ``source`` into tar shards and an index at ``dest``.
 
@@ -169,6 +170,13 @@ def pack(
         s3: endpoint and credentials for ``s3://`` sources and destinations.
         fetch: multipart part size and concurrency for ``s3://`` destinations.
         progress: show a tqdm bar on stderr.
+        from_shards: ``source`` is tar shards (a directory or S3 prefix of ``.tar`` files,
+            ``.tar.gz`` and ``.tar.zst`` too, a shard or a brace pattern), any tool's: each of
+            their samples becomes a sample of the output, same keys and bytes, streamed
+            through without extracting (to change the shard size, shuffle, decompress, or
+            merge small shards). Input shard ``i`` is read by stream ``i mod (parts x
+            workers)``; resume, parts and the report work as for files. Samples are grouped
+            as readers group them; links in the input are skipped with a warning.
 
     Returns:
         A :class:`PackReport`.
@@ -199,7 +207,16 @@ def pack(
         raise ValueError(f"{max_shard_bytes=} must be > 0")
     if max_samples_per_shard is not None and max_samples_per_shard <= 0:
         raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
-    source_url = os.fspath(source).rstrip("/") if is_s3_url(os.fspath(source)) else check_source(source)
+    if from_shards:
+        from .index_build import shard_urls_of
+
+        text = os.fspath(source)
+        source_url = text.rstrip("/") if is_s3_url(text) or "{" in text else os.path.abspath(text)
+        if files_from is not None:
+            raise ValueError("--files-from lists files; with --from-shards SOURCE names the shards")
+        shard_urls_of([source_url], s3=s3)  # the shards are there (raises naming SOURCE if not)
+    else:
+        source_url = os.fspath(source).rstrip("/") if is_s3_url(os.fspath(source)) else check_source(source)
     if files_from is not None and is_s3_url(source_url):
         raise ValueError("--files-from takes a local SOURCE directory")
     store = open_store(dest, s3=s3, fetch=fetch)
@@ -211,7 +228,7 @@ def pack(
     spec = PackSpec(
         source=source_url, files_from=files_from is not None, name=name, max_shard_bytes=max_shard_bytes,
         max_samples_per_shard=max_samples_per_shard, num_parts=part.count, workers=workers,
-        shuffle=shuffle, seed=seed,
+        shuffle=shuffle, seed=seed, from_shards=from_shards,
     )
     store.check_writable()
     if _prepare_state(store, spec, overwrite=overwrite):

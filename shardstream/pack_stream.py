@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import FetchConfig, S3Config
+from .fetch import iter_shard_streams
 from .errors import DestinationError, MemberNameError, ShardNotFoundError, StorageError, UnreadableFileError
 from .journal import STATE_DIR, PackSpec, StreamRecord, read_stream_state, write_shard_record
 from .shuffle import shuffle_buffer
 from .sources import Problem, ProblemKind, Sample, SourceFile, iter_list_samples, iter_s3_samples, walk_samples
 from .storage import Store, is_s3_url, open_store
+from .tarstream import iter_sample_batches
 from .writer import PublishedShard, ShardWriter
 
 __all__ = ["OnError", "StreamJob", "StreamResult", "run_stream"]
@@ -72,8 +74,11 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
         if stream == 0:  # every stream walks the whole source; one reports what it found
             walk_problems.append(problem)
 
-    source_store, samples = _source_samples(job, on_walk_problem)
-    mine: Iterator[Sample] = itertools.islice(samples, stream, None, spec.num_streams)
+    if spec.from_shards:
+        source_store, mine = None, _shard_samples(job)
+    else:
+        source_store, samples = _source_samples(job, on_walk_problem)
+        mine = itertools.islice(samples, stream, None, spec.num_streams)
     if spec.shuffle:
         mine = shuffle_buffer(mine, capacity_samples=job.shuffle_buffer, rng=random.Random(f"{spec.seed}/{stream}"))
     mine = _skip_consumed(mine, state, url=store.url_of(STATE_DIR))
@@ -93,7 +98,8 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     writer = ShardWriter(store, shard_names=lambda seq: spec.shard_name(stream, seq), max_shard_bytes=spec.max_shard_bytes,
                          max_samples_per_shard=spec.max_samples_per_shard, first_seq=state.num_shards, on_commit=on_commit)
     try:
-        for sample, members, problems in _read_ahead(mine, source_store):
+        items = ((sample, sample.members, []) for sample in mine) if spec.from_shards else _read_ahead(mine, source_store)
+        for sample, members, problems in items:
             if members:
                 writer.write_sample(sample.key, members)
                 size = sum(len(p) for _, p in members)
@@ -141,6 +147,31 @@ def _check(problem: Problem, on_error: OnError) -> None:
     cls = MemberNameError if problem.kind in (ProblemKind.BAD_NAME, ProblemKind.COLLISION) else UnreadableFileError
     raise cls(f"{problem.path!r}: {problem.reason}; fix it and run the same command again to resume, "
               "or pass --on-error skip to pack the rest and report it")
+
+
+class _ShardSample:
+    """A sample read from an input shard (resharding): its key and members with their bytes."""
+
+    __slots__ = ("key", "members")
+
+    def __init__(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        self.key, self.members = key, members
+
+
+def _shard_samples(job: StreamJob) -> Iterator[Any]:
+    """This stream's samples when SOURCE is tar shards: those of input shards ``stream``,
+    ``stream + streams``, ... in order, streamed (gzip and zstd decompressed), members named
+    as they were (key and extension)."""
+    from .index_build import shard_urls_of
+
+    spec = job.spec
+    urls = shard_urls_of([spec.source], s3=job.s3)[job.stream :: spec.num_streams]
+    for url, stream in iter_shard_streams(urls, s3=job.s3, fetch=job.fetch):
+        for batch in iter_sample_batches(stream, url=url, foreign=True):
+            for sample in batch:
+                key = sample["__key__"]
+                yield _ShardSample(key, [(f"{key}.{ext}" if ext else key, payload) for ext, payload in sample.items()
+                                         if ext not in ("__key__", "__shard__")])
 
 
 def _source_samples(job: StreamJob, on_problem: Callable[[Problem], None]) -> tuple[Store | None, Iterator[Sample]]:

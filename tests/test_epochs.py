@@ -213,3 +213,27 @@ def test_a_dataset_unpickled_after_its_creator_exited_starts_afresh(dataset_dir,
     loader = DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=lambda batch: [key_of(x) for x in batch])
     assert flat(loader) == reference(dest, 4, num_workers=2)  # workers count their own passes
     assert flat(loader) == reference(dest, 5, num_workers=2)
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_another_dataloaders_workers_are_told_apart_whichever_starts_first(order):
+    """The check behind the test above, without its race: worker 1 starting before worker 0
+    used to see worker 0's count from the earlier 1-worker DataLoader and take it for this
+    one's; each worker now records which DataLoader's processes it belongs to."""
+    from shardstream.epochs import EpochBoard
+
+    def start(board, worker_id, num_workers, loader):
+        board.start_pass(rank=0, worker_id=worker_id, num_workers=num_workers, loaded=None, copied=None, loader=loader)
+
+    board = EpochBoard()
+    board.set(0, [])
+    start(board, 0, 1, loader=11)  # a DataLoader with 1 worker reads a pass
+    with pytest.raises(ValueError, match=r"have read \[\d, \d\] passes"):
+        for worker_id in order:  # then one with 2 workers
+            start(board, worker_id, 2, loader=22)
+    for persistent in (False, True):  # what must pass: 2 workers, 3 passes, in either order
+        board = EpochBoard()
+        board.set(0, [])
+        for loader in (5, 6, 7):
+            for worker_id in order:
+                start(board, worker_id, 2, loader=5 if persistent else loader)

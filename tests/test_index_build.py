@@ -111,3 +111,29 @@ def test_what_index_build_refuses(foreign, tmp_path):
     two_places = subprocess.run([SHARDSTREAM, "index", "build", str(foreign / "part-0.tar"),
                                  str(zipped / "part-1.tar.gz"), "--no-progress"], capture_output=True, text=True)
     assert two_places.returncode == 2 and "the shards lie in 2 places" in two_places.stderr
+
+
+def test_pack_from_shards_reshards_foreign_and_compressed_shards(foreign, tmp_path):
+    """Resharding: every sample of other tools' shards (one of them gzip-compressed) packed
+    again, same keys and bytes, into shards of 4 samples by 2 workers, streamed through."""
+    subprocess.run(["gzip", str(foreign / "part-1.tar")], check=True)  # part-1.tar.gz now
+    inputs = [str(foreign / n) for n in ("part-0.tar", "part-1.tar.gz", "part-2.tar")]
+    reference = sorted(webdataset_samples(inputs), key=lambda s: s["__key__"])
+    out = tmp_path / "resharded"
+    result = subprocess.run([SHARDSTREAM, "pack", str(foreign), str(out), "--from-shards", "--max-samples-per-shard",
+                             "4", "--workers", "2", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    dataset = ShardDataset(out, shuffle=False)
+    assert len(dataset) == 21 and dataset.num_shards == 6  # stream 0: inputs 0 and 2 (15 samples, 4 shards); 1: 6, 2
+    assert sorted(strip(dataset), key=lambda s: s["__key__"]) == reference
+    assert all(check.ok for check in verify(str(out)))
+    again = subprocess.run([SHARDSTREAM, "pack", str(foreign), str(out), "--from-shards", "--max-samples-per-shard",
+                            "4", "--workers", "2", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "already" in again.stdout.lower() + again.stderr.lower()
+    shuffled = tmp_path / "shuffled"
+    from shardstream import pack
+
+    pack(str(foreign / "part-{0,2}.tar"), shuffled, from_shards=True, shuffle=True, seed=1, progress=False)
+    keys = [s["__key__"] for s in ShardDataset(shuffled, shuffle=False)]
+    assert sorted(keys) == sorted(s["__key__"] for s in webdataset_samples([inputs[0], inputs[2]]))
+    assert keys != sorted(keys)
