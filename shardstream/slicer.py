@@ -3,8 +3,8 @@
 Where a shard's table (:mod:`shardstream.index.table`) is at hand, member ``j``'s payload is
 ``shard[offsets[j]:offsets[j] + sizes[j]]``: one slice of the mapped file (local shards and
 cache entries) or of the pieces S3 sent (a sample split between two pieces is joined first),
-so each payload is copied once, and samples are built a batch (:class:`Batch`) at a time from
-lists numpy made for the whole run.
+so each payload is copied once. Samples come in batches of about 1 MiB (:class:`Sliced`): numpy
+works out a batch's slices at once, and its dicts are built as the batch is iterated.
 
 What the tar says is still checked against the table, a batch at a time with numpy (about
 0.2 us a member): each member's header (the 512 bytes before its payload) must give the
@@ -35,7 +35,7 @@ from .tarstream import Batch, read_header
 __all__ = ["BATCH_SAMPLES", "RunSlices", "Sliced", "iter_sliced_batches"]
 
 BATCH_SAMPLES = 256  # samples checked and counted together, at most ...
-BATCH_BYTES = 1 << 20  # ... and about this many bytes of them (a shard's bytes are mapped a batch ahead)
+BATCH_BYTES = 1 << 20  # ... and about this many bytes of them (a first sample waits for no more)
 
 
 class RunSlices:
