@@ -174,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shard paths or s3:// URLs, brace patterns, or a directory or s3:// prefix of .tar shards")
     b.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
                    help="shards scanned at once (default: the CPU count)")
-    b.add_argument("--overwrite", action="store_true", help="replace an index already beside the shards")
+    b.add_argument("--overwrite", action="store_true", help="replace an index already there")
+    b.add_argument("--output", metavar="DIR", help="write the index and tables to this directory or s3:// prefix "
+                   "instead of beside the shards (which stay untouched where they are)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(b)
     u = x_commands.add_parser("upgrade", help="convert a version 1 dataset (index.json) to version 2 in place; "
@@ -233,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             total = len(shard_urls_of(args.shards, s3=s3))
             with tqdm(total=total, unit=" shards", desc="indexing", disable=args.no_progress, file=sys.stderr) as bar:
                 manifest = build_index(args.shards, s3=s3, workers=args.workers, overwrite=args.overwrite,
-                                       on_shard=lambda _: bar.update())
+                                       output=args.output, on_shard=lambda _: bar.update())
             print(f"wrote {manifest.url}: {manifest.num_shards} shards, {manifest.num_samples} samples, "
                   f"{manifest.total_bytes / 1e6:.1f} MB")
         elif args.command == "index" and args.index_command == "upgrade":

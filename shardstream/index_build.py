@@ -13,7 +13,8 @@ a warning, as readers of other tools' shards skip them; the index marks the data
 built from foreign shards, so readers parsing a whole shard skip them too. Refused, naming
 the shard: compressed shards (an index addresses bytes of a plain tar; decompress them, or
 repack them with ``shardstream pack``), sparse members, and a sample holding one extension
-twice. The shards must lie in one directory or S3 prefix, where the index is written.
+twice. The shards must lie in one directory or S3 prefix; the index is written there, or in
+``output`` (then it records where the shards are).
 """
 
 from __future__ import annotations
@@ -87,16 +88,20 @@ def build_index(
     s3: S3Config | None = None,
     workers: int = 4,
     overwrite: bool = False,
+    output: str | None = None,
     on_shard: Callable[[str], None] | None = None,
 ) -> Manifest:
-    """Index existing shards in place (module doc): write each shard's table beside it, then
-    ``index.bin``.
+    """Index existing shards (module doc): write each shard's table beside it, then
+    ``index.bin``; or, with ``output``, all of it there, the shards untouched where they are
+    (shards you cannot write to, such as a public bucket's).
 
     Args:
         sources: as :func:`shard_urls_of`; the shards keep this order in the index.
         s3: S3 endpoint and credentials for ``s3://`` shards.
         workers: shards scanned at once (processes; a scan is CPU-bound parsing).
         overwrite: replace an index already there.
+        output: a local directory or ``s3://`` prefix for the index and tables, which then
+            records where the shards are (moving the shards breaks it; moving the index does not).
         on_shard: called with each shard's URL when it is done (a progress bar).
 
     Returns:
@@ -118,14 +123,18 @@ def build_index(
     if len(set(names)) != len(names):
         raise ValueError("a shard is named twice in the sources")
     root = roots.pop()
-    store = open_store(root, s3=s3)
+    if output is not None:
+        output = output.rstrip("/") if is_s3_url(output) else os.path.abspath(output)
+    store = open_store(output or root, s3=s3)
+    if output is not None:
+        store.check_writable()
     if store.exists(MANIFEST_NAME) and not overwrite:
         raise DestinationError(f"{store.url_of(MANIFEST_NAME)}: an index is already there; pass --overwrite to "
                                "replace it")
     scanned: dict[str, _Scanned] = {}
     if workers <= 1 or len(urls) == 1:
         for url in urls:
-            scanned[url] = _scan(url, s3)
+            scanned[url] = _scan(url, s3, store.url)
             if on_shard is not None:
                 on_shard(url)
     else:
@@ -136,7 +145,7 @@ def build_index(
         # ``if __name__ == "__main__":``, as spawn needs)
         context = multiprocessing.get_context("spawn" if any(map(is_s3_url, urls)) else "fork")
         with concurrent.futures.ProcessPoolExecutor(min(workers, len(urls)), mp_context=context) as pool:
-            futures = {pool.submit(_scan, url, s3): url for url in urls}
+            futures = {pool.submit(_scan, url, s3, store.url): url for url in urls}
             for future in concurrent.futures.as_completed(futures):
                 scanned[futures[future]] = future.result()
                 if on_shard is not None:
@@ -145,16 +154,17 @@ def build_index(
     manifest = Manifest.from_columns(
         names=names, shard_bytes=[r.size_bytes for r in rows], shard_samples=[r.num_samples for r in rows],
         shard_members=[r.num_members for r in rows], crc32=np.array([r.crc32 for r in rows], np.uint32),
-        url=store.url_of(MANIFEST_NAME), foreign=True,
+        url=store.url_of(MANIFEST_NAME), foreign=True, shards_url=root if store.url != root else None,
     )
     store.write_bytes(MANIFEST_NAME, b"".join(manifest.pieces()))
     return manifest
 
 
-def _scan(url: str, s3: S3Config | None) -> _Scanned:
-    """Read one shard front to back: write its table beside it; its size, counts and CRC-32."""
-    root, name = split_url(url)
-    store = open_store(root or os.sep, s3=s3)
+def _scan(url: str, s3: S3Config | None, tables_url: str) -> _Scanned:
+    """Read one shard front to back: write its table under ``tables_url``; its size, counts
+    and CRC-32."""
+    _, name = split_url(url)
+    store = open_store(tables_url, s3=s3)
     spool = TableSpool(name)
     try:
         for _, stream in iter_shard_streams([url], s3=s3):

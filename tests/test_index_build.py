@@ -137,3 +137,21 @@ def test_pack_from_shards_reshards_foreign_and_compressed_shards(foreign, tmp_pa
     keys = [s["__key__"] for s in ShardDataset(shuffled, shuffle=False)]
     assert sorted(keys) == sorted(s["__key__"] for s in webdataset_samples([inputs[0], inputs[2]]))
     assert keys != sorted(keys)
+
+
+def test_index_build_output_elsewhere_leaves_read_only_shards_untouched(foreign, tmp_path):
+    before = {p.name: p.read_bytes() for p in foreign.iterdir()}
+    foreign.chmod(0o555)  # shards nobody may write beside (a public bucket's, say)
+    try:
+        result = subprocess.run([SHARDSTREAM, "index", "build", str(foreign), "--output", str(tmp_path / "idx"),
+                                 "--workers", "1", "--no-progress"], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert {p.name: p.read_bytes() for p in foreign.iterdir()} == before
+        assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [
+            "index.bin", "part-0.tar.samples", "part-1.tar.samples", "part-2.tar.samples"]
+        dataset = ShardDataset(tmp_path / "idx", shuffle=False)
+        assert strip(dataset) == webdataset_samples([str(foreign / f"part-{i}.tar") for i in range(3)])
+        assert all(check.ok for check in verify(str(tmp_path / "idx")))
+        assert dataset.index.shard_url(0) == str(foreign / "part-0.tar")
+    finally:
+        foreign.chmod(0o755)

@@ -8,8 +8,9 @@ Header fields: ``format`` ("shardstream-index"), ``version`` (2), ``num_shards``
 ``num_samples``, ``num_members``, ``bytes`` (totals), ``table_suffix`` (".samples": shard
 ``NAME``'s table is ``NAME.samples`` beside it), and ``foreign`` (true, only in an index
 ``shardstream index build`` wrote for other tools' shards: readers parsing a whole shard
-skip its links, as when reading it without an index). Columns, one entry per shard in
-dataset order:
+skip its links, as when reading it without an index), and ``shards_url`` (only when the
+shards lie elsewhere than the index and its tables: ``index build --output``; their
+directory or S3 prefix). Columns, one entry per shard in dataset order:
 
 ==============  =======  =========================================================
 ``bytes``       int64    size of the shard file
@@ -54,6 +55,7 @@ class Manifest:
         shard_bytes, shard_samples, shard_members: int64 arrays of shape ``(num_shards,)``.
         crc32: uint32 array of shape ``(num_shards,)``.
         foreign: indexes shards other tools wrote (``shardstream index build``).
+        shards_url: where the shards lie when not beside the index, else None.
     """
 
     def __init__(
@@ -68,9 +70,11 @@ class Manifest:
         names: np.ndarray,
         source: tuple[str, Any] | None = None,
         foreign: bool = False,
+        shards_url: str | None = None,
     ) -> None:
         self.url = url
         self.foreign = foreign
+        self.shards_url = shards_url
         self.shard_bytes, self.shard_samples, self.shard_members = shard_bytes, shard_samples, shard_members
         self.crc32 = crc32
         self._name_offsets, self._names = name_offsets, names
@@ -129,6 +133,8 @@ class Manifest:
                                   **self.totals()}
         if self.foreign:
             fields["foreign"] = True
+        if self.shards_url:
+            fields["shards_url"] = self.shards_url
         return container.to_pieces(MAGIC, fields, [
             ("bytes", self.shard_bytes.astype("<i8")), ("num_samples", self.shard_samples.astype("<i8")),
             ("num_members", self.shard_members.astype("<i8")), ("crc32", self.crc32.astype("<u4")),
@@ -146,6 +152,7 @@ class Manifest:
         crc32: Sequence[int] | np.ndarray,
         url: str = MANIFEST_NAME,
         foreign: bool = False,
+        shards_url: str | None = None,
     ) -> Manifest:
         """A manifest from per-shard values (names are checked as :meth:`parse` does)."""
         encoded = [name.encode("utf-8") for name in names]
@@ -156,7 +163,7 @@ class Manifest:
                        shard_samples=np.asarray(shard_samples, dtype=np.int64),
                        shard_members=np.asarray(shard_members, dtype=np.int64),
                        crc32=np.asarray(crc32, dtype=np.uint32), name_offsets=offsets, names=blob,
-                       foreign=foreign)
+                       foreign=foreign, shards_url=shards_url)
         manifest._check()
         return manifest
 
@@ -182,7 +189,8 @@ class Manifest:
         manifest = cls(url=url, shard_bytes=columns["bytes"], shard_samples=columns["num_samples"],
                        shard_members=columns["num_members"], crc32=columns["crc32"],
                        name_offsets=columns["name_offsets"], names=columns["names"], source=source,
-                       foreign=fields.get("foreign") is True)
+                       foreign=fields.get("foreign") is True,
+                       shards_url=str(fields["shards_url"]) if fields.get("shards_url") else None)
         manifest._check()
         totals = {k: fields.get(k) for k in ("num_shards", "num_samples", "num_members", "bytes")}
         if totals != manifest.totals():

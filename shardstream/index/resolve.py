@@ -60,7 +60,7 @@ class DatasetIndex:
         return self.manifest.num_samples
 
     def shard_url(self, i: int) -> str:
-        return _join(self.root, self.manifest.name(i))
+        return _join(self.manifest.shards_url or self.root, self.manifest.name(i))
 
     @property
     def tables_local(self) -> bool:
