@@ -155,3 +155,40 @@ def test_index_build_output_elsewhere_leaves_read_only_shards_untouched(foreign,
         assert dataset.index.shard_url(0) == str(foreign / "part-0.tar")
     finally:
         foreign.chmod(0o755)
+
+
+def test_a_reshard_killed_midway_resumes_to_the_same_bytes(tmp_path):
+    """SIGKILL a 2-worker `pack --from-shards` once it has published some shards; the same
+    command finishes the job (resumed), and the result is byte for byte a reshard never killed."""
+    import signal
+    import time
+
+    from shardstream import pack
+
+    src = tmp_path / "src"
+    for i in range(1200):
+        (src / f"d{i // 100}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i // 100}" / f"{i:05d}.bin").write_bytes(os.urandom(1500))
+    pack(src, tmp_path / "in", max_samples_per_shard=100, progress=False)  # 12 input shards
+    dest = tmp_path / "out"
+    command = [SHARDSTREAM, "pack", str(tmp_path / "in"), str(dest), "--from-shards", "--workers", "2",
+               "--max-samples-per-shard", "2", "--no-progress"]
+    process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(list(dest.glob("*.tar"))) < 60 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+    before = len(list(dest.glob("*.tar")))
+    assert 0 < before < 600 and not (dest / "index.bin").exists()
+    final = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    assert "(resumed)" in final.stdout
+    clean = tmp_path / "clean"
+    pack(tmp_path / "in", clean, from_shards=True, workers=2, max_samples_per_shard=2, progress=False)
+    files = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
+    assert files == {p.name: p.read_bytes() for p in clean.iterdir() if p.is_file()}
+    assert ShardDataset(dest).num_samples == 1200
