@@ -542,21 +542,27 @@ def preload(setup: Setup) -> None:
     _IN_MEMORY[:] = [read_member(setup.root, members) for _, members in setup.samples]
 
 
-def _decode_share(share: int) -> int:
+def _decode_share(share: int, draft: bool = True) -> int:
     from shardstream.decode import CpuDecoder, RandomResizedCrop
 
-    decoder = CpuDecoder(image="torch", crop=RandomResizedCrop(size_px=CROP_PX))
+    decoder = CpuDecoder(image="torch", crop=RandomResizedCrop(size_px=CROP_PX, draft=draft))
     for sample in _IN_MEMORY[share::WORKERS]:
         decoder(sample)
     return len(_IN_MEMORY[share::WORKERS])
 
 
-def decode_in_memory(setup: Setup) -> Progress:
-    """shardstream's CpuDecoder over the preloaded bytes in 2 forked processes: the decode limit."""
-    import multiprocessing
+def decode_in_memory(draft: bool) -> Callable[[Setup], Progress]:
+    """shardstream's CpuDecoder over the preloaded bytes in 2 forked processes: the decode
+    limit; with ``draft=False`` each JPEG is decoded at full size (what Pillow's DCT scaling
+    saves)."""
+    def read(setup: Setup) -> Progress:
+        import functools
+        import multiprocessing
 
-    with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
-        yield sum(pool.map(_decode_share, range(WORKERS))), 0, 0
+        with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
+            yield sum(pool.map(functools.partial(_decode_share, draft=draft), range(WORKERS))), 0, 0
+
+    return read
 
 
 class _MemoryShares:
@@ -607,25 +613,6 @@ def read_loader(batched: bool) -> Callable[[Setup], Progress]:
     return read
 
 
-def _decode_share_draft(share: int, draft: bool) -> int:
-    from shardstream.decode import CpuDecoder, RandomResizedCrop
-
-    decoder = CpuDecoder(image="torch", crop=RandomResizedCrop(size_px=CROP_PX, draft=draft))
-    for sample in _IN_MEMORY[share::WORKERS]:
-        decoder(sample)
-    return len(_IN_MEMORY[share::WORKERS])
-
-
-def decode_in_memory_full(setup: Setup) -> Progress:
-    """As ``decode-memory``, each JPEG decoded at full size (no draft mode): what Pillow's DCT
-    scaling saves."""
-    import functools
-    import multiprocessing
-
-    with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
-        yield sum(pool.map(functools.partial(_decode_share_draft, draft=False), range(WORKERS))), 0, 0
-
-
 @dataclass(frozen=True)
 class Reader:
     label: str
@@ -662,10 +649,10 @@ READERS = {
     "local-mosaic": Reader("mosaic streaming", "mosaic", "raw", "local", read_mosaic("local"), MOSAIC,
                            clean_mosaic_shm),
     "local-litdata": Reader("litdata", "litdata", "raw", "local", read_litdata("local"), LITDATA),
-    "decode-memory": Reader("CpuDecoder, bytes in memory", "limit", "decode", "memory", decode_in_memory,
+    "decode-memory": Reader("CpuDecoder, bytes in memory", "limit", "decode", "memory", decode_in_memory(True),
                             LOADER, preload),
     "decode-memory-full": Reader("CpuDecoder, bytes in memory, no draft", "limit", "decode", "memory",
-                                 decode_in_memory_full, LOADER, preload),
+                                 decode_in_memory(False), LOADER, preload),
     "decode-memory-loader": Reader("CpuDecoder, bytes in memory, DataLoader", "limit", "decode", "memory",
                                    decode_memory_loader, LOADER, preload),
     "decode-shardstream": Reader("shardstream CpuDecoder", "shardstream", "decode", "s3", decode_shardstream,
