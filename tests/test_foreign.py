@@ -127,12 +127,12 @@ def test_zstd_shards_and_concatenated_gzip(tmp_path):
     members = plain_members()
     plain = tar_bytes(members)
     (tmp_path / "a.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(plain))
-    reference = ours_from_plain = [
+    reference = [
         {"__key__": f"{i:03d}", "jpg": members[2 * i][1], "json": members[2 * i + 1][1]} for i in range(5)]
     assert ours(str(tmp_path / "a.tar.zst")) == reference
     cut = len(plain) // 2
     (tmp_path / "two.tar.gz").write_bytes(gzip.compress(plain[:cut]) + gzip.compress(plain[cut:]))  # as pigz/cat make
-    assert ours(str(tmp_path / "two.tar.gz")) == ours_from_plain
+    assert ours(str(tmp_path / "two.tar.gz")) == reference
     (tmp_path / "short.tar.gz").write_bytes(gzip.compress(plain)[:-100])
     with pytest.raises(CorruptShardError, match="short.tar.gz: a gzip-compressed shard that does not decompress"):
         ours(str(tmp_path / "short.tar.gz"))
