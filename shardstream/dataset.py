@@ -9,7 +9,6 @@ import logging
 import os
 import random
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -35,7 +34,7 @@ from .plan import (
 from .shuffle import shuffle_buffer
 from .stats import ReaderStats, StatsBoard, StatsSnapshot
 from .slicer import RunSlices, iter_sliced_batches
-from .tarstream import Batch, iter_sample_batches
+from .tarstream import Batch, Hashed, iter_sample_batches, stream_chunks
 
 __all__ = ["STATE_FORMAT", "ShardDataset", "loader_state_dict"]
 
@@ -637,7 +636,7 @@ class ShardDataset(IterableDataset):
         assert index is not None  # internal invariant: runs come from the index
         checked = None
         if self.verify_checksums and byte_range is None:
-            stream = checked = _Checksummed(stream, url, index.manifest.crc32_hex(run.shard))
+            stream = checked = Hashed(stream)
         table = None
         if byte_range is not None:
             table = index.table(run.shard)
@@ -648,15 +647,19 @@ class ShardDataset(IterableDataset):
                 table = None
         if table is not None:
             slices = RunSlices(table, run.indices(), url=url)
-            chunks = stream.chunks() if hasattr(stream, "chunks") else iter(lambda: stream.read(1 << 20), b"")
-            yield from iter_sliced_batches(chunks, slices, base_offset=byte_range[0] if byte_range else 0)
+            yield from iter_sliced_batches(stream_chunks(stream), slices, base_offset=byte_range[0] if byte_range else 0)
         else:
             yield from _parsed_run(stream, run, url, int(index.manifest.shard_samples[run.shard]),
                                    foreign=index.manifest.foreign)
         if checked is not None:
-            checked.check()
+            checked.drain()  # the tar's tail after its end blocks
+            if f"{checked.crc32:08x}" != index.manifest.crc32_hex(run.shard):
+                raise CorruptShardError(
+                    f"{url}: CRC-32 {checked.crc32:08x} but the index says {index.manifest.crc32_hex(run.shard)}; "
+                    "the shard's bytes changed after packing, re-pack or re-upload it"
+                )
 
-    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats, epoch: int, fetch: FetchConfig) -> Iterator[dict[str, Any]]:
+    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats, epoch: int, fetch: FetchConfig) -> Iterator[Batch]:
         """Endless: shards drawn with replacement, weighted by their sample counts (or
         uniformly without an index), 64 at a time so S3 reads run ahead."""
         rng = np.random.default_rng([self.seed, epoch, slot.index, 3])
@@ -721,34 +724,6 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
             "give the dataset the DataLoader's batch size"
         )
     return dataset.state_dict(samples_consumed, batch_size=loader.batch_size, num_workers=loader.num_workers)
-
-
-class _Checksummed:
-    """A shard stream whose chunks go through CRC-32; :meth:`check` reads the rest (the tar's
-    tail after its end blocks) and compares with the index."""
-
-    def __init__(self, stream: Any, url: str, expected_hex: str) -> None:
-        self._stream, self._url, self._expected = stream, url, expected_hex
-        self._crc = 0
-        self._chunks: Iterator[Any] | None = None
-
-    def chunks(self) -> Iterator[Any]:
-        self._chunks = self._stream.chunks() if hasattr(self._stream, "chunks") else iter(
-            lambda: self._stream.read(1 << 20), b"")
-        for chunk in self._chunks:
-            self._crc = zlib.crc32(chunk, self._crc)
-            yield chunk
-
-    def check(self) -> None:
-        for _ in self.chunks() if self._chunks is None else ():
-            pass
-        for chunk in self._chunks or ():
-            self._crc = zlib.crc32(chunk, self._crc)
-        if f"{self._crc:08x}" != self._expected:
-            raise CorruptShardError(
-                f"{self._url}: CRC-32 {self._crc:08x} but the index says {self._expected}; the shard's "
-                "bytes changed after packing, re-pack or re-upload it"
-            )
 
 
 def _parsed_run(stream: Any, run: PlanRun, url: str, count: int, *, foreign: bool = False) -> Iterator[Batch]:

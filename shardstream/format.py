@@ -22,6 +22,7 @@ __all__ = [
     "BLOCK_BYTES",
     "END_OF_ARCHIVE",
     "RESERVED_FIELDS",
+    "SHARD_SUFFIXES",
     "member_header",
     "padded_size",
     "split_key",
@@ -29,6 +30,7 @@ __all__ = [
 
 BLOCK_BYTES = 512
 END_OF_ARCHIVE = bytes(2 * BLOCK_BYTES)
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")  # names taken for shards (compression is told by content)
 FIXED_MTIME = 0
 FIXED_MODE = 0o644
 RESERVED_FIELDS = frozenset({"__key__", "__shard__", "__url__"})

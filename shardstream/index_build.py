@@ -12,7 +12,7 @@ rule, :mod:`shardstream.format`). Links, devices and FIFOs are left out of the t
 a warning, as readers of other tools' shards skip them; the index marks the dataset as
 built from foreign shards, so readers parsing a whole shard skip them too. Refused, naming
 the shard: compressed shards (an index addresses bytes of a plain tar; decompress them, or
-repack them with ``shardstream pack``), sparse members, and a sample holding one extension
+repack them with ``shardstream pack --from-shards``), sparse members, and a sample holding one extension
 twice. The shards must lie in one directory or S3 prefix; the index is written there, or in
 ``output`` (then it records where the shards are).
 """
@@ -20,29 +20,25 @@ twice. The shards must lie in one directory or S3 prefix; the index is written t
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
-import mmap
 import os
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from .config import S3Config
 from .errors import CorruptShardError, DestinationError, ShardNotFoundError
 from .fetch import iter_shard_streams
-from .format import RESERVED_FIELDS, split_key
+from .format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
 from .index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
-from .storage import is_s3_url, open_store, split_url
-from .tarstream import _GZIP_MAGIC, _ZSTD_MAGIC, iter_members_at
+from .storage import is_s3_url, open_store, split_url, write_pieces
+from .tarstream import Hashed, compression_of, iter_members_at
 
-__all__ = ["SHARD_SUFFIXES", "build_index", "shard_urls_of"]
+__all__ = ["build_index", "shard_urls_of"]
 
 log = logging.getLogger("shardstream")
-
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst")
 
 
 @dataclass(frozen=True)
@@ -156,7 +152,7 @@ def build_index(
         shard_members=[r.num_members for r in rows], crc32=np.array([r.crc32 for r in rows], np.uint32),
         url=store.url_of(MANIFEST_NAME), foreign=True, shards_url=root if store.url != root else None,
     )
-    store.write_bytes(MANIFEST_NAME, b"".join(manifest.pieces()))
+    write_pieces(store, MANIFEST_NAME, manifest.pieces())
     return manifest
 
 
@@ -168,78 +164,37 @@ def _scan(url: str, s3: S3Config | None, tables_url: str) -> _Scanned:
     spool = TableSpool(name)
     try:
         for _, stream in iter_shard_streams([url], s3=s3):
-            hashed = _Hashed(stream, url)
+            hashed = Hashed(stream)
+            members = iter_members_at(hashed, url=url, foreign=True, payloads=False)
+            first = next(members, None)  # the first bytes are in: is it compressed?
+            if compression_of(hashed.head) is not None:
+                raise CorruptShardError(
+                    f"{url}: a compressed shard; an index addresses the bytes of a plain tar, so decompress it "
+                    "first (gunzip, zstd -d) or repack it with shardstream pack --from-shards"
+                )
             key: str | None = None
-            members: list[tuple[str, int, int]] = []
+            samples: list[tuple[str, int, int]] = []
             exts: set[str] = set()
-            for member, offset, size in iter_members_at(hashed, url=url, foreign=True, payloads=False):
+            for member, offset, payload_size in itertools.chain([first] if first else [], members):
                 sample_key, ext = split_key(member)
                 if ext in RESERVED_FIELDS:
                     raise CorruptShardError(f"{url}: member {member!r} uses reserved extension {ext!r}")
                 if sample_key != key:
                     if key is not None:
-                        spool.add(key, members)
-                    key, members, exts = sample_key, [], set()
+                        spool.add(key, samples)
+                    key, samples, exts = sample_key, [], set()
                 elif ext in exts:
                     raise CorruptShardError(f"{url}: sample {key!r} holds extension {ext!r} twice; readers would "
                                             "lose one of them: repack the shard")
                 exts.add(ext)
-                members.append((member, offset, size))
+                samples.append((member, offset, payload_size))
             if key is not None:
-                spool.add(key, members)
+                spool.add(key, samples)
             hashed.drain()
-            size, crc = hashed.bytes, hashed.crc32
+            size, crc = hashed.nbytes, hashed.crc32
         if spool.num_samples == 0:
             raise CorruptShardError(f"{url}: holds no regular file; nothing to index")
-        sink = store.open_writer(name + TABLE_SUFFIX)
-        try:
-            for piece in spool.pieces():
-                sink.write(piece)
-            sink.commit()
-        finally:
-            sink.abort()
+        write_pieces(store, name + TABLE_SUFFIX, spool.pieces())
         return _Scanned(name, size, spool.num_samples, spool.num_members, crc)
     finally:
         spool.close()
-
-
-class _Hashed:
-    """A shard stream counted and checksummed as the parser reads it; compressed shards
-    are refused at their first bytes."""
-
-    def __init__(self, stream: Any, url: str) -> None:
-        self._stream, self._url = stream, url
-        self.crc32 = 0
-        self.bytes = 0
-        self._chunks: Iterator[Any] | None = None
-
-    def chunks(self) -> Iterator[Any]:
-        source = self._stream.chunks() if hasattr(self._stream, "chunks") else iter(lambda: self._stream.read(1 << 20), b"")
-        self._chunks = iter(source)
-        for chunk in self._chunks:
-            if self.bytes == 0 and len(chunk) >= 4 and (bytes(chunk[:2]) == _GZIP_MAGIC or bytes(chunk[:4]) == _ZSTD_MAGIC):
-                raise CorruptShardError(
-                    f"{self._url}: a compressed shard; an index addresses the bytes of a plain tar, so decompress it "
-                    "first (gunzip, zstd -d) or repack it with shardstream pack"
-                )
-            self._count(chunk)
-            yield chunk
-
-    def drain(self) -> None:
-        """Read the rest (the end-of-archive blocks and padding): all of the shard is counted."""
-        for _ in self.chunks() if self._chunks is None else self._rest():
-            pass
-
-    def _rest(self) -> Iterator[Any]:
-        assert self._chunks is not None  # internal invariant: chunks() started
-        for chunk in self._chunks:
-            self._count(chunk)
-            yield chunk
-
-    def _count(self, chunk: Any) -> None:
-        if isinstance(chunk, (bytes, mmap.mmap)):
-            with memoryview(chunk) as view:  # a mapped shard is not copied; the view is gone before it closes
-                self.crc32 = zlib.crc32(view, self.crc32)
-        else:
-            self.crc32 = zlib.crc32(bytes(chunk), self.crc32)
-        self.bytes += len(chunk)

@@ -37,7 +37,7 @@ import numpy as np
 from .errors import DestinationError, IndexFormatError
 from .index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from .sources import Problem
-from .storage import Store
+from .storage import Store, write_pieces
 from .writer import PublishedShard
 
 __all__ = ["PackSpec", "StreamRecord", "merge", "read_stream_state", "write_shard_record"]
@@ -165,13 +165,7 @@ class StreamRecord:
 
 def write_shard_record(store: Store, record: StreamRecord, published: PublishedShard) -> None:
     """Publish the shard's sample table (streamed from its spool), then ``record``."""
-    sink = store.open_writer(published.name + TABLE_SUFFIX)
-    try:
-        for piece in published.table.pieces():
-            sink.write(piece)
-        sink.commit()
-    finally:
-        sink.abort()
+    write_pieces(store, published.name + TABLE_SUFFIX, published.table.pieces())
     store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
 
 
@@ -278,11 +272,5 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
         problems.extend(StreamRecord.load(store, stream, None, spec).problems)
     report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
     store.write_bytes(REPORT_NAME, report)
-    sink = store.open_writer(MANIFEST_NAME)
-    try:
-        for piece in manifest.pieces():
-            sink.write(piece)
-        sink.commit()
-    finally:
-        sink.abort()
+    write_pieces(store, MANIFEST_NAME, manifest.pieces())
     return manifest.totals(), problems

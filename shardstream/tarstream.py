@@ -19,7 +19,7 @@ from .format import BLOCK_BYTES, RESERVED_FIELDS
 
 log = logging.getLogger("shardstream")
 
-__all__ = ["Batch", "ReadStream", "iter_members", "iter_members_at", "iter_sample_batches", "iter_samples", "read_header"]
+__all__ = ["Batch", "Hashed", "ReadStream", "compression_of", "iter_members", "iter_members_at", "iter_sample_batches", "iter_samples", "read_header", "stream_chunks"]
 
 _FILE_TYPES = frozenset({b"0", b"\0", b"7"})
 _REFUSED_TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device",
@@ -115,7 +115,7 @@ def iter_members_at(
             ends before the end-of-archive blocks (or, for a range, inside a member), or
             (unless ``foreign``) a member is a link, device or FIFO.
     """
-    chunks = stream.chunks() if hasattr(stream, "chunks") else _read_chunks(stream)
+    chunks = stream_chunks(stream)
     if foreign:
         chunks = _decompressed(iter(chunks), url)
     return _members(iter(chunks), url, base_offset, end_of_archive, foreign, payloads)
@@ -124,6 +124,15 @@ def iter_members_at(
 _SPARSE_KEYS = frozenset({"GNU.sparse.major", "GNU.sparse.map", "GNU.sparse.size", "GNU.sparse.numblocks"})
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def compression_of(head: Any) -> str | None:
+    """``"gzip"`` or ``"zstd"`` when a shard's first bytes (at least 4) are that format's
+    magic, else None (a plain tar)."""
+    magic = bytes(head[:4])
+    if magic[:2] == _GZIP_MAGIC:
+        return "gzip"
+    return "zstd" if magic == _ZSTD_MAGIC else None
 
 
 def _decompressed(chunks: Iterator[Any], url: str) -> Iterator[Any]:
@@ -137,10 +146,10 @@ def _decompressed(chunks: Iterator[Any], url: str) -> Iterator[Any]:
             break
     if not len(head):
         return
-    magic = bytes(head[:4])
-    if magic[:2] == _GZIP_MAGIC:
+    kind = compression_of(head)
+    if kind == "gzip":
         yield from _gunzip(_slices(itertools.chain([head], chunks)), url)
-    elif magic == _ZSTD_MAGIC:
+    elif kind == "zstd":
         yield from _unzstd(_slices(itertools.chain([head], chunks)), url)
     else:
         yield head
@@ -197,9 +206,42 @@ def _unzstd(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
                                 "truncated or damaged, re-download or re-create it") from exc
 
 
-def _read_chunks(stream: ReadStream, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
-    while chunk := stream.read(chunk_bytes):
-        yield chunk
+class Hashed:
+    """A shard stream whose chunks are counted and CRC-32'd (zlib, no copy) as a reader takes
+    them; :meth:`drain` takes the rest, so ``crc32`` and ``nbytes`` cover the whole stream.
+    ``head``: its first bytes (up to 4), to tell a compressed shard."""
+
+    def __init__(self, stream: Any) -> None:
+        self._source = stream
+        self._chunks: Iterator[Any] | None = None
+        self.crc32 = 0
+        self.nbytes = 0
+        self.head = b""
+
+    def chunks(self) -> Iterator[Any]:
+        self._chunks = stream_chunks(self._source)
+        return self._counted()
+
+    def drain(self) -> None:
+        for _ in self.chunks() if self._chunks is None else self._counted():
+            pass
+
+    def _counted(self) -> Iterator[Any]:
+        assert self._chunks is not None  # internal invariant: chunks() set it
+        for chunk in self._chunks:
+            if len(self.head) < 4:
+                self.head += bytes(chunk[: 4 - len(self.head)])
+            self.crc32 = zlib.crc32(chunk, self.crc32)
+            self.nbytes += len(chunk)
+            yield chunk
+
+
+def stream_chunks(stream: Any, chunk_bytes: int = 1 << 20) -> Iterator[Any]:
+    """A shard stream's bytes in pieces: its own ``chunks()`` where it has them (the streams
+    of :mod:`shardstream.fetch`, uncopied), else ``read(chunk_bytes)`` until it ends."""
+    if hasattr(stream, "chunks"):
+        return iter(stream.chunks())
+    return iter(lambda: stream.read(chunk_bytes), b"")
 
 
 def _take(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[bytes, bytes, int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -10,7 +9,7 @@ from .config import FetchConfig, S3Config
 from .errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageError
 from .fetch import iter_shard_streams
 from .index import DatasetIndex, open_index
-from .tarstream import ReadStream, iter_members_at
+from .tarstream import Hashed, iter_members_at
 
 __all__ = ["ShardCheck", "verify"]
 
@@ -25,21 +24,6 @@ class ShardCheck:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-class _Hashing:
-    """A stream that counts and checksums what is read through it."""
-
-    def __init__(self, stream: ReadStream) -> None:
-        self.stream = stream
-        self.crc32 = 0
-        self.bytes = 0
-
-    def read(self, n: int) -> bytes:
-        data = self.stream.read(n)
-        self.crc32 = zlib.crc32(data, self.crc32)
-        self.bytes += len(data)
-        return data
 
 
 def verify(dest: str, *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> Iterator[ShardCheck]:
@@ -62,7 +46,7 @@ def verify(dest: str, *, s3: S3Config | None = None, fetch: FetchConfig | None =
         position = start
         try:
             for _, stream in iter_shard_streams(urls, s3=s3, fetch=fetch):
-                yield ShardCheck(index.shard_url(position), tuple(_check(_Hashing(stream), index, position)))
+                yield ShardCheck(index.shard_url(position), tuple(_check(Hashed(stream), index, position)))
                 position += 1
         except StorageError as exc:  # the shard at `position` could not be opened
             yield ShardCheck(index.shard_url(position), (str(exc),))
@@ -70,7 +54,7 @@ def verify(dest: str, *, s3: S3Config | None = None, fetch: FetchConfig | None =
         start = position
 
 
-def _check(stream: _Hashing, index: DatasetIndex, i: int) -> Iterator[str]:
+def _check(stream: Hashed, index: DatasetIndex, i: int) -> Iterator[str]:
     url, manifest = index.shard_url(i), index.manifest
     try:
         table = index.table(i)
@@ -91,9 +75,8 @@ def _check(stream: _Hashing, index: DatasetIndex, i: int) -> Iterator[str]:
         return
     if found != len(names):
         yield f"holds {found} members, the index says {len(names)}"
-    while stream.read(1 << 20):
-        pass
-    if stream.bytes != manifest.shard_bytes[i]:
-        yield f"is {stream.bytes} bytes, the index says {manifest.shard_bytes[i]}"
+    stream.drain()
+    if stream.nbytes != manifest.shard_bytes[i]:
+        yield f"is {stream.nbytes} bytes, the index says {manifest.shard_bytes[i]}"
     elif f"{stream.crc32:08x}" != manifest.crc32_hex(i):
         yield f"CRC-32 {stream.crc32:08x} differs from the index's {manifest.crc32_hex(i)}"

@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 from ..errors import ShardNotFoundError
-from ..storage import LocalStore, is_s3_url, open_store, split_url
+from ..format import SHARD_SUFFIXES
+from ..storage import LocalStore, is_s3_url, open_store, split_url, write_pieces
 from .manifest import MANIFEST_NAME, Manifest
 from .table import ShardTable
 from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
@@ -230,7 +231,7 @@ def resolve_source(source: Any, *, s3: Any = None) -> tuple[Sequence[str], Datas
         from braceexpand import braceexpand
 
         return [_normalize(u) for u in braceexpand(text)], None
-    if text.endswith((".tar", ".tar.gz", ".tgz", ".tar.zst")):
+    if text.endswith(SHARD_SUFFIXES):
         return [_normalize(text)], None
     index = open_index(_normalize(text), s3=s3)
     return ShardUrls(index), index
@@ -250,20 +251,10 @@ def upgrade(dest: str | os.PathLike[str], *, s3: Any = None) -> dict[str, int]:
     index = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
     manifest, tables = legacy(index, url=store.url_of(MANIFEST_NAME))
     for i, table in enumerate(tables):
-        _write(store, manifest.table_name(i), table.pieces())
-    _write(store, MANIFEST_NAME, manifest.pieces())
+        write_pieces(store, manifest.table_name(i), table.pieces())
+    write_pieces(store, MANIFEST_NAME, manifest.pieces())
     store.delete(INDEX_NAME)
     return manifest.totals()
-
-
-def _write(store: Any, name: str, pieces: Iterator[bytes]) -> None:
-    sink = store.open_writer(name)
-    try:
-        for piece in pieces:
-            sink.write(piece)
-        sink.commit()
-    finally:
-        sink.abort()
 
 
 def _join(root: str, name: str) -> str:

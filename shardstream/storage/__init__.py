@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 
 from ..config import FetchConfig, S3Config
-from .base import ShardSink, Store, is_s3_url, split_url
+from .base import ShardSink, Store, is_s3_url, split_url, write_pieces
 from .local import LocalStore
 
-__all__ = ["LocalStore", "ShardSink", "Store", "is_s3_url", "open_store", "split_url"]
+__all__ = ["LocalStore", "ShardSink", "Store", "is_s3_url", "open_store", "split_url", "write_pieces"]
 
 
 def open_store(url: str | os.PathLike[str], *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> Store:

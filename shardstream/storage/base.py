@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 __all__ = ["ShardSink", "Store", "is_s3_url", "split_url"]
@@ -57,6 +57,18 @@ class Store(Protocol):
     def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
         """Drop what killed writers of the names ``is_mine`` accepts left behind (in the top
         directory and ``folders``); returns a count."""
+
+
+def write_pieces(store: Store, name: str, pieces: Iterable[bytes]) -> None:
+    """Write ``name`` from ``pieces`` as they come (a table or index of any size, never
+    joined in memory), published whole or not at all."""
+    sink = store.open_writer(name)
+    try:
+        for piece in pieces:
+            sink.write(piece)
+        sink.commit()
+    finally:
+        sink.abort()
 
 
 def is_s3_url(url: str) -> bool:
