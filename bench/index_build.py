@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from shardstream import ShardDataset
-    from shardstream.index_build import build_index
+    from shardstream.packing.build import build_index
 
     source = Path(args.shards)
     tars = sorted(source.glob("*.tar"))

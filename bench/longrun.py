@@ -68,7 +68,7 @@ def main() -> None:
     from torch.utils.data import DataLoader
 
     from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
-    from shardstream.synth import make_image_dataset
+    from shardstream.testing.synth import make_image_dataset
     from shardstream.testing import SeaweedS3Server
 
     me = os.getpid()

@@ -84,7 +84,7 @@ def shardwriter_pack(root: Path, out: Path) -> None:
     """webdataset's ShardWriter fed the same samples: the way its users pack."""
     import webdataset as wds
 
-    from shardstream.sources import walk_samples
+    from shardstream.packing.sources import walk_samples
 
     with wds.ShardWriter(str(out / "wds-%06d.tar"), maxsize=256 << 20, verbose=0) as sink:
         for sample in walk_samples(str(root), on_problem=lambda p: None):

@@ -26,7 +26,7 @@ import torch
 import webdataset as wds
 
 from shardstream import ShardDataset, pack
-from shardstream.synth import make_image_dataset
+from shardstream.testing.synth import make_image_dataset
 from shardstream.testing import SeaweedS3Server
 
 

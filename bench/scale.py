@@ -67,7 +67,7 @@ def measure(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
     from torch.utils.data import DataLoader
 
     from shardstream import ShardDataset
-    from shardstream.plan import EpochPlan
+    from shardstream.reading.plan import EpochPlan
 
     base = rss_mb()
     started = time.perf_counter()

@@ -39,8 +39,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from train_torchrun import small_cnn  # the sibling example
 
 from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
-from shardstream.pack import Part
-from shardstream.synth import CLASS_NAMES, make_image_dataset
+from shardstream import Part
+from shardstream.testing.synth import CLASS_NAMES, make_image_dataset
 
 
 class Classifier(L.LightningModule):

@@ -35,8 +35,8 @@ from torch.utils.data import DataLoader
 
 from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
 from shardstream.dataset import loader_state_dict
-from shardstream.pack import Part
-from shardstream.synth import CLASS_NAMES, make_image_dataset
+from shardstream import Part
+from shardstream.testing.synth import CLASS_NAMES, make_image_dataset
 
 
 def small_cnn(num_classes: int) -> nn.Module:

@@ -9,14 +9,20 @@ from .config import FetchConfig, S3Config
 from . import errors as _errors
 from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
-from .pack import PackReport, pack
+from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
+from .packing import PackReport, Part, pack
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset
+    from .dataset import ShardDataset, loader_state_dict
     from .decode.cpu import CpuDecoder, RandomResizedCrop
 
 # torch is imported only when these are first used, so `shardstream pack` starts fast.
-_LAZY = {"ShardDataset": ".dataset", "CpuDecoder": ".decode.cpu", "RandomResizedCrop": ".decode.cpu"}
+_LAZY = {
+    "ShardDataset": ".dataset",
+    "loader_state_dict": ".dataset",
+    "CpuDecoder": ".decode.cpu",
+    "RandomResizedCrop": ".decode.cpu",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -38,11 +44,13 @@ __all__ = [
     "Index",
     "Manifest",
     "PackReport",
+    "Part",
     "RandomResizedCrop",
     "S3Config",
     "ShardDataset",
     "ShardTable",
     "__version__",
+    "loader_state_dict",
     "open_index",
     "pack",
     *_errors.__all__,

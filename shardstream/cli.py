@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from .config import S3Config
 from .errors import ShardstreamError
-from .pack import OnError
+from .packing.pack import OnError
 
 __all__ = ["main", "parse_size"]
 
@@ -72,7 +72,7 @@ def _s3_config(args: argparse.Namespace) -> S3Config:
 
 
 def _part_arg(text: str):
-    from .pack import Part
+    from .packing.parts import Part
 
     try:
         return Part.parse(text)
@@ -102,7 +102,7 @@ def _info(source: str, manifest) -> str:
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .verify import verify
+    from .packing.verify import verify
 
     bad = total = 0
     for check in tqdm(verify(args.dest, s3=_s3_config(args)), unit="shard", desc="verifying",
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "pack":
-            from .pack import pack
+            from .packing.pack import pack
 
             report = pack(
                 args.source, args.dest, name=args.name, max_shard_bytes=args.shard_size,
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "verify":
             return _verify(args)
         elif args.command == "index" and args.dali:
-            from .dali_index import write_dali_index
+            from .packing.dali_index import write_dali_index
 
             written = write_dali_index(args.dali, out_dir=args.out_dir)
             where = args.out_dir or args.dali
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "index" and args.index_command == "build":
             from tqdm import tqdm
 
-            from .index_build import build_index, shard_urls_of
+            from .packing.build import build_index, shard_urls_of
 
             s3 = _s3_config(args)
             total = len(shard_urls_of(args.shards, s3=s3))
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError("shardstream index: give a command: build SHARDS..., merge DEST, upgrade DEST, or "
                                  "--dali DEST")
             from .index import MANIFEST_NAME
-            from .journal import SPEC_NAME, PackSpec, merge
+            from .packing.journal import SPEC_NAME, PackSpec, merge
             from .storage import open_store
 
             store = open_store(args.dest, s3=_s3_config(args))

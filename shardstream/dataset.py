@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from .assign import WorkerSlot, assign_shards, current_slot, distributed_rank
+from .reading.assign import WorkerSlot, assign_shards, current_slot, distributed_rank
 from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
-from .epochs import EpochBoard, PassState, PassView
+from .reading.epochs import EpochBoard, PassState, PassView
 from .errors import CorruptShardError, DecodeError, ShardNotFoundError
-from .fetch import iter_shard_streams
+from .storage.fetch import iter_shard_streams
 from .index import resolve_source
-from .plan import (
+from .reading.plan import (
     EpochPlan,
     PlanRun,
     Segment,
@@ -32,8 +32,8 @@ from .plan import (
     without,
 )
 from .shuffle import shuffle_buffer
-from .stats import ReaderStats, StatsBoard, StatsSnapshot
-from .slicer import RunSlices, iter_sliced_batches
+from .reading.stats import ReaderStats, StatsBoard, StatsSnapshot
+from .reading.slicer import RunSlices, iter_sliced_batches
 from .tarstream import Batch, Hashed, iter_sample_batches, stream_chunks
 
 __all__ = ["STATE_FORMAT", "ShardDataset", "loader_state_dict"]
@@ -53,7 +53,7 @@ class ShardDataset(IterableDataset):
     """Samples of tar shards, streamed from local disk or S3, shuffled and split over the job.
 
     With an index (a dataset written by ``shardstream pack``) epochs are exact
-    (:mod:`shardstream.plan`): each epoch the shards are permuted by ``(seed, epoch)`` the
+    (:mod:`shardstream.reading.plan`): each epoch the shards are permuted by ``(seed, epoch)`` the
     same way on every rank, and the epoch's samples are cut into equal contiguous parts, one
     per rank (rank from ``torch.distributed`` when initialised, else ``RANK`` /
     ``WORLD_SIZE``), then per DataLoader worker. Every sample is read once per epoch and
@@ -65,7 +65,7 @@ class ShardDataset(IterableDataset):
     ``shuffle_buffer`` samples. :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch,
     also at another world size.
 
-    Which epoch each pass reads (:mod:`shardstream.epochs`): a pass is one iteration, by this
+    Which epoch each pass reads (:mod:`shardstream.reading.epochs`): a pass is one iteration, by this
     process or by each DataLoader worker once per DataLoader iterator. :meth:`set_epoch` (or
     :meth:`load_state_dict`) in the training process sets the next pass's epoch in every
     worker, persistent ones included; a pass that starts without one since the previous pass
@@ -213,7 +213,7 @@ class ShardDataset(IterableDataset):
     def stats(self) -> StatsSnapshot:
         """Reading metrics summed over this process and its DataLoader workers, since each
         reader's latest iterator started: samples/s, bytes/s, stall time, time to first
-        sample, cache hit rate, retries, bytes in flight (:class:`~shardstream.stats.StatsSnapshot`)."""
+        sample, cache hit rate, retries, bytes in flight (:class:`~shardstream.reading.stats.StatsSnapshot`)."""
         return self._board.snapshot()
 
     @property
@@ -231,7 +231,7 @@ class ShardDataset(IterableDataset):
         memory; each worker reads it when its next iterator starts).
 
         Call it in the training process before creating each epoch's DataLoader iterator.
-        Without it, each new pass reads the next epoch (:mod:`shardstream.epochs`). Setting
+        Without it, each new pass reads the next epoch (:mod:`shardstream.reading.epochs`). Setting
         the epoch a loaded checkpoint is in, before iterating, keeps the checkpoint's place;
         any other call starts ``epoch`` from its start.
 
@@ -530,7 +530,7 @@ class ShardDataset(IterableDataset):
     def _cache(self) -> Any:
         if self.cache_dir is None:
             return None
-        from .cache import ShardCache
+        from .storage.cache import ShardCache
 
         return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
 
@@ -630,7 +630,7 @@ class ShardDataset(IterableDataset):
 
         Where the shard's table is at hand (a local dataset, or a byte range, which needed
         the table to find), members are sliced at the table's offsets and each header is
-        checked against it (:mod:`shardstream.slicer`); else the tar headers are parsed and
+        checked against it (:mod:`shardstream.reading.slicer`); else the tar headers are parsed and
         the sample count is checked."""
         index = self.index
         assert index is not None  # internal invariant: runs come from the index

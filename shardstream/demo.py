@@ -50,9 +50,9 @@ def run_demo(
     from .config import S3Config
     from .dataset import ShardDataset
     from .decode.cpu import CpuDecoder, RandomResizedCrop
-    from .pack import pack
-    from .synth import CLASS_NAMES, make_image_dataset
-    from .testing import S3ServerError, SeaweedS3Server
+    from .packing.pack import pack
+    from .testing.synth import CLASS_NAMES, make_image_dataset
+    from .testing.s3server import S3ServerError, SeaweedS3Server
 
     torch.set_num_threads(1)
     with contextlib.ExitStack() as stack:

@@ -19,7 +19,7 @@ def shuffle_buffer(
 
     The buffer starts yielding once it holds ``initial_samples`` (default: full) and, until it
     is full, takes in two items per item yielded (the ramp of WebDataset's buffer, which
-    :func:`shardstream.plan.buffer_order` also has), so the first item need not wait for a
+    :func:`shardstream.reading.plan.buffer_order` also has), so the first item need not wait for a
     full buffer; then each new item replaces a randomly chosen one, which is yielded. At the
     end the rest comes out in random order. ``capacity_samples <= 1`` keeps the order.
 

@@ -97,7 +97,7 @@ def iter_members_at(
     Args:
         stream: the shard's bytes, read front to back: an object with ``read(n)``, or with a
             ``chunks()`` method yielding the bytes in pieces of any size (the streams of
-            :mod:`shardstream.fetch` have it; it saves a method call per header and payload).
+            :mod:`shardstream.storage.fetch` have it; it saves a method call per header and payload).
         url: the shard's URL, named in errors.
         base_offset: where the stream starts in the shard (a byte range of it starts at a
             member's header); offsets yielded and named in errors count from the shard's start.
@@ -238,7 +238,7 @@ class Hashed:
 
 def stream_chunks(stream: Any, chunk_bytes: int = 1 << 20) -> Iterator[Any]:
     """A shard stream's bytes in pieces: its own ``chunks()`` where it has them (the streams
-    of :mod:`shardstream.fetch`, uncopied), else ``read(chunk_bytes)`` until it ends."""
+    of :mod:`shardstream.storage.fetch`, uncopied), else ``read(chunk_bytes)`` until it ends."""
     if hasattr(stream, "chunks"):
         return iter(stream.chunks())
     return iter(lambda: stream.read(chunk_bytes), b"")

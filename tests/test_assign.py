@@ -1,6 +1,6 @@
 import pytest
 
-from shardstream.assign import WorkerSlot, assign_shards, current_slot, shard_order
+from shardstream.reading.assign import WorkerSlot, assign_shards, current_slot, shard_order
 
 
 def all_slots(world_size, num_workers):

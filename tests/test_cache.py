@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from shardstream.cache import CacheFill, ShardCache
+from shardstream.storage.cache import CacheFill, ShardCache
 from shardstream.errors import CorruptShardError, StorageError
 
 KIB = 1024

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from shardstream import open_index, pack
-from shardstream.faults import FaultProxy
+from shardstream.testing.faults import FaultProxy
 
 SCRIPT = Path(__file__).with_name("cache_share.py")
 NUM_SAMPLES = 1200
@@ -166,7 +166,7 @@ def test_a_wait_for_another_download_is_bounded_and_named(tmp_path, s3_server, s
     import dataclasses
 
     from shardstream import FetchConfig, ShardDataset
-    from shardstream.cache import ShardCache
+    from shardstream.storage.cache import ShardCache
     from shardstream.errors import StorageConnectionError
 
     url, keys, dataset_bytes, _ = shared_dataset

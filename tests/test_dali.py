@@ -16,7 +16,7 @@ import torch
 
 from shardstream import ShardDataset, pack
 from shardstream.errors import DecodeError
-from shardstream.synth import make_image_dataset
+from shardstream.testing.synth import make_image_dataset
 
 if os.environ.get("SHARDSTREAM_NO_DALI") == "1":
     pytest.skip("SHARDSTREAM_NO_DALI=1: DALI tests skipped on request", allow_module_level=True)

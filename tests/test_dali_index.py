@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from shardstream import pack
-from shardstream.dali_index import write_dali_index
+from shardstream.packing.dali_index import write_dali_index
 from shardstream.format import split_key
 
 if os.environ.get("SHARDSTREAM_NO_DALI") == "1":

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from shardstream.assign import WorkerSlot
+from shardstream.reading.assign import WorkerSlot
 from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, open_index, pack
 from shardstream.errors import CorruptShardError, DecodeError, ShardNotFoundError
 

@@ -220,7 +220,7 @@ def test_another_dataloaders_workers_are_told_apart_whichever_starts_first(order
     """The check behind the test above, without its race: worker 1 starting before worker 0
     used to see worker 0's count from the earlier 1-worker DataLoader and take it for this
     one's; each worker now records which DataLoader's processes it belongs to."""
-    from shardstream.epochs import EpochBoard
+    from shardstream.reading.epochs import EpochBoard
 
     def start(board, worker_id, num_workers, loader):
         board.start_pass(rank=0, worker_id=worker_id, num_workers=num_workers, loaded=None, copied=None, loader=loader)

@@ -12,7 +12,7 @@ import pytest
 
 from shardstream import FetchConfig, ShardDataset, pack
 from shardstream.errors import CorruptShardError
-from shardstream.fetch import iter_shard_streams
+from shardstream.storage.fetch import iter_shard_streams
 from shardstream.storage import open_store
 from shardstream.tarstream import iter_members
 
@@ -142,7 +142,7 @@ def test_the_node_cache_serves_epoch_two_and_stays_under_its_limit(tmp_path, s3_
     assert stats.cache_hits == report.num_shards and stats.cache_misses == 0 and stats.cache_hit_rate == 1.0
 
     # A limit smaller than the epoch: every shard still arrives, the cache never exceeds it.
-    from shardstream.cache import ShardCache
+    from shardstream.storage.cache import ShardCache
 
     small_dir = tmp_path / "small"
     limit = 2 * int(dataset.index.manifest.shard_bytes.max())
@@ -179,8 +179,8 @@ def test_a_range_read_fills_the_whole_shard_for_the_other_range(tmp_path, s3_buc
     into the node cache (its half first), so the reader of the first half finds a hit."""
     import numpy as np
 
-    from shardstream.cache import ShardCache
-    from shardstream.stats import FIELDS, ReaderStats
+    from shardstream.storage.cache import ShardCache
+    from shardstream.reading.stats import FIELDS, ReaderStats
 
     url = f"s3://{s3_bucket}/ranged"
     pack(stdlib_tree / "email", url, s3=s3_config, progress=False)

@@ -4,7 +4,7 @@ import io
 import pytest
 
 from shardstream.format import member_header, split_key
-from shardstream.sources import ProblemKind, name_problem
+from shardstream.packing.sources import ProblemKind, name_problem
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ import webdataset as wds
 
 from shardstream import ShardDataset, open_index
 from shardstream.errors import CorruptShardError
-from shardstream.index_build import build_index
-from shardstream.verify import verify
+from shardstream.packing.build import build_index
+from shardstream.packing.verify import verify
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 

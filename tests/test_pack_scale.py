@@ -16,7 +16,7 @@ import pytest
 from conftest import all_files
 from shardstream import ShardDataset, open_index, pack
 from shardstream.errors import DestinationError
-from shardstream.pack import Part
+from shardstream import Part
 from shardstream.storage import open_store
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
@@ -76,7 +76,7 @@ def test_workers_are_deterministic_and_parts_give_the_same_dataset(tmp_path):
 
 
 def subprocess_merge(dest: Path, *, check: bool) -> None:
-    from shardstream.journal import SPEC_NAME, PackSpec, merge
+    from shardstream.packing.journal import SPEC_NAME, PackSpec, merge
 
     store = open_store(dest)
     merge(store, PackSpec.from_json(store.read_bytes(SPEC_NAME), url="spec"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from shardstream.plan import EpochPlan, Segment, buffer_order, consumed_per_worker, ramp_samples, split_workers
+from shardstream.reading.plan import EpochPlan, Segment, buffer_order, consumed_per_worker, ramp_samples, split_workers
 
 COUNTS = [7, 13, 5, 9, 11, 3, 8, 1, 0, 20]  # 77 samples, unequal shards, one empty
 
@@ -189,7 +189,7 @@ def test_a_worker_plan_is_o_runs_not_o_samples():
 def test_lane_interleaving_draws_take_each_lane_exactly_its_samples(total):
     """Chunked draws of the interleaving (exact hypergeometric below 10^9 samples, clipped
     multinomial above) give each lane exactly its count, in order, reproducibly."""
-    from shardstream.plan import _draw_counts
+    from shardstream.reading.plan import _draw_counts
 
     remaining = np.array([total // 2, total // 3, total - total // 2 - total // 3, 5], dtype=np.int64)
     rng = np.random.default_rng(0)

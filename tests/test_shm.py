@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardstream.shm import SharedFile
+from shardstream.storage.shm import SharedFile
 
 
 def test_files_of_killed_creators_are_removed_and_no_others(tmp_path):

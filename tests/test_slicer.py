@@ -1,4 +1,4 @@
-"""Slicing samples by a shard's table (shardstream.slicer): the same samples as parsing the
+"""Slicing samples by a shard's table (shardstream.reading.slicer): the same samples as parsing the
 tar (tarfile as the reference reader) for tars written by tarfile in each format and by GNU
 tar, from one mapped buffer or from pieces of any size; and a stale table, a damaged header
 or a truncated stream is refused, naming the shard, member and byte."""
@@ -20,7 +20,7 @@ from shardstream import ShardDataset, open_index, pack
 from shardstream.errors import CorruptShardError
 from shardstream.format import split_key
 from shardstream.index.table import ShardTable
-from shardstream.slicer import RunSlices, iter_sliced_batches
+from shardstream.reading.slicer import RunSlices, iter_sliced_batches
 
 
 def table_of(data: bytes, url: str = "mem.tar") -> ShardTable:

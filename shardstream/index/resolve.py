@@ -3,7 +3,7 @@
 and ``shardstream index upgrade`` (version 1 -> 2, in place, shards untouched).
 
 Opening reads ``index.bin`` only: one mapped file locally, one GET on S3 (the bytes go into a
-shared-memory file, :mod:`shardstream.shm`, that DataLoader workers map instead of copying).
+shared-memory file, :mod:`shardstream.storage.shm`, that DataLoader workers map instead of copying).
 A version 1 ``index.json`` still opens, converted in memory, at its old cost per sample.
 """
 
@@ -192,7 +192,7 @@ def _read_manifest(store: Any, name: str) -> Manifest | None:
         data = store.read_bytes(name)
     except ShardNotFoundError:
         return None
-    from ..shm import SharedFile
+    from ..storage.shm import SharedFile
 
     try:  # workers map the shared copy instead of each holding one
         shared = SharedFile("shardstream-index", len(data))

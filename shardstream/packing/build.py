@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import S3Config
-from .errors import CorruptShardError, DestinationError, ShardNotFoundError
-from .fetch import iter_shard_streams
-from .format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
-from .index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
-from .storage import is_s3_url, open_store, split_url, write_pieces
-from .tarstream import Hashed, compression_of, iter_members_at
+from ..config import S3Config
+from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
+from ..storage.fetch import iter_shard_streams
+from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
+from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
+from ..storage import is_s3_url, open_store, split_url, write_pieces
+from ..tarstream import Hashed, compression_of, iter_members_at
 
 __all__ = ["build_index", "shard_urls_of"]
 

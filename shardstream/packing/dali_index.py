@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .format import split_key
-from .index import ShardTable, open_index
+from ..format import split_key
+from ..index import ShardTable, open_index
 
 __all__ = ["dali_index_text", "write_dali_index"]
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DestinationError, IndexFormatError
-from .index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
+from ..errors import DestinationError, IndexFormatError
+from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from .sources import Problem
-from .storage import Store, write_pieces
+from ..storage import Store, write_pieces
 from .writer import PublishedShard
 
 __all__ = ["PackSpec", "StreamRecord", "merge", "read_stream_state", "write_shard_record"]

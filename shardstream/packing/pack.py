@@ -1,5 +1,5 @@
 """``pack(source, dest)``: small files -> tar shards plus an index, in parallel,
-resumable after a crash, and split across machines (see :mod:`shardstream.journal`)."""
+resumable after a crash, and split across machines (see :mod:`shardstream.packing.journal`)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .config import FetchConfig, S3Config
-from .errors import (
+from ..config import FetchConfig, S3Config
+from ..errors import (
     DestinationError,
     IndexFormatError,
     ShardstreamError,
     SourceError,
 )
-from .index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
+from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
+from .parts import Part, part_from_env
 from .journal import (
     REPORT_NAME,
     SPEC_NAME,
@@ -32,39 +33,18 @@ from .journal import (
     merge,
     unfinished_streams,
 )
-from .pack_stream import OnError, StreamJob, StreamResult, run_stream
+from .stream import OnError, StreamJob, StreamResult, run_stream
 from .sources import (
     Problem,
     check_source,
     split_entries,
 )
-from .storage import LocalStore, Store, is_s3_url, open_store
+from ..storage import LocalStore, Store, is_s3_url, open_store
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
 DEFAULT_MAX_SHARD_BYTES = 256 << 20
 DEFAULT_SHUFFLE_BUFFER = 100_000
-
-
-@dataclass(frozen=True)
-class Part:
-    """Part ``index`` of ``count`` (0-based): this run packs every ``count``-th stream."""
-
-    index: int
-    count: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.index < self.count:
-            raise ValueError(f"part {self.index}/{self.count} must satisfy 0 <= I < N")
-
-    @classmethod
-    def parse(cls, text: str) -> Part:
-        """``"1/4"`` -> ``Part(1, 4)``."""
-        index, sep, count = text.partition("/")
-        try:
-            return cls(int(index), int(count))
-        except ValueError:
-            raise ValueError(f"part {text!r} must be I/N with 0 <= I < N, e.g. 0/2") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,7 +127,7 @@ def pack(
     ``dest/index.bin`` (:mod:`shardstream.index`) is written last, once every part is done; each
     shard's sample table (``NAME.samples``) is published with it.
     Run the same call again after a crash (or a failure on a bad file) and it continues where
-    it stopped (:mod:`shardstream.journal`).
+    it stopped (:mod:`shardstream.packing.journal`).
 
     Args:
         source: a local directory, or an ``s3://bucket/prefix`` of files.
@@ -188,8 +168,6 @@ def pack(
             and not ``overwrite``, or holds an unfinished pack made with other settings.
         BucketNotFoundError, StorageAccessError, StorageConnectionError: S3 problems.
     """
-    from .assign import part_from_env
-
     started = time.perf_counter()
     on_error = OnError(on_error)
     part = part or part_from_env() or Part(0, 1)
@@ -208,7 +186,7 @@ def pack(
     if max_samples_per_shard is not None and max_samples_per_shard <= 0:
         raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
     if from_shards:
-        from .index_build import shard_urls_of
+        from .build import shard_urls_of
 
         text = os.fspath(source)
         source_url = text.rstrip("/") if is_s3_url(text) or "{" in text else os.path.abspath(text)

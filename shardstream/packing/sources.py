@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .errors import SourceError, SourceNotFoundError
-from .format import RESERVED_FIELDS, split_key
+from ..errors import SourceError, SourceNotFoundError
+from ..format import RESERVED_FIELDS, split_key
 
 __all__ = [
     "Problem",

@@ -1,4 +1,4 @@
-"""One stream of a pack (see :mod:`shardstream.journal`): walk the source, take this
+"""One stream of a pack (see :mod:`shardstream.packing.journal`): walk the source, take this
 stream's samples, read them ahead on a thread pool, write and record shards, and resume
 after the last record. Runs in a worker process, or inline for ``workers=1``."""
 
@@ -14,14 +14,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import FetchConfig, S3Config
-from .fetch import iter_shard_streams
-from .errors import DestinationError, MemberNameError, ShardNotFoundError, StorageError, UnreadableFileError
+from ..config import FetchConfig, S3Config
+from ..storage.fetch import iter_shard_streams
+from ..errors import DestinationError, MemberNameError, ShardNotFoundError, StorageError, UnreadableFileError
 from .journal import STATE_DIR, PackSpec, StreamRecord, read_stream_state, write_shard_record
-from .shuffle import shuffle_buffer
+from ..shuffle import shuffle_buffer
 from .sources import Problem, ProblemKind, Sample, SourceFile, iter_list_samples, iter_s3_samples, walk_samples
-from .storage import Store, is_s3_url, open_store
-from .tarstream import iter_sample_batches
+from ..storage import Store, is_s3_url, open_store
+from ..tarstream import iter_sample_batches
 from .writer import PublishedShard, ShardWriter
 
 __all__ = ["OnError", "StreamJob", "StreamResult", "run_stream"]
@@ -162,7 +162,7 @@ def _shard_samples(job: StreamJob) -> Iterator[Any]:
     """This stream's samples when SOURCE is tar shards: those of input shards ``stream``,
     ``stream + streams``, ... in order, streamed (gzip and zstd decompressed), members named
     as they were (key and extension)."""
-    from .index_build import shard_urls_of
+    from .build import shard_urls_of
 
     spec = job.spec
     urls = shard_urls_of([spec.source], s3=job.s3)[job.stream :: spec.num_streams]

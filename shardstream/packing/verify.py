@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import FetchConfig, S3Config
-from .errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageError
-from .fetch import iter_shard_streams
-from .index import DatasetIndex, open_index
-from .tarstream import Hashed, iter_members_at
+from ..config import FetchConfig, S3Config
+from ..errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageError
+from ..storage.fetch import iter_shard_streams
+from ..index import DatasetIndex, open_index
+from ..tarstream import Hashed, iter_members_at
 
 __all__ = ["ShardCheck", "verify"]
 

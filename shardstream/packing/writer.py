@@ -6,9 +6,9 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .format import END_OF_ARCHIVE, member_header, padded_size
-from .index import TableSpool
-from .storage import ShardSink, Store
+from ..format import END_OF_ARCHIVE, member_header, padded_size
+from ..index import TableSpool
+from ..storage import ShardSink, Store
 
 __all__ = ["PublishedShard", "ShardWriter"]
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-__all__ = ["WorkerSlot", "assign_shards", "current_slot", "distributed_rank", "part_from_env", "shard_order"]
+__all__ = ["WorkerSlot", "assign_shards", "current_slot", "distributed_rank", "shard_order"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,27 +76,6 @@ def current_slot(parent_rank: tuple[int, int] | None = None) -> WorkerSlot:
     info = get_worker_info()
     worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return WorkerSlot(rank=rank, world_size=world_size, worker_id=worker_id, num_workers=num_workers)
-
-
-def part_from_env() -> Any:
-    """The pack part this process should write, from the environment, or None.
-
-    ``RANK`` / ``WORLD_SIZE`` (torchrun, or any launcher that sets them) come first, then a
-    job array's index and count (``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT``).
-
-    Raises:
-        ValueError: the variables are not integers or are inconsistent.
-    """
-    from .pack import Part
-
-    for index_var, count_var in (("RANK", "WORLD_SIZE"), ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")):
-        index, count = os.environ.get(index_var), os.environ.get(count_var)
-        if index is not None and count is not None:
-            try:
-                return Part(int(index), int(count))
-            except ValueError:
-                raise ValueError(f"{index_var}={index!r} / {count_var}={count!r} must be integers with 0 <= index < count") from None
-    return None
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:

@@ -17,7 +17,7 @@ Why shared memory: a DataLoader copies the dataset into each worker when the wor
 with ``persistent_workers=True`` that is once, so attributes set later in the training process
 never reach them; nor is the training process told when a worker starts a pass. So the training
 process writes its latest ``set_epoch`` / ``load_state_dict`` (a generation number and the
-state as JSON) into a small file (:mod:`shardstream.shm`) that every worker maps, and each reader
+state as JSON) into a small file (:mod:`shardstream.storage.shm`) that every worker maps, and each reader
 keeps a row of its own there: the generation it took last, the epoch of its latest pass, how
 many passes it has started since that generation, and whether its latest pass ran to the end.
 The workers of one DataLoader iterator each start one pass, so their rows agree (checked when a
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .shm import SharedFile
+from ..storage.shm import SharedFile
 
 __all__ = ["EpochBoard", "PassState"]
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptShardError
-from .format import BLOCK_BYTES, RESERVED_FIELDS
-from .index.table import ShardTable
-from .tarstream import Batch, read_header
+from ..errors import CorruptShardError
+from ..format import BLOCK_BYTES, RESERVED_FIELDS
+from ..index.table import ShardTable
+from ..tarstream import Batch, read_header
 
 __all__ = ["BATCH_SAMPLES", "RunSlices", "Sliced", "iter_sliced_batches"]
 

@@ -1,7 +1,7 @@
 """Reader metrics shared by a dataset's DataLoader workers.
 
 Each reader (the main process, or one DataLoader worker) owns one row of float64 counters in
-a small file that every process of the dataset maps (:mod:`shardstream.shm`), so
+a small file that every process of the dataset maps (:mod:`shardstream.storage.shm`), so
 :meth:`ShardDataset.stats` in the training process sums what its workers did without any
 message passing. Updating a counter is a store into shared memory: nothing per step beyond that.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .shm import SharedFile
+from ..storage.shm import SharedFile
 
 __all__ = ["ReaderStats", "StatsBoard", "StatsSnapshot"]
 
@@ -93,7 +93,7 @@ class StatsSnapshot:
 class StatsBoard:
     """The shared counters file of one dataset: ``num_rows`` rows of :data:`FIELDS`.
 
-    Created by the dataset in the training process (:class:`~shardstream.shm.SharedFile`);
+    Created by the dataset in the training process (:class:`~shardstream.storage.shm.SharedFile`);
     DataLoader workers re-open it by path after unpickling. Row 0 is the main process; row
     ``worker_id + 1`` a DataLoader worker.
     """

@@ -1,29 +1,21 @@
-"""Where shards live: one small protocol (:class:`Store`) with a local and an S3 backend.
+"""Where bytes live and how they move, below both halves (packing and reading).
 
-:func:`open_store` picks the backend from the URL; the S3 backend (and so aiobotocore) is
-imported only when an ``s3://`` URL is used.
+- :mod:`.base`: the :class:`Store` protocol every backend implements, URL parsing, and the
+  :class:`Counters` the fetcher reports to;
+- :mod:`.schemes`: :func:`open_store` picks the backend from the URL;
+- :mod:`.local`, :mod:`.s3` (the only aiobotocore import, loaded only for ``s3://`` URLs),
+  :mod:`.loop` (the background event loop S3 reads run on);
+- :mod:`.fetch`: shard streams in order, S3 shards as ranged GETs running ahead in bounded
+  memory, local shards in place; :mod:`.cache`: the node cache it fills and reads;
+- :mod:`.shm`: small shared-memory files for a dataset's DataLoader workers.
+
+Nothing here imports torch, :mod:`shardstream.index`, ``packing`` or ``reading``.
 """
 
 from __future__ import annotations
 
-import os
-
-from ..config import FetchConfig, S3Config
-from .base import ShardSink, Store, is_s3_url, split_url, write_pieces
+from .base import Counters, ShardSink, Store, is_s3_url, split_url, write_pieces
 from .local import LocalStore
+from .schemes import open_store
 
-__all__ = ["LocalStore", "ShardSink", "Store", "is_s3_url", "open_store", "split_url", "write_pieces"]
-
-
-def open_store(url: str | os.PathLike[str], *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> Store:
-    """The store for a dataset location: ``s3://bucket/prefix``, ``file:///dir`` or a path."""
-    text = os.fspath(url)
-    if is_s3_url(text):
-        from .s3 import S3Store
-
-        return S3Store(text, s3=s3, fetch=fetch)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif "://" in text:
-        raise ValueError(f"{text!r}: unsupported URL scheme; use s3://BUCKET/PREFIX or a local path")
-    return LocalStore(text)
+__all__ = ["Counters", "LocalStore", "ShardSink", "Store", "is_s3_url", "open_store", "split_url", "write_pieces"]

@@ -1,11 +1,26 @@
-"""The storage protocol every backend implements, and URL parsing."""
+"""The storage protocol every backend implements, URL parsing, and the counters the fetcher
+reports to."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ShardSink", "Store", "is_s3_url", "split_url"]
+__all__ = ["Counters", "ShardSink", "Store", "is_s3_url", "split_url", "write_pieces"]
+
+
+class Counters(Protocol):
+    """Where :func:`~shardstream.storage.fetch.iter_shard_streams` counts what it does (the
+    reader's metrics row, :class:`shardstream.reading.stats.ReaderStats`, is one).
+
+    Counters it adds to: ``stall_s`` (seconds waited on data), ``cache_hits``,
+    ``cache_misses``, ``cache_fills``, ``cache_waits``, ``cache_bypasses``, ``retries``; the
+    gauge it sets: ``bytes_in_flight`` (bytes fetched and not yet consumed).
+    """
+
+    def add(self, field: str, amount: float) -> None: ...
+
+    def set(self, field: str, value: float) -> None: ...
 
 
 class ShardSink(Protocol):

@@ -28,7 +28,7 @@ else in ``cache_dir`` or the root (and any symlink) is left alone.
 
 Why processes sharing the cache cannot deadlock
 -----------------------------------------------
-The fetcher (:mod:`shardstream.fetch`) uses the cache so that no wait of one process ever
+The fetcher (:mod:`shardstream.storage.fetch`) uses the cache so that no wait of one process ever
 depends on another process's consumer:
 
 1. *A fill depends on nothing but S3 and the disk.* A process that gets a shard's URL lock
@@ -71,7 +71,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import overload
 
-from .errors import CorruptShardError, StorageError
+from ..errors import CorruptShardError, StorageError
 
 __all__ = ["BUSY", "Busy", "CacheFill", "CachedShard", "ShardCache"]
 

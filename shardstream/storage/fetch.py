@@ -14,7 +14,7 @@ Each part is checked against the others and the index: the same ETag (the object
 change mid-read) and the size the index gives. A body cut off mid-transfer is fetched again
 (:meth:`S3Store.get_range`).
 
-With a :class:`~shardstream.cache.ShardCache`, a shard found in the node-local cache is read
+With a :class:`~shardstream.storage.cache.ShardCache`, a shard found in the node-local cache is read
 from local disk. A missing shard is *filled*: the producer takes the cache's per-shard lock
 (without waiting) and a fill task downloads the whole shard into the cache file by itself, at
 network speed, writing each part as it arrives (at most ``max_inflight_requests`` parts in
@@ -24,7 +24,7 @@ or worker boundary) fills the whole shard too, starting at its range and wrappin
 the head, which the reader of the other range will find in the cache. When another process holds the shard's lock, the producer
 waits for its entry at most ``FetchConfig.cache_wait_s`` and then reads the shard from S3
 without caching it (counted in ``stats().cache_waits`` / ``cache_bypasses``). Why this
-cannot deadlock is argued in :mod:`shardstream.cache`.
+cannot deadlock is argued in :mod:`shardstream.storage.cache`.
 """
 
 from __future__ import annotations
@@ -40,14 +40,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ..config import FetchConfig, S3Config
+from ..errors import CorruptShardError, StorageConnectionError
+from ..tarstream import ReadStream
+from . import loop as io_loop
+from .base import Counters, is_s3_url, split_url
 from .cache import BUSY
-from .config import FetchConfig, S3Config
-from .errors import CorruptShardError, StorageConnectionError
-from .stats import ReaderStats
-from .storage import LocalStore, is_s3_url, open_store, split_url
-from .storage import loop as io_loop
-from .storage.s3 import pool_state
-from .tarstream import ReadStream
+from .local import LocalStore
+from .schemes import open_store
+from .s3 import pool_state
 
 __all__ = ["iter_shard_streams"]
 
@@ -151,7 +152,7 @@ class _Shard:
 class _Producer:
     """Schedules the ranged GETs of a list of shards on the background loop (module doc)."""
 
-    def __init__(self, shards: list[_Shard], fetch: FetchConfig, cache: Any, stats: ReaderStats | None) -> None:
+    def __init__(self, shards: list[_Shard], fetch: FetchConfig, cache: Any, stats: Counters | None) -> None:
         self.shards = shards
         self.fetch = fetch
         self.cache = cache
@@ -438,7 +439,7 @@ class _PartStream(_SlicedStream):
     (sliced in place: one copy per payload)."""
 
     def __init__(
-        self, shard: _Shard, producer: _Producer, stats: ReaderStats | None, wait_s: float, first: Any
+        self, shard: _Shard, producer: _Producer, stats: Counters | None, wait_s: float, first: Any
     ) -> None:
         self._shard = shard
         self._pending = first
@@ -492,7 +493,7 @@ class _GrowingStream(_SlicedStream):
     is filling (:class:`_Growing`), read as they arrive; if the fill cannot write any more, the
     rest comes from S3."""
 
-    def __init__(self, shard: _Shard, growing: _Growing, stats: ReaderStats | None, wait_s: float,
+    def __init__(self, shard: _Shard, growing: _Growing, stats: Counters | None, wait_s: float,
                  chunk_bytes: int) -> None:
         self._shard, self._growing, self._stats = shard, growing, stats
         self._wait_s, self._chunk_bytes = wait_s, chunk_bytes
@@ -542,7 +543,7 @@ class _ChunkedFile(_SlicedStream):
     """``read(n)`` over a local file read ``chunk_bytes`` at a time; only those reads are timed
     (as stall), so the per-member cost is a slice."""
 
-    def __init__(self, f: Any, stats: ReaderStats, chunk_bytes: int) -> None:
+    def __init__(self, f: Any, stats: Counters, chunk_bytes: int) -> None:
         self._f = f
         self._stats = stats
         self._chunk_bytes = chunk_bytes
@@ -592,7 +593,7 @@ def _open_local(
     f: Any,
     url: str,
     size_bytes: int | None,
-    stats: ReaderStats | None,
+    stats: Counters | None,
     chunk_bytes: int,
     byte_range: tuple[int, int] | None = None,
 ) -> Iterator[Any]:
@@ -701,7 +702,7 @@ def iter_shard_streams(
     s3: S3Config | None = None,
     fetch: FetchConfig | None = None,
     cache: Any = None,
-    stats: ReaderStats | None = None,
+    stats: Counters | None = None,
 ) -> Iterator[tuple[str, ReadStream]]:
     """Yield ``(url, stream)`` for each shard URL in order; ``stream.read(n)`` gives its bytes.
 
@@ -715,7 +716,7 @@ def iter_shard_streams(
             them, which ends without the tar end-of-archive blocks), or None for all of it.
             A range read with a cache fills the whole shard (from the range on, then the head).
         s3, fetch: S3 endpoint and read-ahead settings.
-        cache: a :class:`~shardstream.cache.ShardCache` for ``s3://`` shards, or None.
+        cache: a :class:`~shardstream.storage.cache.ShardCache` for ``s3://`` shards, or None.
         stats: counters to add stall time, cache hits/misses, retries and bytes in flight to.
 
     Raises:
@@ -771,7 +772,7 @@ def iter_shard_streams(
 
 
 def _consume(
-    shard: _Shard, producer: _Producer, stats: ReaderStats | None, *, wait_s: float, chunk_bytes: int
+    shard: _Shard, producer: _Producer, stats: Counters | None, *, wait_s: float, chunk_bytes: int
 ) -> Iterator[tuple[str, ReadStream]]:
     started = time.perf_counter()
     first = _take(shard, wait_s)

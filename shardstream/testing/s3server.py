@@ -1,6 +1,6 @@
 """A real local S3 server (SeaweedFS ``weed mini``) for tests, demos and benchmarks.
 
-Run ``python -m shardstream.testing`` to start one and print its environment variables.
+Run ``python -m shardstream.testing`` (or ``python -m shardstream.testing.s3server``) to start one and print its environment variables.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .config import S3Config
+    from ..config import S3Config
 
 __all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main"]
 
@@ -68,7 +68,7 @@ class S3ServerInfo:
 
     def s3_config(self) -> S3Config:
         """An :class:`~shardstream.config.S3Config` pointing at this server."""
-        from .config import S3Config
+        from ..config import S3Config
 
         return S3Config(endpoint_url=self.endpoint_url, access_key_id=self.access_key_id,
                         secret_access_key=self.secret_access_key, region_name=self.region_name)

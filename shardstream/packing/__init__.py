@@ -1,0 +1,19 @@
+"""The writing half: files, or other tools' shards, -> tar shards plus an index.
+
+- :mod:`.pack`: :func:`pack`, the entry point: checks the source and destination, deals the
+  job's streams to parts (:mod:`.parts`) and processes, runs them, merges the index;
+- :mod:`.sources`: walks a directory tree, a file list or an S3 prefix into samples by key;
+- :mod:`.stream`: one pack stream: samples -> shuffle buffer -> shards, journaled;
+- :mod:`.writer`: one shard: deterministic tar members and the shard's sample table;
+- :mod:`.journal`: the resume records a crash leaves, and the merge into ``index.bin``;
+- :mod:`.build`: ``shardstream index build``: an index for other tools' shards;
+- :mod:`.verify`: every shard checked against the index; :mod:`.dali_index`: DALI's index files.
+
+Nothing here imports torch or :mod:`shardstream.reading`; both halves share only what lies
+below them (:mod:`shardstream.index`, :mod:`shardstream.storage`, the tar format).
+"""
+
+from .pack import OnError, PackReport, pack
+from .parts import Part, part_from_env
+
+__all__ = ["OnError", "PackReport", "Part", "pack", "part_from_env"]

@@ -1,0 +1,13 @@
+"""Helpers for tests, benchmarks and the demo; not public API.
+
+- :mod:`.s3server`: a real local S3 server (SeaweedFS ``weed mini``) on 127.0.0.1;
+  ``python -m shardstream.testing`` starts one and prints its environment;
+- :mod:`.faults`: a TCP proxy that cuts, stalls or slows connections to a server;
+- :mod:`.synth`: synthetic JPEG photos in class folders.
+
+The library itself never imports this package (only :mod:`shardstream.demo` does).
+"""
+
+from .s3server import S3ServerError, S3ServerInfo, SeaweedS3Server, main
+
+__all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main"]
