@@ -1,52 +1,47 @@
-"""``ShardDataset``: shards from local disk or S3 as a stream of samples for a DataLoader."""
+"""``ShardDataset``: shards from local disk or S3 as a stream of samples for a DataLoader.
+
+The torch-facing class, thin on purpose: it checks its arguments, knows who is reading
+(rank, DataLoader worker: :func:`~shardstream.reading.assign.current_slot`), carries the
+epoch of each pass to DataLoader workers (:mod:`shardstream.reading.epochs`), survives
+pickling into spawned workers, and warns. What to read each epoch, ``len`` and checkpoints
+are the epoch schedule's (:mod:`shardstream.reading.schedule`); reading is the engine's
+(:mod:`shardstream.reading.engine`), which sees the shards through a
+:class:`~shardstream.reading.shards.ShardSet`.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
-import itertools
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterableDataset
 
-from .reading.assign import WorkerSlot, assign_shards, current_slot, distributed_rank
 from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
-from .reading.epochs import EpochBoard, PassState, PassView
-from .errors import CorruptShardError, DecodeError, ShardNotFoundError
-from .storage.fetch import iter_shard_streams
 from .index import resolve_source
-from .reading.plan import (
-    EpochPlan,
-    PlanRun,
-    Segment,
-    ShardOrder,
-    WorkerPlan,
-    ramp_samples,
-    without,
-)
-from .shuffle import shuffle_buffer
+from .reading.assign import WorkerSlot, current_slot, distributed_rank
+from .reading.engine import ReadingEngine, repeat_over_skips, share_buffer, shuffled
+from .reading.epochs import EpochBoard, PassState, PassView
+from .reading.schedule import STATE_FORMAT, EpochSchedule
+from .reading.shards import BareShards, IndexedShards
 from .reading.stats import ReaderStats, StatsBoard, StatsSnapshot
-from .reading.slicer import RunSlices, iter_sliced_batches
-from .tarstream import Batch, Hashed, iter_sample_batches, stream_chunks
+from .tarstream import Batch
 
 __all__ = ["STATE_FORMAT", "ShardDataset", "loader_state_dict"]
 
-STATE_FORMAT = "shardstream-state"
-STATE_VERSION = 1
-
 log = logging.getLogger("shardstream")
 _UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
-_OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
-_MIN_PART_BYTES = 1 << 20  # the smallest ranged GET a worker's share of the read-ahead budget makes
 
 Source = str | os.PathLike[str] | Sequence[str]
+
+
+def _setting(owner: str, name: str, doc: str) -> property:
+    """A read-only attribute of the dataset that lives on its schedule or engine."""
+    return property(lambda self: getattr(getattr(self, owner), name), doc=doc)
 
 
 class ShardDataset(IterableDataset):
@@ -170,22 +165,20 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"{shuffle_buffer=} must be an int >= 0 (samples)")
         if not isinstance(seed, int):
             raise ValueError(f"{seed=} must be an int")
-        self.s3 = s3
         self.fetch = fetch or FetchConfig()
         self.shard_urls, self.index = resolve_source(source, s3=s3)
-        self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
         self.decode = make_decoder(decode)
-        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
-        self.cache_limit_bytes = cache_limit_bytes
         self.log_every_s = log_every_s
-        self.drop_last = drop_last
-        self.max_open_shards = max_open_shards
-        self.batch_size = batch_size
         self.resampled = resampled
-        self.on_error = on_error
-        self.verify_checksums = verify_checksums
+        shards = IndexedShards(self.index) if self.index is not None else BareShards(self.shard_urls)
+        self._schedule = EpochSchedule(  # which samples each reader reads, len, checkpoints
+            shards, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer, max_open_shards=max_open_shards,
+            drop_last=drop_last, batch_size=batch_size,
+        )
+        self._engine = ReadingEngine(  # reads them
+            shards, s3=s3, cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            cache_limit_bytes=cache_limit_bytes, on_error=on_error, verify_checksums=verify_checksums,
+        )
         self._epochs = EpochBoard()  # the epoch of each pass, shared with DataLoader workers
         self._set = self._epochs.set(0, [])  # (generation, state) of the latest set_epoch / load here
         self._reader_pid = -1  # the process whose passes self._pass describes
@@ -194,6 +187,19 @@ class ShardDataset(IterableDataset):
         self._iter_seg: tuple[int, int] | None = None  # (segment index, samples skipped) of this iterator
         self._yielded = 0
         self._board = StatsBoard()
+
+    # The arguments that the schedule and the engine hold, read-only here: one copy of each.
+    seed = _setting("_schedule", "seed", "Seed of shard order and sample shuffle.")
+    shuffle = _setting("_schedule", "shuffle", "Whether shard order and samples are shuffled.")
+    shuffle_buffer = _setting("_schedule", "shuffle_buffer", "Samples held by each reader's shuffle buffer.")
+    max_open_shards = _setting("_schedule", "max_open_shards", "Shards each reader reads at once (lanes).")
+    drop_last = _setting("_schedule", "drop_last", "Whether the fewest samples are dropped to even out ranks.")
+    batch_size = _setting("_schedule", "batch_size", "The DataLoader's batch size workers' pieces are cut by.")
+    s3 = _setting("_engine", "s3", "S3 endpoint and credentials (None: the standard AWS environment).")
+    cache_dir = _setting("_engine", "cache_dir", "The node cache's directory, or None.")
+    cache_limit_bytes = _setting("_engine", "cache_limit_bytes", "The node cache's size bound in bytes.")
+    on_error = _setting("_engine", "on_error", "'raise' or 'skip' (corrupt shards, undecodable samples).")
+    verify_checksums = _setting("_engine", "verify_checksums", "Whether whole shards are checked by CRC-32.")
 
     def __repr__(self) -> str:
         return (
@@ -245,7 +251,7 @@ class ShardDataset(IterableDataset):
         keep = pending is not None and pending.epoch == epoch and pending.segments
         self._set = self._epochs.set(epoch, pending.segments if keep else [])  # type: ignore[union-attr,arg-type]
         if self.index is not None and not self.resampled:
-            self._shard_order(epoch)  # now, so DataLoader workers forked next inherit it
+            self._schedule.shard_order(epoch)  # now, so DataLoader workers forked next inherit it
 
     def _view(self, num_workers: int | None = None) -> PassView:
         slot = current_slot(self.__dict__.get("_parent_rank"))
@@ -266,43 +272,7 @@ class ShardDataset(IterableDataset):
                 "len() needs a dataset with an index (written by shardstream pack) and resampled=False"
             )
         slot = current_slot(self.__dict__.get("_parent_rank"))
-        upcoming = self._epochs.view(rank=slot.rank).upcoming
-        segments = _segments(upcoming)
-        num_workers = 1
-        if segments and segments[-1].world_size == slot.world_size:
-            num_workers = segments[-1].num_workers
-        plan = self._plan(PassState(upcoming.epoch, upcoming.segments or []))
-        return plan.rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
-
-    def _shard_order(self, epoch: int) -> ShardOrder:
-        """``epoch``'s order of shards, O(shards): kept for the two latest epochs, so workers
-        forked after :meth:`set_epoch` or ``len()`` share the training process's copy (copy on
-        write) instead of each computing it (0.08 s and 20 MB at 1,000,000 shards)."""
-        assert self.index is not None  # internal invariant: callers check
-        orders: dict[tuple[int, int, bool], ShardOrder] = self.__dict__.setdefault("_shard_orders", {})
-        key = (epoch, self.seed, self.shuffle)
-        if key not in orders:
-            starts = next(iter(orders.values())).starts if orders else None
-            orders[key] = ShardOrder.make(self.index.manifest.shard_samples, seed=self.seed, epoch=epoch,
-                                          shuffle=self.shuffle, starts=starts)
-            while len(orders) > 2:
-                del orders[next(iter(orders))]
-        return orders[key]
-
-    def _plan(self, state: PassState) -> EpochPlan:
-        assert self.index is not None  # internal invariant: callers check
-        return EpochPlan(
-            shard_order=self._shard_order(state.epoch),
-            counts=self.index.manifest.shard_samples,
-            seed=self.seed,
-            epoch=state.epoch,
-            shuffle=self.shuffle,
-            shuffle_buffer=self.shuffle_buffer if self.shuffle else 0,
-            max_open_shards=self.max_open_shards if self.shuffle else 1,
-            drop_last=self.drop_last,
-            segments=_segments(state),
-            batch_size=self.batch_size,
-        )
+        return self._schedule.rank_count(self._epochs.view(rank=slot.rank).upcoming, slot)
 
     def state_dict(
         self, samples_consumed: int | None = None, *, batch_size: int | None = None, num_workers: int | None = None
@@ -331,53 +301,14 @@ class ShardDataset(IterableDataset):
         slot = current_slot(self.__dict__.get("_parent_rank"))
         if samples_consumed is None:  # a reader's own count (StatefulDataLoader)
             state = self._pass or self._loaded or self._view().upcoming
-            segments = _segments(state)
-            seg, skip = self._iter_seg if self._pass is not None and self._iter_seg else (len(segments), 0)
-            workers = max(1, slot.num_workers)
-            current = Segment(slot.world_size, workers, worker_yielded=((slot.worker_id, skip + self._yielded),),
-                              split_batch_size=self.batch_size)
-        else:
-            if not isinstance(samples_consumed, int) or samples_consumed < 0:
-                raise ValueError(f"{samples_consumed=} must be an int >= 0")
-            workers = max(1, num_workers or 0)
-            state = self._view(num_workers or 0).latest
-            if state.segments is None:
-                raise ValueError(
-                    "the DataLoader workers resumed this epoch from a StatefulDataLoader checkpoint; keep saving "
-                    "with StatefulDataLoader.state_dict() for this epoch"
-                )
-            segments = _segments(state)
-            seg, base = len(segments), 0
-            last = segments[-1] if segments else None
-            if last is not None and (last.world_size, last.num_workers, last.split_batch_size) == (
-                slot.world_size, workers, self.batch_size
-            ):
-                if last.samples_consumed is None:
-                    raise ValueError(
-                        "the loaded checkpoint came from StatefulDataLoader workers; keep saving with "
-                        "StatefulDataLoader.state_dict() for this epoch"
-                    )
-                if last.batch_size != batch_size:
-                    raise ValueError(
-                        f"batch_size={batch_size} differs from the checkpoint's {last.batch_size}; resume "
-                        "an epoch with the DataLoader batch size it started with"
-                    )
-                seg, base = len(segments) - 1, last.samples_consumed
-            current = Segment(slot.world_size, workers, batch_size, base + samples_consumed,
-                              split_batch_size=self.batch_size)
-        return {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "seed": self.seed,
-            "epoch": state.epoch,
-            "shuffle": self.shuffle,
-            "shuffle_buffer": self.shuffle_buffer,
-            "max_open_shards": self.max_open_shards,
-            "drop_last": self.drop_last,
-            "num_samples": self.num_samples,
-            "num_shards": self.num_shards,
-            "segments": [x.to_dict() for x in [*segments[:seg], current]],
-        }
+            position = self._iter_seg if self._pass is not None and self._iter_seg else None
+            return self._schedule.reader_state(state, slot, position=position, yielded=self._yielded)
+        if not isinstance(samples_consumed, int) or samples_consumed < 0:
+            raise ValueError(f"{samples_consumed=} must be an int >= 0")
+        return self._schedule.consumed_state(
+            self._view(num_workers or 0).latest, slot, samples_consumed=samples_consumed, batch_size=batch_size,
+            num_workers=num_workers,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next pass yields exactly the samples of that
@@ -390,43 +321,21 @@ class ShardDataset(IterableDataset):
             ValueError: the state is not a shardstream state, or was saved for another
                 dataset or with other shuffle settings (each named).
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a shardstream state (no \"format\": \"{STATE_FORMAT}\"): {str(state)[:200]}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
-        mine = {
-            "num_samples": self.num_samples,
-            "num_shards": self.num_shards,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "shuffle_buffer": self.shuffle_buffer,
-            "max_open_shards": self.max_open_shards,
-            "drop_last": self.drop_last,
-        }
-        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
-        if differ:
-            detail = ", ".join(f"{k}: checkpoint {a!r}, dataset {b!r}" for k, (a, b) in differ.items())
-            raise ValueError(f"the state was saved for another dataset or settings ({detail}); construct the same")
-        segments = [Segment.from_dict(x).to_dict() for x in state["segments"]]  # validates them
-        loaded = PassState(int(state["epoch"]), segments)
+        loaded = self._schedule.loaded_state(state)
         if _in_worker():
             self._loaded = loaded
         else:
-            self._set = self._epochs.set(loaded.epoch, segments)
+            self._set = self._epochs.set(loaded.epoch, loaded.segments or [])
 
     def shards_for(self, slot: WorkerSlot) -> list[str]:
         """The shard URLs ``slot`` reads in :attr:`epoch`, in reading order."""
-        return [self.shard_urls[i] for i in self._shard_ids(slot, self.epoch)]
-
-    def _shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
-        return assign_shards(self.num_shards, slot, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        return [self.shard_urls[i] for i in self._schedule.shard_ids(slot, self.epoch)]
 
     def __getstate__(self) -> dict[str, Any]:
         # Runs in the main process when a DataLoader hands the dataset to spawned workers,
         # which do not inherit torch.distributed: record the rank it knows here.
         state = self.__dict__.copy()
         state["_parent_rank"] = distributed_rank()
-        state.pop("_shard_orders", None)  # O(shards) arrays a spawned worker remakes for its epoch
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -466,15 +375,13 @@ class ShardDataset(IterableDataset):
                 "before each epoch to choose the epoch yourself.", state.epoch,
             )
         stats = self._board.reader(slot.worker_id + 1 if in_worker else 0)
-        fetch = _share_buffer(self.fetch, slot.num_workers if in_worker else 1)  # the rank's budget, shared
+        fetch = share_buffer(self.fetch, slot.num_workers if in_worker else 1)  # the rank's budget, shared
         self._yielded = 0
         self._iter_seg = None
         if self.index is not None and not self.resampled:
-            plan = self._plan(state)
+            plan = self._schedule.plan(state)
             try:
-                mine, seg = plan.for_worker(
-                    rank=slot.rank, world_size=slot.world_size, worker_id=slot.worker_id, num_workers=slot.num_workers
-                )
+                mine, seg = self._schedule.worker_plan(plan, slot)
             except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
                 return _raise(exc)
             self._iter_seg = (seg, mine.skip)
@@ -487,18 +394,16 @@ class ShardDataset(IterableDataset):
                     "ShardDataset.",
                     slot.num_workers, slot.num_workers - 1,
                 )
-            samples = self._read_plan(mine, stats, fetch)
+            samples = self._engine.read_plan(mine, fetch=fetch, stats=stats)
         else:
             if self.resampled:
-                samples = self._read_resampled(slot, stats, state.epoch, fetch)
+                samples = self._engine.read_resampled(
+                    seed=self.seed, epoch=state.epoch, reader=slot.index, fetch=fetch, stats=stats
+                )
             else:
-                samples = self._read(self._shard_ids(slot, state.epoch), stats, fetch)
+                samples = self._engine.read_shards(self._schedule.shard_ids(slot, state.epoch), fetch=fetch, stats=stats)
             if self.shuffle and self.shuffle_buffer > 1:
-                seed = int(np.random.SeedSequence([self.seed, state.epoch, slot.index]).generate_state(1)[0])
-                samples = _in_batches(shuffle_buffer(
-                    itertools.chain.from_iterable(samples), capacity_samples=self.shuffle_buffer,
-                    rng=random.Random(seed), initial_samples=ramp_samples(self.shuffle_buffer),
-                ))
+                samples = shuffled(samples, capacity_samples=self.shuffle_buffer, seed=(self.seed, state.epoch, slot.index))
         return self._deliver(samples, slot, stats, worker_id)
 
     def _deliver(
@@ -510,7 +415,7 @@ class ShardDataset(IterableDataset):
         log_every_s = self.log_every_s if slot.worker_id == 0 else None
         next_log = time.monotonic() + log_every_s if log_every_s else float("inf")
         if self.on_error == "skip":
-            batches = _repeat_over_skips(batches, decode, stats)
+            batches = repeat_over_skips(batches, decode, stats)
             decode = None
         for batch in batches:
             stats.samples(len(batch), batch.nbytes)
@@ -526,171 +431,6 @@ class ShardDataset(IterableDataset):
                     self._yielded += 1
                     yield decode(sample)
         self._epochs.finish_pass(rank=slot.rank, worker_id=worker_id)
-
-    def _cache(self) -> Any:
-        if self.cache_dir is None:
-            return None
-        from .storage.cache import ShardCache
-
-        return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
-
-    def _read_plan(self, plan: WorkerPlan, stats: ReaderStats, fetch: FetchConfig) -> Iterator[Batch]:
-        """A worker's samples in its plan's emission order, in batches, skipping those
-        delivered before a resume: each lane reads its runs (byte ranges of shards, from the
-        index), arrivals follow the plan's interleaving, and a sample is held only until its
-        turn comes, at most ``shuffle_buffer`` of them. Nothing is listed per sample up front:
-        the interleaving and the emission order are drawn as samples come, so a piece of 10^8
-        samples costs what one of 10^4 does before its first sample, but for its runs
-        (O(shards)). One lane in arrival order (``shuffle=False``) hands its batches on as
-        they are read."""
-        if plan.skip >= plan.count:
-            return
-        emissions = plan.emissions()
-        labels: Iterator[np.ndarray] = plan.labels()
-        lane_runs = [plan.lane_runs(lane) for lane in range(plan.lanes)]
-        fetch = _lane_fetch(fetch, plan.lanes)
-        if plan.lanes == 1 and (plan.capacity <= 1 or plan.count <= 1):  # arrival order, one lane
-            if plan.skip:
-                lane_runs[0] = without(lane_runs[0], np.arange(plan.skip, dtype=np.int64))
-            yield from self._read_runs(lane_runs[0], fetch, stats)
-            return
-        skipped = np.zeros(0, dtype=bool)  # by arrival index: delivered before the resume
-        if plan.skip:
-            delivered = np.fromiter(itertools.islice(emissions, plan.skip), dtype=np.int64, count=plan.skip)
-            skipped = np.zeros(int(delivered.max()) + 1, dtype=bool)
-            skipped[delivered] = True
-            head: list[np.ndarray] = []
-            while sum(map(len, head)) < len(skipped):
-                head.append(next(labels))
-            prefix = np.concatenate(head)[: len(skipped)]
-            for lane in range(plan.lanes):  # each lane leaves out its delivered samples
-                lane_runs[lane] = without(lane_runs[lane], np.flatnonzero(skipped[prefix == lane]))
-            labels = itertools.chain(head, labels)
-        pulled = [0]  # payload bytes of the batches the lanes have read
-        readers = [self._read_runs(runs, fetch, stats) for runs in lane_runs]
-        lanes_samples = [_flatten(reader, pulled) for reader in readers]
-        held: dict[int, dict[str, Any] | None] = {}
-        out, counted = Batch(), 0
-        turn = next(emissions, None)
-        t = 0
-        for chunk in labels:
-            lanes = chunk.tolist()
-            if t < len(skipped):  # arrivals delivered before the resume come from no lane
-                wanted = np.ones(len(lanes), dtype=bool)
-                part = skipped[t : t + len(lanes)]
-                wanted[: len(part)] = ~part
-                lanes = [lane if w else -1 for lane, w in zip(lanes, wanted.tolist())]
-            for lane in lanes:
-                if lane >= 0:
-                    held[t] = next(lanes_samples[lane])
-                    while turn is not None and turn in held:
-                        out.append(held.pop(turn))
-                        turn = next(emissions, None)
-                    if len(out) >= _OUT_BATCH or (out and not counted):  # the first sample goes at once
-                        out.nbytes, counted = pulled[0] - counted, pulled[0]
-                        yield out
-                        out = Batch()
-                t += 1
-        if out:
-            out.nbytes = pulled[0] - counted
-            yield out
-        for samples in lanes_samples:  # run each to its end: it checks counts, commits cache entries
-            for _ in samples:
-                raise AssertionError("internal error: a lane read beyond its plan")
-
-    def _read_runs(self, runs: list[PlanRun], fetch: FetchConfig, stats: ReaderStats) -> Iterator[Batch]:
-        """The wanted samples of each run in order, in batches, reading each run as one byte
-        range of its shard (the whole shard when the run covers it; else the range from the
-        shard's sample table); with ``on_error="skip"``, None for each sample of a run a
-        corrupt shard lost."""
-        index = self.index
-        assert index is not None  # internal invariant: only planned reads come here
-        urls, ranges, sizes = [], [], []
-        for run in runs:
-            urls.append(index.shard_url(run.shard))
-            sizes.append(int(index.manifest.shard_bytes[run.shard]))
-            if run.lo == 0 and run.hi == int(index.manifest.shard_samples[run.shard]) - 1:
-                ranges.append(None)
-            else:
-                ends = index.table(run.shard).sample_ends()
-                ranges.append((int(ends[run.lo - 1]) if run.lo else 0, int(ends[run.hi])))
-        streams = iter_shard_streams(
-            urls, sizes_bytes=sizes, byte_ranges=ranges, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats
-        )
-        # The streams come first in the zip, so the generator runs to its end after the last
-        # run: that is where it finishes and commits the last shard's cache entry.
-        for (url, stream), run, byte_range in zip(streams, runs, ranges):
-            if self.on_error == "skip":
-                yield from _skip_corrupt(self._read_run(url, stream, run, byte_range), run, url)
-            else:
-                yield from self._read_run(url, stream, run, byte_range)
-
-    def _read_run(self, url: str, stream: Any, run: PlanRun, byte_range: tuple[int, int] | None) -> Iterator[Batch]:
-        """The wanted samples of one run, in batches, checked against the index.
-
-        Where the shard's table is at hand (a local dataset, or a byte range, which needed
-        the table to find), members are sliced at the table's offsets and each header is
-        checked against it (:mod:`shardstream.reading.slicer`); else the tar headers are parsed and
-        the sample count is checked."""
-        index = self.index
-        assert index is not None  # internal invariant: runs come from the index
-        checked = None
-        if self.verify_checksums and byte_range is None:
-            stream = checked = Hashed(stream)
-        table = None
-        if byte_range is not None:
-            table = index.table(run.shard)
-        elif index.tables_local or index.has_table(run.shard):
-            try:
-                table = index.table(run.shard)
-            except ShardNotFoundError:  # a whole shard reads without its table, parsed
-                table = None
-        if table is not None:
-            slices = RunSlices(table, run.indices(), url=url)
-            yield from iter_sliced_batches(stream_chunks(stream), slices, base_offset=byte_range[0] if byte_range else 0)
-        else:
-            yield from _parsed_run(stream, run, url, int(index.manifest.shard_samples[run.shard]),
-                                   foreign=index.manifest.foreign)
-        if checked is not None:
-            checked.drain()  # the tar's tail after its end blocks
-            if f"{checked.crc32:08x}" != index.manifest.crc32_hex(run.shard):
-                raise CorruptShardError(
-                    f"{url}: CRC-32 {checked.crc32:08x} but the index says {index.manifest.crc32_hex(run.shard)}; "
-                    "the shard's bytes changed after packing, re-pack or re-upload it"
-                )
-
-    def _read_resampled(self, slot: WorkerSlot, stats: ReaderStats, epoch: int, fetch: FetchConfig) -> Iterator[Batch]:
-        """Endless: shards drawn with replacement, weighted by their sample counts (or
-        uniformly without an index), 64 at a time so S3 reads run ahead."""
-        rng = np.random.default_rng([self.seed, epoch, slot.index, 3])
-        if self.index is not None:
-            counts = self.index.manifest.shard_samples.astype(float)
-        else:
-            counts = np.ones(self.num_shards)
-        if counts.sum() == 0:
-            raise ValueError("resampled=True needs a dataset with at least one sample")
-        p = counts / counts.sum()
-        while True:
-            yield from self._read(rng.choice(len(counts), size=64, p=p).tolist(), stats, fetch)
-
-    def _read(self, shards: list[int], stats: ReaderStats, fetch: FetchConfig) -> Iterator[Batch]:
-        """Every sample of these shards (ids), in batches, checked against the index's counts
-        when there is one."""
-        manifest = self.index.manifest if self.index is not None else None
-        urls = [self.shard_urls[s] for s in shards]
-        sizes = [int(manifest.shard_bytes[s]) if manifest is not None else None for s in shards]
-        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=fetch, cache=self._cache(),
-                                     stats=stats)
-        for s, (url, stream) in zip(shards, streams):
-            count = 0
-            for batch in iter_sample_batches(stream, url=url, foreign=manifest is None):
-                count += len(batch)
-                yield batch
-            if manifest is not None and count != manifest.shard_samples[s]:
-                raise CorruptShardError(
-                    f"{url}: holds {count} samples but the index says {manifest.shard_samples[s]}; the shard "
-                    "or its index is stale or damaged, re-pack or re-upload the dataset"
-                )
 
 
 def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
@@ -726,143 +466,10 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
     return dataset.state_dict(samples_consumed, batch_size=loader.batch_size, num_workers=loader.num_workers)
 
 
-def _parsed_run(stream: Any, run: PlanRun, url: str, count: int, *, foreign: bool = False) -> Iterator[Batch]:
-    """A run covering a whole shard, read by parsing its tar headers: its wanted samples, in
-    batches; the shard must hold ``count`` samples (the index's). ``foreign``: an index built
-    for another tool's shards (links skipped, as the index left them out)."""
-    wanted = None
-    if run.index is not None:
-        wanted = np.zeros(count, bool)
-        wanted[run.index] = True
-    i = 0
-    for batch in iter_sample_batches(stream, url=url, foreign=foreign):
-        if i + len(batch) > count:
-            raise CorruptShardError(
-                f"{url}: holds more than the {count} samples the index says; the shard or its index is stale or "
-                "damaged, re-pack or re-upload the dataset"
-            )
-        n = len(batch)
-        if wanted is not None:
-            kept = [sample for sample, w in zip(batch, wanted[i : i + n].tolist()) if w]
-            batch = Batch(kept, sum(map(_payload_bytes, kept)))
-        i += n
-        if batch:
-            yield batch
-    if i != count:
-        raise CorruptShardError(
-            f"{url}: holds {i} samples but the index says {count}; the shard or its index is stale or damaged, "
-            "re-pack or re-upload the dataset"
-        )
-
-
-def _skip_corrupt(batches: Iterator[Batch], run: PlanRun, url: str) -> Iterator[Batch]:
-    """A run's batches; from a CorruptShardError on, a batch of ``None`` for each wanted
-    sample left (logged once)."""
-    done = 0
-    try:
-        for batch in batches:
-            done += len(batch)
-            yield batch
-    except CorruptShardError as exc:
-        log.warning("skipping %d samples of %s: %s", run.count - done, url, exc)
-        if run.count > done:
-            yield Batch([None] * (run.count - done))
-
-
-def _repeat_over_skips(
-    batches: Iterator[Batch], decode: Callable[[dict[str, Any]], Any] | None, stats: ReaderStats
-) -> Iterator[Batch]:
-    """Batches of decoded samples; a skipped (None) or undecodable one is counted and
-    replaced by a repeat of the previous good one (or of the next, at the start), so the
-    count is kept."""
-    last: Any = None
-    owed = 0
-    warned: set[str] = set()
-    for batch in batches:
-        out = Batch(nbytes=batch.nbytes)
-        for sample in batch:
-            if sample is not None and decode is not None:
-                try:
-                    sample = decode(sample)
-                except DecodeError as exc:
-                    shard = str(sample.get("__shard__"))
-                    if shard not in warned:
-                        warned.add(shard)
-                        log.warning("skipping undecodable samples of %s (first: %s)", shard, exc)
-                    sample = None
-            if sample is None:
-                stats.add("skipped", 1)
-                if last is None:
-                    owed += 1
-                    continue
-                sample = last
-            last = sample
-            out.extend([sample] * (owed + 1))
-            owed = 0
-        if out:
-            yield out
-    if owed:
-        raise CorruptShardError(f"on_error='skip': all {owed} samples of this reader were skipped; nothing to repeat")
-
-
-def _flatten(batches: Iterator[Batch], pulled: list[int]) -> Iterator[Any]:
-    """The samples of ``batches``, adding each batch's payload bytes to ``pulled[0]``."""
-    for batch in batches:
-        pulled[0] += batch.nbytes
-        yield from batch
-
-
-def _in_batches(samples: Iterator[dict[str, Any]], size: int = _OUT_BATCH) -> Iterator[Batch]:
-    """``samples`` in batches of ``size`` (the last one shorter), their payload bytes counted."""
-    batch = Batch()
-    for sample in samples:
-        batch.append(sample)
-        if len(batch) >= size:
-            batch.nbytes = sum(map(_payload_bytes, batch))
-            yield batch
-            batch = Batch()
-    if batch:
-        batch.nbytes = sum(map(_payload_bytes, batch))
-        yield batch
-
-
-def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
-    """Each of ``lanes`` concurrent readers gets a share of the reader's read-ahead bounds."""
-    if lanes <= 1:
-        return fetch
-    return dataclasses.replace(
-        _share_buffer(fetch, lanes),
-        max_inflight_requests=max(1, fetch.max_inflight_requests // lanes),
-        max_inflight_shards=max(1, fetch.max_inflight_shards // lanes),
-    )
-
-
-def _share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
-    """``fetch`` for one of ``readers`` that share its ``max_buffer_bytes``: each gets an equal
-    part, holding at least two ranged GETs (smaller ones, down to 1 MiB, where the part is
-    small), so a rank's DataLoader workers together keep to the rank's budget."""
-    if readers <= 1:
-        return fetch
-    share = fetch.max_buffer_bytes // readers
-    part = min(fetch.part_bytes, max(_MIN_PART_BYTES, share // 2))
-    return dataclasses.replace(fetch, part_bytes=part, max_buffer_bytes=max(part, share))
-
-
-def _segments(state: PassState) -> tuple[Segment, ...]:
-    """The checkpoint segments a pass resumes (none when unknown here: a worker's own state)."""
-    return tuple(Segment.from_dict(x) for x in state.segments or ())
-
-
 def _raise(exc: BaseException) -> Iterator[Any]:
     """An iterator that raises ``exc`` at its first ``next``."""
     raise exc
     yield
-
-
-def _payload_bytes(sample: dict[str, Any] | None) -> int:
-    if sample is None:
-        return 0
-    return sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, bytearray)))
 
 
 def _loader_id() -> int:

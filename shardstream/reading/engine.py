@@ -1,0 +1,400 @@
+"""The reading engine: a worker's plan in, batches of samples out. No torch.
+
+:class:`ReadingEngine` reads the shards of a :class:`~shardstream.reading.shards.ShardSet`
+through :func:`~shardstream.storage.fetch.iter_shard_streams` (local shards in place, S3
+shards as ranged GETs running ahead, the node cache) and hands samples on in
+:class:`~shardstream.tarstream.Batch` es. It knows nothing of torch, ranks or epochs: what to
+read comes in as a :class:`~shardstream.reading.plan.WorkerPlan` (exact epochs, from the
+schedule, :mod:`.schedule`) or as a list of shard ids (bare shard URLs, or resampling).
+
+What it promises:
+
+- **Order.** :meth:`ReadingEngine.read_plan` yields exactly the plan's samples in the plan's
+  emission order (:meth:`WorkerPlan.emissions`), less the first ``plan.skip`` (a resume): the
+  same samples in the same order on every run, whatever the timing of reads. Each lane
+  reads its runs in order; the lanes' arrivals are interleaved as the plan draws them.
+  :meth:`ReadingEngine.read_shards` yields every sample of the shards, shard after shard,
+  in each shard's order.
+- **Bounded memory.** Bytes fetched and not yet consumed stay within the fetch config's
+  ``max_buffer_bytes`` (shared by the lanes, :func:`share_buffer` shares a rank's budget
+  among its workers); a sample that arrived before its turn is held only until its turn,
+  at most ``plan.capacity`` (the shuffle buffer) of them; per-shard tables are read one
+  run at a time. Nothing is listed per sample up front: a plan of 10^8 samples costs
+  what one of 10^4 does before its first sample, but for its runs (O(shards)).
+- **Errors.** A malformed or truncated shard, one whose samples, keys or sizes disagree
+  with the index, or (``verify_checksums``) whose CRC-32 does not match, raises
+  :class:`~shardstream.errors.CorruptShardError` naming the shard URL (and member and byte
+  where known). With ``on_error="skip"`` the rest of that run is yielded as ``None``
+  placeholders instead (logged once), which :func:`repeat_over_skips` replaces by repeats, so
+  counts hold. Storage errors (missing shards, S3 access, connections) always raise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..config import FetchConfig, S3Config
+from ..errors import CorruptShardError, DecodeError, ShardNotFoundError
+from ..shuffle import shuffle_buffer
+from ..storage.cache import ShardCache
+from ..storage.fetch import iter_shard_streams
+from ..tarstream import Batch, Hashed, iter_sample_batches, stream_chunks
+from .plan import PlanRun, WorkerPlan, ramp_samples, without
+from .shards import ShardSet
+from .slicer import RunSlices, iter_sliced_batches
+from .stats import ReaderStats
+
+__all__ = ["ReadingEngine", "repeat_over_skips", "share_buffer", "shuffled"]
+
+log = logging.getLogger("shardstream")
+_OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
+_MIN_PART_BYTES = 1 << 20  # the smallest ranged GET a worker's share of the read-ahead budget makes
+
+
+class ReadingEngine:
+    """Reads shards of ``shards`` into batches of samples (module doc: order, memory, errors).
+
+    Args:
+        shards: the shards, their URLs, sizes, counts and tables.
+        s3: S3 endpoint and credentials; None: the standard AWS environment.
+        cache_dir: a node-local directory caching ``s3://`` shards
+            (:class:`~shardstream.storage.cache.ShardCache`); None: no cache.
+        cache_limit_bytes: the cache's size bound in bytes (with ``cache_dir``).
+        on_error: ``"raise"``: a corrupt shard raises; ``"skip"``: the rest of its run is
+            yielded as ``None`` placeholders.
+        verify_checksums: check each shard read whole against its CRC-32.
+
+    Samples are dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        s3: S3Config | None = None,
+        cache_dir: str | None = None,
+        cache_limit_bytes: int | None = None,
+        on_error: str = "raise",
+        verify_checksums: bool = False,
+    ) -> None:
+        self.shards = shards
+        self.s3 = s3
+        self.cache_dir = cache_dir
+        self.cache_limit_bytes = cache_limit_bytes
+        self.on_error = on_error
+        self.verify_checksums = verify_checksums
+
+    def __repr__(self) -> str:
+        return f"ReadingEngine({self.shards!r}, on_error={self.on_error!r})"
+
+    def read_plan(self, plan: WorkerPlan, *, fetch: FetchConfig, stats: ReaderStats) -> Iterator[Batch]:
+        """A worker's samples in its plan's emission order, in batches, skipping those
+        delivered before a resume: each lane reads its runs (byte ranges of shards, from the
+        index), arrivals follow the plan's interleaving, and a sample is held only until its
+        turn comes, at most ``shuffle_buffer`` of them. Nothing is listed per sample up front:
+        the interleaving and the emission order are drawn as samples come, so a piece of 10^8
+        samples costs what one of 10^4 does before its first sample, but for its runs
+        (O(shards)). One lane in arrival order (``shuffle=False``) hands its batches on as
+        they are read."""
+        if plan.skip >= plan.count:
+            return
+        emissions = plan.emissions()
+        labels: Iterator[np.ndarray] = plan.labels()
+        lane_runs = [plan.lane_runs(lane) for lane in range(plan.lanes)]
+        fetch = _lane_fetch(fetch, plan.lanes)
+        if plan.lanes == 1 and (plan.capacity <= 1 or plan.count <= 1):  # arrival order, one lane
+            if plan.skip:
+                lane_runs[0] = without(lane_runs[0], np.arange(plan.skip, dtype=np.int64))
+            yield from self._read_runs(lane_runs[0], fetch, stats)
+            return
+        skipped = np.zeros(0, dtype=bool)  # by arrival index: delivered before the resume
+        if plan.skip:
+            delivered = np.fromiter(itertools.islice(emissions, plan.skip), dtype=np.int64, count=plan.skip)
+            skipped = np.zeros(int(delivered.max()) + 1, dtype=bool)
+            skipped[delivered] = True
+            head: list[np.ndarray] = []
+            while sum(map(len, head)) < len(skipped):
+                head.append(next(labels))
+            prefix = np.concatenate(head)[: len(skipped)]
+            for lane in range(plan.lanes):  # each lane leaves out its delivered samples
+                lane_runs[lane] = without(lane_runs[lane], np.flatnonzero(skipped[prefix == lane]))
+            labels = itertools.chain(head, labels)
+        pulled = [0]  # payload bytes of the batches the lanes have read
+        readers = [self._read_runs(runs, fetch, stats) for runs in lane_runs]
+        lanes_samples = [_flatten(reader, pulled) for reader in readers]
+        held: dict[int, dict[str, Any] | None] = {}
+        out, counted = Batch(), 0
+        turn = next(emissions, None)
+        t = 0
+        for chunk in labels:
+            lanes = chunk.tolist()
+            if t < len(skipped):  # arrivals delivered before the resume come from no lane
+                wanted = np.ones(len(lanes), dtype=bool)
+                part = skipped[t : t + len(lanes)]
+                wanted[: len(part)] = ~part
+                lanes = [lane if w else -1 for lane, w in zip(lanes, wanted.tolist())]
+            for lane in lanes:
+                if lane >= 0:
+                    held[t] = next(lanes_samples[lane])
+                    while turn is not None and turn in held:
+                        out.append(held.pop(turn))
+                        turn = next(emissions, None)
+                    if len(out) >= _OUT_BATCH or (out and not counted):  # the first sample goes at once
+                        out.nbytes, counted = pulled[0] - counted, pulled[0]
+                        yield out
+                        out = Batch()
+                t += 1
+        if out:
+            out.nbytes = pulled[0] - counted
+            yield out
+        for samples in lanes_samples:  # run each to its end: it checks counts, commits cache entries
+            for _ in samples:
+                raise AssertionError("internal error: a lane read beyond its plan")
+
+    def _read_runs(self, runs: list[PlanRun], fetch: FetchConfig, stats: ReaderStats) -> Iterator[Batch]:
+        """The wanted samples of each run in order, in batches, reading each run as one byte
+        range of its shard (the whole shard when the run covers it; else the range from the
+        shard's sample table); with ``on_error="skip"``, None for each sample of a run a
+        corrupt shard lost."""
+        shards, counts = self.shards, self.shards.sample_counts
+        assert counts is not None  # internal invariant: only planned reads come here
+        urls: list[str] = []
+        ranges: list[tuple[int, int] | None] = []
+        sizes: list[int | None] = []
+        for run in runs:
+            urls.append(shards.url(run.shard))
+            sizes.append(shards.size_bytes(run.shard))
+            if run.lo == 0 and run.hi == int(counts[run.shard]) - 1:
+                ranges.append(None)
+            else:
+                ends = shards.table(run.shard).sample_ends()
+                ranges.append((int(ends[run.lo - 1]) if run.lo else 0, int(ends[run.hi])))
+        streams = iter_shard_streams(
+            urls, sizes_bytes=sizes, byte_ranges=ranges, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats
+        )
+        # The streams come first in the zip, so the generator runs to its end after the last
+        # run: that is where it finishes and commits the last shard's cache entry.
+        for (url, stream), run, byte_range in zip(streams, runs, ranges):
+            if self.on_error == "skip":
+                yield from _skip_corrupt(self._read_run(url, stream, run, byte_range), run, url)
+            else:
+                yield from self._read_run(url, stream, run, byte_range)
+
+    def _read_run(self, url: str, stream: Any, run: PlanRun, byte_range: tuple[int, int] | None) -> Iterator[Batch]:
+        """The wanted samples of one run, in batches, checked against the index.
+
+        Where the shard's table is at hand (a local dataset, or a byte range, which needed
+        the table to find), members are sliced at the table's offsets and each header is
+        checked against it (:mod:`shardstream.reading.slicer`); else the tar headers are parsed and
+        the sample count is checked."""
+        shards, counts = self.shards, self.shards.sample_counts
+        assert counts is not None  # internal invariant: runs come from the index
+        checked = None
+        if self.verify_checksums and byte_range is None:
+            stream = checked = Hashed(stream)
+        table = None
+        if byte_range is not None:
+            table = shards.table(run.shard)
+        elif shards.table_at_hand(run.shard):
+            try:
+                table = shards.table(run.shard)
+            except ShardNotFoundError:  # a whole shard reads without its table, parsed
+                table = None
+        if table is not None:
+            slices = RunSlices(table, run.indices(), url=url)
+            yield from iter_sliced_batches(stream_chunks(stream), slices, base_offset=byte_range[0] if byte_range else 0)
+        else:
+            yield from _parsed_run(stream, run, url, int(counts[run.shard]), foreign=shards.foreign)
+        if checked is not None:
+            checked.drain()  # the tar's tail after its end blocks
+            if f"{checked.crc32:08x}" != shards.crc32_hex(run.shard):
+                raise CorruptShardError(
+                    f"{url}: CRC-32 {checked.crc32:08x} but the index says {shards.crc32_hex(run.shard)}; "
+                    "the shard's bytes changed after packing, re-pack or re-upload it"
+                )
+
+    def read_resampled(
+        self, *, seed: int, epoch: int, reader: int, fetch: FetchConfig, stats: ReaderStats
+    ) -> Iterator[Batch]:
+        """Endless: shards drawn with replacement, weighted by their sample counts (or
+        uniformly without an index), 64 at a time so S3 reads run ahead; seeded by ``(seed,
+        epoch, reader)``, ``reader`` being the reader's index among the job's readers."""
+        rng = np.random.default_rng([seed, epoch, reader, 3])
+        if self.shards.sample_counts is not None:
+            counts = self.shards.sample_counts.astype(float)
+        else:
+            counts = np.ones(self.shards.num_shards)
+        if counts.sum() == 0:
+            raise ValueError("resampled=True needs a dataset with at least one sample")
+        p = counts / counts.sum()
+        while True:
+            yield from self.read_shards(rng.choice(len(counts), size=64, p=p).tolist(), fetch=fetch, stats=stats)
+
+    def read_shards(self, shards: list[int], *, fetch: FetchConfig, stats: ReaderStats) -> Iterator[Batch]:
+        """Every sample of these shards (ids), in batches, checked against the index's counts
+        when there is one."""
+        counts = self.shards.sample_counts
+        urls = [self.shards.url(s) for s in shards]
+        sizes = [self.shards.size_bytes(s) for s in shards]
+        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=fetch, cache=self._cache(),
+                                     stats=stats)
+        for s, (url, stream) in zip(shards, streams):
+            count = 0
+            for batch in iter_sample_batches(stream, url=url, foreign=counts is None):
+                count += len(batch)
+                yield batch
+            if counts is not None and count != counts[s]:
+                raise CorruptShardError(
+                    f"{url}: holds {count} samples but the index says {counts[s]}; the shard "
+                    "or its index is stale or damaged, re-pack or re-upload the dataset"
+                )
+
+    def _cache(self) -> ShardCache | None:
+        if self.cache_dir is None:
+            return None
+        return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
+
+
+def shuffled(batches: Iterator[Batch], *, capacity_samples: int, seed: Sequence[int]) -> Iterator[Batch]:
+    """``batches``' samples through a shuffle buffer of ``capacity_samples`` (seeded by
+    ``seed``, e.g. ``(seed, epoch, reader)``), in batches of 64: for reads without a plan."""
+    state = int(np.random.SeedSequence(list(seed)).generate_state(1)[0])
+    return _in_batches(shuffle_buffer(
+        itertools.chain.from_iterable(batches), capacity_samples=capacity_samples,
+        rng=random.Random(state), initial_samples=ramp_samples(capacity_samples),
+    ))
+
+
+def repeat_over_skips(
+    batches: Iterator[Batch], decode: Callable[[dict[str, Any]], Any] | None, stats: ReaderStats
+) -> Iterator[Batch]:
+    """Batches of decoded samples; a skipped (None) or undecodable one is counted and
+    replaced by a repeat of the previous good one (or of the next, at the start), so the
+    count is kept."""
+    last: Any = None
+    owed = 0
+    warned: set[str] = set()
+    for batch in batches:
+        out = Batch(nbytes=batch.nbytes)
+        for sample in batch:
+            if sample is not None and decode is not None:
+                try:
+                    sample = decode(sample)
+                except DecodeError as exc:
+                    shard = str(sample.get("__shard__"))
+                    if shard not in warned:
+                        warned.add(shard)
+                        log.warning("skipping undecodable samples of %s (first: %s)", shard, exc)
+                    sample = None
+            if sample is None:
+                stats.add("skipped", 1)
+                if last is None:
+                    owed += 1
+                    continue
+                sample = last
+            last = sample
+            out.extend([sample] * (owed + 1))
+            owed = 0
+        if out:
+            yield out
+    if owed:
+        raise CorruptShardError(f"on_error='skip': all {owed} samples of this reader were skipped; nothing to repeat")
+
+
+def share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
+    """``fetch`` for one of ``readers`` that share its ``max_buffer_bytes``: each gets an equal
+    part, holding at least two ranged GETs (smaller ones, down to 1 MiB, where the part is
+    small), so a rank's DataLoader workers together keep to the rank's budget."""
+    if readers <= 1:
+        return fetch
+    share = fetch.max_buffer_bytes // readers
+    part = min(fetch.part_bytes, max(_MIN_PART_BYTES, share // 2))
+    return dataclasses.replace(fetch, part_bytes=part, max_buffer_bytes=max(part, share))
+
+
+def _parsed_run(stream: Any, run: PlanRun, url: str, count: int, *, foreign: bool = False) -> Iterator[Batch]:
+    """A run covering a whole shard, read by parsing its tar headers: its wanted samples, in
+    batches; the shard must hold ``count`` samples (the index's). ``foreign``: an index built
+    for another tool's shards (links skipped, as the index left them out)."""
+    wanted = None
+    if run.index is not None:
+        wanted = np.zeros(count, bool)
+        wanted[run.index] = True
+    i = 0
+    for batch in iter_sample_batches(stream, url=url, foreign=foreign):
+        if i + len(batch) > count:
+            raise CorruptShardError(
+                f"{url}: holds more than the {count} samples the index says; the shard or its index is stale or "
+                "damaged, re-pack or re-upload the dataset"
+            )
+        n = len(batch)
+        if wanted is not None:
+            kept = [sample for sample, w in zip(batch, wanted[i : i + n].tolist()) if w]
+            batch = Batch(kept, sum(map(_payload_bytes, kept)))
+        i += n
+        if batch:
+            yield batch
+    if i != count:
+        raise CorruptShardError(
+            f"{url}: holds {i} samples but the index says {count}; the shard or its index is stale or damaged, "
+            "re-pack or re-upload the dataset"
+        )
+
+
+def _skip_corrupt(batches: Iterator[Batch], run: PlanRun, url: str) -> Iterator[Batch]:
+    """A run's batches; from a CorruptShardError on, a batch of ``None`` for each wanted
+    sample left (logged once)."""
+    done = 0
+    try:
+        for batch in batches:
+            done += len(batch)
+            yield batch
+    except CorruptShardError as exc:
+        log.warning("skipping %d samples of %s: %s", run.count - done, url, exc)
+        if run.count > done:
+            yield Batch([None] * (run.count - done))
+
+
+def _flatten(batches: Iterator[Batch], pulled: list[int]) -> Iterator[Any]:
+    """The samples of ``batches``, adding each batch's payload bytes to ``pulled[0]``."""
+    for batch in batches:
+        pulled[0] += batch.nbytes
+        yield from batch
+
+
+def _in_batches(samples: Iterator[dict[str, Any]], size: int = _OUT_BATCH) -> Iterator[Batch]:
+    """``samples`` in batches of ``size`` (the last one shorter), their payload bytes counted."""
+    batch = Batch()
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) >= size:
+            batch.nbytes = sum(map(_payload_bytes, batch))
+            yield batch
+            batch = Batch()
+    if batch:
+        batch.nbytes = sum(map(_payload_bytes, batch))
+        yield batch
+
+
+def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
+    """Each of ``lanes`` concurrent readers gets a share of the reader's read-ahead bounds."""
+    if lanes <= 1:
+        return fetch
+    return dataclasses.replace(
+        share_buffer(fetch, lanes),
+        max_inflight_requests=max(1, fetch.max_inflight_requests // lanes),
+        max_inflight_shards=max(1, fetch.max_inflight_shards // lanes),
+    )
+
+
+def _payload_bytes(sample: dict[str, Any] | None) -> int:
+    if sample is None:
+        return 0
+    return sum(len(v) for k, v in sample.items() if not k.startswith("__") and isinstance(v, (bytes, bytearray)))

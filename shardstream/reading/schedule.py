@@ -1,0 +1,234 @@
+"""The epoch schedule: which samples each rank and worker reads in an epoch, how many, and the
+checkpoint state that resumes it. No torch: who is asking comes in as a
+:class:`~shardstream.reading.assign.WorkerSlot`, which pass as a
+:class:`~shardstream.reading.epochs.PassState`.
+
+:class:`EpochSchedule` holds the settings that fix an epoch's order (seed, shuffle, shuffle
+buffer, lanes, ``drop_last``, the DataLoader's batch size) and the shards' sample counts, and
+answers, all O(shards) or O(workers), never O(samples):
+
+- :meth:`~EpochSchedule.shard_order`: the epoch's permutation of shards (kept for the two
+  latest epochs, so DataLoader workers forked after ``set_epoch`` or ``len`` inherit it);
+- :meth:`~EpochSchedule.plan` / :meth:`~EpochSchedule.worker_plan`: the epoch's
+  :class:`~shardstream.reading.plan.EpochPlan` and one worker's piece of it;
+- :meth:`~EpochSchedule.rank_count`: ``len(dataset)``, the same on every rank;
+- :meth:`~EpochSchedule.reader_state` / :meth:`~EpochSchedule.consumed_state`: a checkpoint
+  as a few numbers; :meth:`~EpochSchedule.loaded_state`: one checked before it is resumed;
+- :meth:`~EpochSchedule.shard_ids`: for bare shard URLs (no counts), every
+  ``num_slots``-th shard of the epoch's order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .assign import WorkerSlot, assign_shards
+from .epochs import PassState
+from .plan import EpochPlan, Segment, ShardOrder, WorkerPlan
+from .shards import ShardSet
+
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "segments_of"]
+
+STATE_FORMAT = "shardstream-state"
+STATE_VERSION = 1
+
+
+class EpochSchedule:
+    """The epoch schedule of a dataset's shards (module doc).
+
+    Args:
+        shards: the shards; their ``sample_counts`` (None for bare shard URLs: then only
+            :meth:`shard_ids` answers).
+        seed: seed of shard order and sample shuffle.
+        shuffle: permute shards, interleave lanes, shuffle samples; False keeps index order.
+        shuffle_buffer: samples in each worker's shuffle buffer.
+        max_open_shards: lanes (shards read at once) per worker.
+        drop_last: drop the fewest samples instead of repeating them to even out ranks.
+        batch_size: the DataLoader's batch size workers' pieces are cut by; None: evenly.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        seed: int,
+        shuffle: bool,
+        shuffle_buffer: int,
+        max_open_shards: int,
+        drop_last: bool,
+        batch_size: int | None,
+    ) -> None:
+        self.counts: np.ndarray | None = shards.sample_counts
+        self.num_shards = shards.num_shards
+        self.num_samples = int(self.counts.sum()) if self.counts is not None else None
+        self.seed = seed
+        self.shuffle = shuffle
+        self.shuffle_buffer = shuffle_buffer
+        self.max_open_shards = max_open_shards
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self._orders: dict[int, ShardOrder] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_orders"] = {}  # O(shards) arrays a spawned worker remakes for its epoch
+        return state
+
+    def shard_order(self, epoch: int) -> ShardOrder:
+        """``epoch``'s order of shards, O(shards): kept for the two latest epochs, so workers
+        forked after ``set_epoch`` or ``len()`` share the training process's copy (copy on
+        write) instead of each computing it (0.08 s and 20 MB at 1,000,000 shards)."""
+        assert self.counts is not None  # internal invariant: callers check
+        orders = self._orders
+        if epoch not in orders:
+            starts = next(iter(orders.values())).starts if orders else None
+            orders[epoch] = ShardOrder.make(self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                                            starts=starts)
+            while len(orders) > 2:
+                del orders[next(iter(orders))]
+        return orders[epoch]
+
+    def plan(self, state: PassState) -> EpochPlan:
+        """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
+        assert self.counts is not None  # internal invariant: callers check
+        return EpochPlan(
+            shard_order=self.shard_order(state.epoch),
+            counts=self.counts,
+            seed=self.seed,
+            epoch=state.epoch,
+            shuffle=self.shuffle,
+            shuffle_buffer=self.shuffle_buffer if self.shuffle else 0,
+            max_open_shards=self.max_open_shards if self.shuffle else 1,
+            drop_last=self.drop_last,
+            segments=segments_of(state),
+            batch_size=self.batch_size,
+        )
+
+    @staticmethod
+    def worker_plan(plan: EpochPlan, slot: WorkerSlot) -> tuple[WorkerPlan, int]:
+        """``slot``'s piece of ``plan`` and the index of the segment it reads
+        (:meth:`EpochPlan.for_worker`).
+
+        Raises:
+            ValueError: the checkpoint the plan resumes cannot be split for this slot.
+        """
+        return plan.for_worker(
+            rank=slot.rank, world_size=slot.world_size, worker_id=slot.worker_id, num_workers=slot.num_workers
+        )
+
+    def rank_count(self, upcoming: PassState, slot: WorkerSlot) -> int:
+        """Samples ``slot.rank`` yields in the pass ``upcoming``: the same on every rank. After
+        a ``samples_consumed`` checkpoint: those still to come in its epoch; after a
+        ``StatefulDataLoader`` one, the epoch's whole count."""
+        segments = segments_of(upcoming)
+        num_workers = 1
+        if segments and segments[-1].world_size == slot.world_size:
+            num_workers = segments[-1].num_workers
+        plan = self.plan(PassState(upcoming.epoch, upcoming.segments or []))
+        return plan.rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
+
+    def shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
+        """Shard ids ``slot`` reads in ``epoch`` without a plan (bare shard URLs)."""
+        return assign_shards(self.num_shards, slot, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+
+    def reader_state(
+        self, state: PassState, slot: WorkerSlot, *, position: tuple[int, int] | None, yielded: int
+    ) -> dict[str, Any]:
+        """The checkpoint of one reader (``StatefulDataLoader`` calls ``state_dict()`` in each
+        worker): it has yielded ``yielded`` samples of its pass ``state``, whose piece is segment
+        ``position[0]`` of the epoch, ``position[1]`` of its samples skipped as read before a
+        resume (None: no pass in progress). Resumes at the same world_size and num_workers."""
+        segments = segments_of(state)
+        seg, skip = position if position else (len(segments), 0)
+        workers = max(1, slot.num_workers)
+        current = Segment(slot.world_size, workers, worker_yielded=((slot.worker_id, skip + yielded),),
+                          split_batch_size=self.batch_size)
+        return self._state_dict(state.epoch, [*segments[:seg], current])
+
+    def consumed_state(
+        self, state: PassState, slot: WorkerSlot, *, samples_consumed: int, batch_size: int | None,
+        num_workers: int | None,
+    ) -> dict[str, Any]:
+        """The checkpoint of a rank that took ``samples_consumed`` samples from the DataLoader
+        iterator of the pass ``state`` (``batch_size`` and ``num_workers`` its DataLoader's).
+        Resumes at the same or another world size.
+
+        Raises:
+            ValueError: the epoch was resumed from, or is being saved as, the other kind of
+                checkpoint, or with another batch size.
+        """
+        workers = max(1, num_workers or 0)
+        if state.segments is None:
+            raise ValueError(
+                "the DataLoader workers resumed this epoch from a StatefulDataLoader checkpoint; keep saving "
+                "with StatefulDataLoader.state_dict() for this epoch"
+            )
+        segments = segments_of(state)
+        seg, base = len(segments), 0
+        last = segments[-1] if segments else None
+        if last is not None and (last.world_size, last.num_workers, last.split_batch_size) == (
+            slot.world_size, workers, self.batch_size
+        ):
+            if last.samples_consumed is None:
+                raise ValueError(
+                    "the loaded checkpoint came from StatefulDataLoader workers; keep saving with "
+                    "StatefulDataLoader.state_dict() for this epoch"
+                )
+            if last.batch_size != batch_size:
+                raise ValueError(
+                    f"batch_size={batch_size} differs from the checkpoint's {last.batch_size}; resume "
+                    "an epoch with the DataLoader batch size it started with"
+                )
+            seg, base = len(segments) - 1, last.samples_consumed
+        current = Segment(slot.world_size, workers, batch_size, base + samples_consumed,
+                          split_batch_size=self.batch_size)
+        return self._state_dict(state.epoch, [*segments[:seg], current])
+
+    def _state_dict(self, epoch: int, segments: list[Segment]) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "epoch": epoch,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "max_open_shards": self.max_open_shards,
+            "drop_last": self.drop_last,
+            "num_samples": self.num_samples,
+            "num_shards": self.num_shards,
+            "segments": [x.to_dict() for x in segments],
+        }
+
+    def loaded_state(self, state: dict[str, Any]) -> PassState:
+        """The pass a checkpoint resumes, once checked against these shards and settings.
+
+        Raises:
+            ValueError: the state is not a shardstream state, or was saved for another
+                dataset or with other shuffle settings (each named).
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a shardstream state (no \"format\": \"{STATE_FORMAT}\"): {str(state)[:200]}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
+        mine = {
+            "num_samples": self.num_samples,
+            "num_shards": self.num_shards,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "max_open_shards": self.max_open_shards,
+            "drop_last": self.drop_last,
+        }
+        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if differ:
+            detail = ", ".join(f"{k}: checkpoint {a!r}, dataset {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(f"the state was saved for another dataset or settings ({detail}); construct the same")
+        segments = [Segment.from_dict(x).to_dict() for x in state["segments"]]  # validates them
+        return PassState(int(state["epoch"]), segments)
+
+
+def segments_of(state: PassState) -> tuple[Segment, ...]:
+    """The checkpoint segments a pass resumes (none when unknown here: a worker's own state)."""
+    return tuple(Segment.from_dict(x) for x in state.segments or ())

@@ -1,0 +1,119 @@
+"""The shards a reader reads, as the engine and the schedule see them: :class:`ShardSet`.
+
+The reading engine (:mod:`.engine`) and the epoch schedule (:mod:`.schedule`) never touch a
+:class:`~shardstream.index.DatasetIndex`; they ask a :class:`ShardSet` for a shard's URL,
+size, sample count, sample table, checksum and whether the shards are another tool's. Two
+kinds exist today: :class:`IndexedShards` (a dataset with an index) and :class:`BareShards`
+(shard URLs and nothing else known). Several datasets read as one would be one more
+:class:`ShardSet` (shard ids of the sources laid end to end), with no change to the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import ShardNotFoundError
+from ..index import DatasetIndex, ShardTable
+
+__all__ = ["BareShards", "IndexedShards", "ShardSet"]
+
+
+class ShardSet(Protocol):
+    """Shards numbered ``0 .. num_shards - 1``.
+
+    Attributes:
+        num_shards: how many.
+        sample_counts: int64 array of shape ``(num_shards,)``, the samples in each shard, or
+            None where they are unknown (bare shard URLs: no exact epochs, no ``len``).
+        foreign: the shards were written by another tool (links, devices and FIFOs in them
+            are skipped with a warning instead of refused).
+    """
+
+    num_shards: int
+    sample_counts: np.ndarray | None
+    foreign: bool
+
+    def url(self, shard: int) -> str:
+        """The shard's URL (``s3://...`` or a local path)."""
+        ...
+
+    def size_bytes(self, shard: int) -> int | None:
+        """The shard's size in bytes, None where unknown."""
+        ...
+
+    def crc32_hex(self, shard: int) -> str | None:
+        """The CRC-32 of the shard's bytes as 8 hex digits, None where unknown."""
+        ...
+
+    def table(self, shard: int) -> ShardTable:
+        """The shard's sample table (keys, members, payload offsets).
+
+        Raises:
+            ShardNotFoundError: there is no table for this shard.
+            IndexFormatError: the table is damaged or disagrees with the shard's counts.
+        """
+        ...
+
+    def table_at_hand(self, shard: int) -> bool:
+        """Reading the table costs nothing worth a request (a local file, or already read)."""
+        ...
+
+
+class IndexedShards:
+    """The shards of a dataset with an index (``shardstream pack`` or ``index build``)."""
+
+    def __init__(self, index: DatasetIndex) -> None:
+        self.index = index
+        self.num_shards = index.num_shards
+        self.sample_counts: np.ndarray | None = index.manifest.shard_samples
+        self.foreign = index.manifest.foreign
+
+    def __repr__(self) -> str:
+        return f"IndexedShards({self.index!r})"
+
+    def url(self, shard: int) -> str:
+        return self.index.shard_url(shard)
+
+    def size_bytes(self, shard: int) -> int | None:
+        return int(self.index.manifest.shard_bytes[shard])
+
+    def crc32_hex(self, shard: int) -> str | None:
+        return self.index.manifest.crc32_hex(shard)
+
+    def table(self, shard: int) -> ShardTable:
+        return self.index.table(shard)
+
+    def table_at_hand(self, shard: int) -> bool:
+        return self.index.tables_local or self.index.has_table(shard)
+
+
+class BareShards:
+    """Shard URLs with no index: sizes, counts, tables and checksums unknown."""
+
+    sample_counts: np.ndarray | None = None
+    foreign = True
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = urls
+        self.num_shards = len(urls)
+
+    def __repr__(self) -> str:
+        return f"BareShards({self.num_shards} shards)"
+
+    def url(self, shard: int) -> str:
+        return self.urls[shard]
+
+    def size_bytes(self, shard: int) -> int | None:
+        return None
+
+    def crc32_hex(self, shard: int) -> str | None:
+        return None
+
+    def table(self, shard: int) -> ShardTable:
+        raise ShardNotFoundError(f"{self.urls[shard]}: no sample table (the shards were given without an index)")
+
+    def table_at_hand(self, shard: int) -> bool:
+        return False
