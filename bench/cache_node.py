@@ -80,12 +80,17 @@ def main() -> None:
         num_shards, dataset_bytes = len(index.shards), sum(s.bytes for s in index.shards)
         limit_bytes = int(args.limit * dataset_bytes)
         cache_dir = Path(tmp) / "cache"
-        print(f"{args.processes} processes x {args.workers} workers ({args.mode}), {args.num_samples} samples, "
-              f"{num_shards} shards, {dataset_bytes / 1e6:.0f} MB, cache limit {limit_bytes / 1e6:.0f} MB "
-              f"({args.limit}x), {os.cpu_count()} cores", flush=True)
+        print(
+            f"{args.processes} processes x {args.workers} workers ({args.mode}), {args.num_samples} samples, "
+            f"{num_shards} shards, {dataset_bytes / 1e6:.0f} MB, cache limit {limit_bytes / 1e6:.0f} MB "
+            f"({args.limit}x), {os.cpu_count()} cores",
+            flush=True,
+        )
 
         stop, peak = threading.Event(), [0]
-        watcher = threading.Thread(target=peak_watch, args=(cache_dir / "shardstream-cache-v1", stop, peak), daemon=True)
+        watcher = threading.Thread(
+            target=peak_watch, args=(cache_dir / "shardstream-cache-v1", stop, peak), daemon=True
+        )
         watcher.start()
         processes, outs = [], []
         started = time.perf_counter()
@@ -96,10 +101,24 @@ def main() -> None:
             out = Path(tmp) / f"out-{p}.json"
             outs.append(out)
             seed = 0 if args.mode == "ranks" else p
-            processes.append(subprocess.Popen(
-                [sys.executable, str(SCRIPT), "s3://node/data", str(cache_dir), str(limit_bytes), str(out),
-                 f"--epochs={args.epochs}", f"--workers={args.workers}", f"--seed={seed}"],
-                env=env, stderr=subprocess.PIPE, text=True))
+            processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(SCRIPT),
+                        "s3://node/data",
+                        str(cache_dir),
+                        str(limit_bytes),
+                        str(out),
+                        f"--epochs={args.epochs}",
+                        f"--workers={args.workers}",
+                        f"--seed={seed}",
+                    ],
+                    env=env,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         hung = False
         for process in processes:
             try:
@@ -121,14 +140,21 @@ def main() -> None:
             rows = [run[epoch] for run in runs]
             keys = sorted(k for row in rows for k in row["keys"])
             exact = keys == expected if args.mode == "ranks" else all(row["keys"] == expected for row in rows)
-            total = {k: sum(row["stats"][k] for row in rows) for k in
-                     ("cache_misses", "cache_hits", "cache_fills", "cache_waits", "cache_bypasses")}
-            print(f"epoch {epoch}: {max(row['seconds'] for row in rows):6.1f} s (slowest process), "
-                  f"S3 reads per shard on the node {total['cache_misses'] / num_shards:.2f} (whole or a range), "
-                  f"fills {total['cache_fills']}, waits {total['cache_waits']}, bypasses {total['cache_bypasses']}, "
-                  f"hits {total['cache_hits']}, every sample {'exactly once' if exact else 'NOT exact'}", flush=True)
-        print(f"peak cache size {peak[0] / 1e6:.1f} MB, limit {limit_bytes / 1e6:.1f} MB "
-              f"(+ one shard allowed: {max(s.bytes for s in index.shards) / 1e6:.1f} MB)")
+            total = {
+                k: sum(row["stats"][k] for row in rows)
+                for k in ("cache_misses", "cache_hits", "cache_fills", "cache_waits", "cache_bypasses")
+            }
+            print(
+                f"epoch {epoch}: {max(row['seconds'] for row in rows):6.1f} s (slowest process), "
+                f"S3 reads per shard on the node {total['cache_misses'] / num_shards:.2f} (whole or a range), "
+                f"fills {total['cache_fills']}, waits {total['cache_waits']}, bypasses {total['cache_bypasses']}, "
+                f"hits {total['cache_hits']}, every sample {'exactly once' if exact else 'NOT exact'}",
+                flush=True,
+            )
+        print(
+            f"peak cache size {peak[0] / 1e6:.1f} MB, limit {limit_bytes / 1e6:.1f} MB "
+            f"(+ one shard allowed: {max(s.bytes for s in index.shards) / 1e6:.1f} MB)"
+        )
 
 
 if __name__ == "__main__":

@@ -25,9 +25,22 @@ import numpy as np
 from PIL import Image
 
 CACHE = Path(os.environ.get("SHARDSTREAM_BENCH_CACHE", Path.home() / ".cache" / "shardstream-bench"))
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
-          "motorcycle_right.png", "hubble_deep_field.jpg", "retina.jpg", "grass.png", "gravel.png",
-          "brick.png", "color.png", "ihc.png", "logo.png")
+PHOTOS = (
+    "astronaut.png",
+    "chelsea.png",
+    "coffee.png",
+    "rocket.jpg",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "hubble_deep_field.jpg",
+    "retina.jpg",
+    "grass.png",
+    "gravel.png",
+    "brick.png",
+    "color.png",
+    "ihc.png",
+    "logo.png",
+)
 
 
 def source_photos() -> list[Path]:
@@ -37,8 +50,21 @@ def source_photos() -> list[Path]:
         wheels = CACHE / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)
         if not list(wheels.glob("scikit_image-*.whl")):
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                            "-d", str(wheels), "scikit-image==0.26.0"], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "-q",
+                    "-d",
+                    str(wheels),
+                    "scikit-image==0.26.0",
+                ],
+                check=True,
+            )
         folder.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(next(wheels.glob("scikit_image-*.whl"))) as wheel:
             for name in PHOTOS:
@@ -89,8 +115,9 @@ def small_corpus(num_images: int, *, seed: int = 0, processes: int = 2) -> Path:
     return _jpeg_corpus(CACHE / f"small-{num_images}-{seed}", num_images, seed, SMALL_PX, processes)
 
 
-def _jpeg_corpus(root: Path, num_images: int, seed: int, px: tuple[tuple[int, int], tuple[int, int]],
-                 processes: int) -> Path:
+def _jpeg_corpus(
+    root: Path, num_images: int, seed: int, px: tuple[tuple[int, int], tuple[int, int]], processes: int
+) -> Path:
     done = root / ".complete"
     if done.exists():
         return root

@@ -51,16 +51,26 @@ def pillow_epoch(source: str, args: argparse.Namespace) -> Callable[[], Iterable
     from torch.utils.data import DataLoader
 
     decoder = CpuDecoder("torch", crop=RandomResizedCrop(size_px=args.crop_px))
-    loader = DataLoader(ShardDataset(source, decode=decoder, batch_size=args.batch_size), batch_size=args.batch_size,
-                        num_workers=args.threads)
+    loader = DataLoader(
+        ShardDataset(source, decode=decoder, batch_size=args.batch_size),
+        batch_size=args.batch_size,
+        num_workers=args.threads,
+    )
     return lambda: (len(batch["jpg"]) for batch in loader)
 
 
-def dali_epoch(source: str, args: argparse.Namespace, device_id: int | None, workers: int,
-               s3: object = None) -> Callable[[], Iterable[int]]:
+def dali_epoch(
+    source: str, args: argparse.Namespace, device_id: int | None, workers: int, s3: object = None
+) -> Callable[[], Iterable[int]]:
     dataset = ShardDataset(source, s3=s3)
-    loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.crop_px, num_threads=args.threads,
-                        device_id=device_id, num_workers=workers)
+    loader = DaliLoader(
+        dataset,
+        batch_size=args.batch_size,
+        crop_px=args.crop_px,
+        num_threads=args.threads,
+        device_id=device_id,
+        num_workers=workers,
+    )
     return lambda: (len(labels) for _, labels in loader)
 
 
@@ -68,8 +78,9 @@ def dali_memory_epoch(source: str, args: argparse.Namespace, device_id: int | No
     """The same DaliLoader with its reader swapped for the epoch's samples (bytes, label) held
     in memory: what the DALI pipeline does when feeding costs nothing (the feed's ceiling)."""
     dataset = ShardDataset(source)
-    loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.crop_px, num_threads=args.threads,
-                        device_id=device_id)
+    loader = DaliLoader(
+        dataset, batch_size=args.batch_size, crop_px=args.crop_px, num_threads=args.threads, device_id=device_id
+    )
     items = list(loader._items())  # bytes and labels, each image checked once here
     loader._items = lambda: iter(items)  # type: ignore[method-assign]
     return lambda: (len(labels) for _, labels in loader)
@@ -83,33 +94,55 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="DataLoader workers for Pillow, DALI CPU threads")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--s3", action="store_true", help="also time DALI from S3 (always on a GPU)")
-    parser.add_argument("--dali-workers", default="0",
-                        help="DaliLoader num_workers (processes reading shards); a comma list times each")
+    parser.add_argument(
+        "--dali-workers", default="0", help="DaliLoader num_workers (processes reading shards); a comma list times each"
+    )
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     gpu = gpu_available()
     device_id = 0 if gpu else None
     where = torch.cuda.get_device_name(0) if gpu else f"CPU ({os.cpu_count()} cores; DALI device_id=None)"
-    print(f"device: {where}; {args.num_images} images, batches of {args.batch_size}, crop {args.crop_px} px, "
-          f"{args.threads} threads/workers")
+    print(
+        f"device: {where}; {args.num_images} images, batches of {args.batch_size}, crop {args.crop_px} px, "
+        f"{args.threads} threads/workers"
+    )
     corpus = photo_corpus(args.num_images)
     rows: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-dali-") as tmp:
         local = f"{tmp}/shards"
         files = Path(tmp, "files.txt")  # the images and labels, not the corpus's completion marker
-        files.write_text("".join(f"{p.relative_to(corpus)}\n" for p in sorted(corpus.rglob("*.*")) if p.suffix != ""
-                                 and not p.name.startswith(".")))
+        files.write_text(
+            "".join(
+                f"{p.relative_to(corpus)}\n"
+                for p in sorted(corpus.rglob("*.*"))
+                if p.suffix != "" and not p.name.startswith(".")
+            )
+        )
         pack(corpus, local, max_shard_bytes=64 << 20, files_from=files, progress=False)
-        rows.append((f"Pillow CpuDecoder, {args.threads} DataLoader workers, local", best_rate(pillow_epoch(local, args), args.repeat)))
+        rows.append(
+            (
+                f"Pillow CpuDecoder, {args.threads} DataLoader workers, local",
+                best_rate(pillow_epoch(local, args), args.repeat),
+            )
+        )
         free_before = torch.cuda.mem_get_info(0)[0] if gpu else 0
         kind = "mixed (GPU)" if gpu else "CPU"
         workers = [int(w) for w in args.dali_workers.split(",")]
         for w in workers:
-            rows.append((f"DALI {kind}, {w} reading workers, local", best_rate(dali_epoch(local, args, device_id, w), args.repeat)))
+            rows.append(
+                (
+                    f"DALI {kind}, {w} reading workers, local",
+                    best_rate(dali_epoch(local, args, device_id, w), args.repeat),
+                )
+            )
         gpu_used = (free_before - torch.cuda.mem_get_info(0)[0]) if gpu else 0
-        rows.append((f"DALI {kind}, bytes in memory (no reading: the ceiling)",
-                     best_rate(dali_memory_epoch(local, args, device_id), args.repeat)))
+        rows.append(
+            (
+                f"DALI {kind}, bytes in memory (no reading: the ceiling)",
+                best_rate(dali_memory_epoch(local, args, device_id), args.repeat),
+            )
+        )
         if gpu or args.s3:
             from shardstream.testing import SeaweedS3Server
 
@@ -123,7 +156,7 @@ def main() -> None:
     print(f"\n{'path':60s} {'images/s':>10s}")
     for label, rate in rows:
         print(f"{label:60s} {rate:10.0f}")
-    print(f"\nDALI / Pillow (local): {max(rate for _, rate in rows[1:1 + len(workers)]) / rows[0][1]:.2f}x")
+    print(f"\nDALI / Pillow (local): {max(rate for _, rate in rows[1 : 1 + len(workers)]) / rows[0][1]:.2f}x")
     if gpu:
         print(f"GPU memory taken by the DALI run: {gpu_used / 2**20:.0f} MiB")
     print("command: python bench/dali.py " + " ".join(sys.argv[1:]))

@@ -22,13 +22,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import CACHE  # noqa: E402
+from corpus import CACHE
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shards", default=str(CACHE / "stream-photos10000-64MiB" / "wds"),
-                        help="a directory of .tar shards (default: bench/stream.py's webdataset photo shards)")
+    parser.add_argument(
+        "--shards",
+        default=str(CACHE / "stream-photos10000-64MiB" / "wds"),
+        help="a directory of .tar shards (default: bench/stream.py's webdataset photo shards)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
@@ -56,9 +59,11 @@ def main() -> None:
             started = time.perf_counter()
             build_index([scratch], workers=args.workers, overwrite=True)
             many = time.perf_counter() - started
-            print(f"round {round_ + 1}: raw read {samples} samples in {raw:.2f} s ({samples / raw:,.0f}/s); "
-                  f"index build, 1 worker: {one:.2f} s = {raw / one:.2f}x the raw read's speed; "
-                  f"{args.workers} workers: {many:.2f} s = {raw / many:.2f}x")
+            print(
+                f"round {round_ + 1}: raw read {samples} samples in {raw:.2f} s ({samples / raw:,.0f}/s); "
+                f"index build, 1 worker: {one:.2f} s = {raw / one:.2f}x the raw read's speed; "
+                f"{args.workers} workers: {many:.2f} s = {raw / many:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -68,8 +68,8 @@ def main() -> None:
     from torch.utils.data import DataLoader
 
     from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
-    from shardstream.testing.synth import make_image_dataset
     from shardstream.testing import SeaweedS3Server
+    from shardstream.testing.synth import make_image_dataset
 
     me = os.getpid()
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-longrun-") as tmp, SeaweedS3Server() as server:
@@ -80,12 +80,24 @@ def main() -> None:
         pack(f"{tmp}/images", "s3://longrun/data", max_shard_bytes=4 << 20, s3=s3, progress=False)
         before = leftovers()
         threads_before = threading.active_count()
-        dataset = ShardDataset("s3://longrun/data", s3=s3, cache_dir=f"{tmp}/cache", cache_limit_bytes=8 << 20,
-                               batch_size=32, decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=64)))
-        loader = DataLoader(dataset, batch_size=32, num_workers=args.workers,
-                            persistent_workers=args.persistent_workers and args.workers > 0)
-        print(f"{'epoch':>5s} {'samples':>8s} {'RSS main':>9s} {'RSS tree':>9s} {'threads':>8s} {'children':>9s} "
-              f"{'fds':>5s} {'hit rate':>9s}")
+        dataset = ShardDataset(
+            "s3://longrun/data",
+            s3=s3,
+            cache_dir=f"{tmp}/cache",
+            cache_limit_bytes=8 << 20,
+            batch_size=32,
+            decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=64)),
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=32,
+            num_workers=args.workers,
+            persistent_workers=args.persistent_workers and args.workers > 0,
+        )
+        print(
+            f"{'epoch':>5s} {'samples':>8s} {'RSS main':>9s} {'RSS tree':>9s} {'threads':>8s} {'children':>9s} "
+            f"{'fds':>5s} {'hit rate':>9s}"
+        )
         rss = []
         server_pids = set(tree(server.pid))
         for epoch in range(args.epochs):
@@ -98,21 +110,27 @@ def main() -> None:
                     tree_rss = sum(rss_bytes(p) for p in mine if Path(f"/proc/{p}").exists())
             rss.append((rss_bytes(me), tree_rss))
             hit = dataset.stats().cache_hit_rate
-            print(f"{epoch:5d} {count:8d} {rss[-1][0] / 1e6:8.0f}M {rss[-1][1] / 1e6:8.0f}M "
-                  f"{threading.active_count():8d} {len([p for p in children(me) if p not in server_pids]):9d} "
-                  f"{len(os.listdir('/proc/self/fd')):5d} {'-' if hit is None else f'{hit:.0%}':>9s}")
+            print(
+                f"{epoch:5d} {count:8d} {rss[-1][0] / 1e6:8.0f}M {rss[-1][1] / 1e6:8.0f}M "
+                f"{threading.active_count():8d} {len([p for p in children(me) if p not in server_pids]):9d} "
+                f"{len(os.listdir('/proc/self/fd')):5d} {'-' if hit is None else f'{hit:.0%}':>9s}"
+            )
         del loader, dataset
         gc.collect()
         left_children = [p for p in children(me) if p not in server_pids]
         left_files = [f for f in leftovers() if f not in before]
         grown = rss[-1][0] - rss[1][0]
         flat = all(late <= early * 1.10 + 20e6 for late, early in zip(rss[-1], rss[1]))
-        print(f"\nRSS epoch 1 -> {args.epochs - 1}: main {rss[1][0] / 1e6:.0f} -> {rss[-1][0] / 1e6:.0f} MB "
-              f"({grown / 1e6:+.0f} MB), tree {rss[1][1] / 1e6:.0f} -> {rss[-1][1] / 1e6:.0f} MB: "
-              f"{'flat' if flat else 'GROWING'}")
-        print(f"after the loader is gone: {len(left_children)} child processes, "
-              f"{threading.active_count() - threads_before:+d} threads (the I/O loop thread may stay), "
-              f"{len(left_files)} shardstream files left in /dev/shm or tmp")
+        print(
+            f"\nRSS epoch 1 -> {args.epochs - 1}: main {rss[1][0] / 1e6:.0f} -> {rss[-1][0] / 1e6:.0f} MB "
+            f"({grown / 1e6:+.0f} MB), tree {rss[1][1] / 1e6:.0f} -> {rss[-1][1] / 1e6:.0f} MB: "
+            f"{'flat' if flat else 'GROWING'}"
+        )
+        print(
+            f"after the loader is gone: {len(left_children)} child processes, "
+            f"{threading.active_count() - threads_before:+d} threads (the I/O loop thread may stay), "
+            f"{len(left_files)} shardstream files left in /dev/shm or tmp"
+        )
         print("command: python bench/longrun.py " + " ".join(sys.argv[1:]))
         if not flat or left_children or left_files:
             sys.exit(1)

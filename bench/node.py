@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import photo_corpus  # noqa: E402
+from corpus import photo_corpus
 
 BUCKET = "bench"
 BATCH = 64
@@ -58,8 +58,14 @@ def rank_main(source: str, fetch: str) -> None:
     s3 = S3Config() if source.startswith("s3://") else None
     dataset = ShardDataset(source, shuffle=False, batch_size=BATCH, s3=s3, fetch=FetchConfig(**json.loads(fetch)))
     samples = nbytes = 0
-    for batch in DataLoader(dataset, batch_size=BATCH, num_workers=workers, timeout=300,
-                            persistent_workers=False, prefetch_factor=2 if workers else None):
+    for batch in DataLoader(
+        dataset,
+        batch_size=BATCH,
+        num_workers=workers,
+        timeout=300,
+        persistent_workers=False,
+        prefetch_factor=2 if workers else None,
+    ):
         samples += len(batch["__key__"])
         nbytes += sum(len(v) for field, values in batch.items() if not field.startswith("__") for v in values)
     print(json.dumps({"samples": samples, "bytes": nbytes, "start": start, "end": time.time()}), flush=True)
@@ -75,8 +81,9 @@ def get_main(keys_json: str) -> None:
 
     async def run() -> int:
         async with get_session().create_client(
-            "s3", endpoint_url=os.environ["S3_ENDPOINT_URL"], config=AioConfig(s3={"addressing_style": "path"},
-                                                                               max_pool_connections=16)
+            "s3",
+            endpoint_url=os.environ["S3_ENDPOINT_URL"],
+            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
         ) as client:
             limit = asyncio.Semaphore(GET_INFLIGHT)
 
@@ -89,7 +96,9 @@ def get_main(keys_json: str) -> None:
                             size += len(chunk)
                     return size
 
-            ranges = [(key, a, min(a + GET_BYTES, size) - 1) for key, size in objects for a in range(0, size, GET_BYTES)]
+            ranges = [
+                (key, a, min(a + GET_BYTES, size) - 1) for key, size in objects for a in range(0, size, GET_BYTES)
+            ]
             return sum(await asyncio.gather(*(get(*r) for r in ranges)))
 
     nbytes = asyncio.run(run())
@@ -195,10 +204,18 @@ def main() -> None:
         shards = sorted(p for p in local.iterdir() if p.suffix == ".tar")
         total_bytes = sum(p.stat().st_size for p in shards)
         subprocess.run(["cat", *map(str, shards)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
-        base_env = {**os.environ, **info.env(), "S3_ENDPOINT_URL": info.endpoint_url,
-                    "AWS_EC2_METADATA_DISABLED": "true", "OMP_NUM_THREADS": "1"}
-        print(f"{args.num_images} samples, {total_bytes / 1e9:.2f} GB in {len(shards)} shards; {os.cpu_count()} cores; "
-              f"read-ahead budget {budget >> 20} MiB a rank", flush=True)
+        base_env = {
+            **os.environ,
+            **info.env(),
+            "S3_ENDPOINT_URL": info.endpoint_url,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "OMP_NUM_THREADS": "1",
+        }
+        print(
+            f"{args.num_images} samples, {total_bytes / 1e9:.2f} GB in {len(shards)} shards; {os.cpu_count()} cores; "
+            f"read-ahead budget {budget >> 20} MiB a rank",
+            flush=True,
+        )
         rows = []
         for ranks, workers in layouts:
             procs = ranks * max(workers, 1)
@@ -207,8 +224,16 @@ def main() -> None:
                 best = None
                 for _ in range(args.repeat):
                     commands = [[sys.executable, __file__, "--_rank", url, json.dumps({})] for _ in range(ranks)]
-                    envs = [{**base_env, "RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r),
-                             "NODE_WORKERS": str(workers)} for r in range(ranks)]
+                    envs = [
+                        {
+                            **base_env,
+                            "RANK": str(r),
+                            "WORLD_SIZE": str(ranks),
+                            "LOCAL_RANK": str(r),
+                            "NODE_WORKERS": str(workers),
+                        }
+                        for r in range(ranks)
+                    ]
                     seconds, peak, outs = run_group(commands, envs, args.timeout_s)
                     samples = sum(o["samples"] for o in outs)
                     if best is None or seconds < best[0]:
@@ -216,27 +241,52 @@ def main() -> None:
                 seconds, peak, samples, nbytes = best  # type: ignore[misc]
                 parts = [shards[i::procs] for i in range(procs)]
                 if source == "s3":
-                    commands = [[sys.executable, __file__, "--_get",
-                                 json.dumps([(f"node/{p.name}", p.stat().st_size) for p in part])] for part in parts]
+                    commands = [
+                        [
+                            sys.executable,
+                            __file__,
+                            "--_get",
+                            json.dumps([(f"node/{p.name}", p.stat().st_size) for p in part]),
+                        ]
+                        for part in parts
+                    ]
                 else:
-                    commands = [[sys.executable, "-c", "import subprocess,sys,json,time; t=time.time(); subprocess.run(['cat', *sys.argv[1:]], "
-                                 "stdout=subprocess.DEVNULL, check=True); print(json.dumps({'start': t, 'end': time.time()}))", *map(str, part)]
-                                for part in parts]
+                    commands = [
+                        [
+                            sys.executable,
+                            "-c",
+                            "import subprocess,sys,json,time; t=time.time(); "
+                            "subprocess.run(['cat', *sys.argv[1:]], stdout=subprocess.DEVNULL, check=True); "
+                            "print(json.dumps({'start': t, 'end': time.time()}))",
+                            *map(str, part),
+                        ]
+                        for part in parts
+                    ]
                 limit_s, _, _ = run_group(commands, [base_env] * len(commands), args.timeout_s)
                 rows.append((ranks, workers, source, samples, seconds, nbytes, peak, limit_s))
-                print(f"{ranks}x{workers} {source}: {samples / seconds:,.0f} samples/s, {total_bytes / seconds / 1e9:.2f} "
-                      f"GB/s, limit {total_bytes / limit_s / 1e9:.2f} GB/s, peak PSS {peak / 1e6:.0f} MB", flush=True)
+                print(
+                    f"{ranks}x{workers} {source}: {samples / seconds:,.0f} samples/s, "
+                    f"{total_bytes / seconds / 1e9:.2f} GB/s, limit {total_bytes / limit_s / 1e9:.2f} GB/s, "
+                    f"peak PSS {peak / 1e6:.0f} MB",
+                    flush=True,
+                )
     baseline = next((peak for r, w, src, *_, peak, _ in rows if (r, w, src) == (1, 1, "local")), None)
-    print(f"\n{'ranks x workers':16s} {'from':6s} {'samples/s':>10s} {'GB/s':>6s} {'limit GB/s':>10s} {'/ limit':>8s} "
-          f"{'peak PSS':>9s} {'PSS bound':>10s}")
-    for ranks, workers, source, samples, seconds, nbytes, peak, limit_s in rows:
+    print(
+        f"\n{'ranks x workers':16s} {'from':6s} {'samples/s':>10s} {'GB/s':>6s} {'limit GB/s':>10s} {'/ limit':>8s} "
+        f"{'peak PSS':>9s} {'PSS bound':>10s}"
+    )
+    for ranks, workers, source, samples, seconds, _nbytes, peak, limit_s in rows:
         ratio = limit_s / seconds
         bound = f"{ranks * (baseline + budget) / 1e6:8.0f}MB" if baseline else "-"
-        print(f"{ranks:>6d} x {workers:<7d} {source:6s} {samples / seconds:10.0f} {total_bytes / seconds / 1e9:6.2f} "
-              f"{total_bytes / limit_s / 1e9:10.2f} {ratio:7.2f}x {peak / 1e6:7.0f}MB {bound:>10s}")
-    print("\ntargets: at 8 processes or more, >= 0.90x of the limit of the same number of processes "
-          "(S3 ranged GETs, cat); peak PSS <= ranks x (the 1x1 local run's PSS + max_buffer_bytes)")
-    for ranks, workers, source, samples, seconds, nbytes, peak, limit_s in rows:
+        print(
+            f"{ranks:>6d} x {workers:<7d} {source:6s} {samples / seconds:10.0f} {total_bytes / seconds / 1e9:6.2f} "
+            f"{total_bytes / limit_s / 1e9:10.2f} {ratio:7.2f}x {peak / 1e6:7.0f}MB {bound:>10s}"
+        )
+    print(
+        "\ntargets: at 8 processes or more, >= 0.90x of the limit of the same number of processes "
+        "(S3 ranged GETs, cat); peak PSS <= ranks x (the 1x1 local run's PSS + max_buffer_bytes)"
+    )
+    for ranks, workers, source, _samples, seconds, _nbytes, peak, limit_s in rows:
         if ranks * workers >= 8:
             ok = limit_s / seconds >= 0.9 and (baseline is None or peak <= ranks * (baseline + budget))
             print(f"  {ranks}x{workers} {source}: {'met' if ok else 'NOT met'}")

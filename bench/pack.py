@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import photo_corpus, tiny_corpus  # noqa: E402
+from corpus import photo_corpus, tiny_corpus
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 
@@ -60,7 +60,7 @@ def run_measured(command: list[str], env: dict[str, str] | None = None) -> tuple
         peak_sum, peak_one = max(peak_sum, total), max(peak_one, largest)
         time.sleep(0.05)
     seconds = time.perf_counter() - started
-    out, err = process.communicate()
+    _out, err = process.communicate()
     if process.returncode != 0:
         raise SystemExit(f"{command[:3]} failed ({process.returncode}):\n{err[-3000:]}")
     return seconds, peak_sum, peak_one
@@ -113,8 +113,11 @@ def s3_upload_limit(info, total_bytes: int, *, part_bytes: int = 16 << 20, infli
 
     async def upload() -> None:
         async with get_session().create_client(
-            "s3", endpoint_url=info.endpoint_url, aws_access_key_id=info.access_key_id,
-            aws_secret_access_key=info.secret_access_key, region_name=info.region_name,
+            "s3",
+            endpoint_url=info.endpoint_url,
+            aws_access_key_id=info.access_key_id,
+            aws_secret_access_key=info.secret_access_key,
+            region_name=info.region_name,
             config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
         ) as client:
             limit = asyncio.Semaphore(inflight)
@@ -126,14 +129,16 @@ def s3_upload_limit(info, total_bytes: int, *, part_bytes: int = 16 << 20, infli
 
                 async def put(number: int, key: str = key, upload_id: str = created["UploadId"]) -> dict:
                     async with limit:
-                        r = await client.upload_part(Bucket="bench", Key=key, UploadId=upload_id,
-                                                     PartNumber=number, Body=body)
+                        r = await client.upload_part(
+                            Bucket="bench", Key=key, UploadId=upload_id, PartNumber=number, Body=body
+                        )
                         return {"ETag": r["ETag"], "PartNumber": number}
 
                 count = min(parts_per_object, num_parts - first)
                 parts = await asyncio.gather(*(put(n) for n in range(1, count + 1)))
-                await client.complete_multipart_upload(Bucket="bench", Key=key, UploadId=created["UploadId"],
-                                                       MultipartUpload={"Parts": parts})
+                await client.complete_multipart_upload(
+                    Bucket="bench", Key=key, UploadId=created["UploadId"], MultipartUpload={"Parts": parts}
+                )
 
     asyncio.run(upload())
 
@@ -144,8 +149,11 @@ def main() -> None:
     parser.add_argument("--dir", help="pack this directory instead of the generated photos")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tiny", type=int, metavar="N", help="pack N 100-byte files and report peak RSS")
-    parser.add_argument("--out", default=None, help="scratch directory for outputs (default: a temp dir); "
-                        "/dev/shm/... takes the disk out of the comparison")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="scratch directory for outputs (default: a temp dir); /dev/shm/... takes the disk out of the comparison",
+    )
     parser.add_argument("--skip-s3", action="store_true", help="only the local-disk runs")
     args = parser.parse_args()
     scratch = Path(args.out or tempfile.mkdtemp(prefix="shardstream-bench-pack-"))
@@ -166,11 +174,15 @@ def tiny(args: argparse.Namespace, scratch: Path) -> None:
     seconds, peak_sum, peak_one = run_measured(
         [SHARDSTREAM, "pack", str(root), str(scratch / "tiny"), "--workers", str(args.workers), "--no-progress"]
     )
-    print(f"shardstream pack, {args.tiny} files of 100 bytes, {args.workers} workers: {seconds:.1f} s, "
-          f"{args.tiny / seconds:.0f} files/s")
-    print(f"peak RSS: {peak_sum / 2**20:.0f} MiB summed over the pack's processes, "
-          f"{peak_one / 2**20:.0f} MiB the largest one (target <= 300 MB: "
-          f"{'met' if peak_sum <= 300e6 else 'NOT met'})")
+    print(
+        f"shardstream pack, {args.tiny} files of 100 bytes, {args.workers} workers: {seconds:.1f} s, "
+        f"{args.tiny / seconds:.0f} files/s"
+    )
+    print(
+        f"peak RSS: {peak_sum / 2**20:.0f} MiB summed over the pack's processes, "
+        f"{peak_one / 2**20:.0f} MiB the largest one (target <= 300 MB: "
+        f"{'met' if peak_sum <= 300e6 else 'NOT met'})"
+    )
 
 
 def speed(args: argparse.Namespace, scratch: Path) -> None:
@@ -193,12 +205,18 @@ def speed(args: argparse.Namespace, scratch: Path) -> None:
             call(out)
             seconds = time.perf_counter() - started
         results[label] = seconds
-        print(f"{label:28s} {seconds:7.1f} s {files / seconds:9.0f} files/s {payload / 1e6 / seconds:8.0f} MB/s", flush=True)
+        print(
+            f"{label:28s} {seconds:7.1f} s {files / seconds:9.0f} files/s {payload / 1e6 / seconds:8.0f} MB/s",
+            flush=True,
+        )
         shutil.rmtree(out)
 
     measure("GNU tar cf", ["tar", "-cf", "{out}/all.tar", "-C", str(root), "."])
     measure("webdataset ShardWriter", call=lambda out: shardwriter_pack(root, out))
-    measure("shardstream -> disk", [SHARDSTREAM, "pack", str(root), "{out}", "--workers", str(args.workers), "--no-progress"])
+    measure(
+        "shardstream -> disk",
+        [SHARDSTREAM, "pack", str(root), "{out}", "--workers", str(args.workers), "--no-progress"],
+    )
     local = results["shardstream -> disk"]
     ratios = [
         ("shardstream disk / GNU tar", results["GNU tar cf"] / local, 0.8),
@@ -211,13 +229,18 @@ def speed(args: argparse.Namespace, scratch: Path) -> None:
             server_cpu_s = process_cpu_s(server.pid)
             measure("S3 limit: multipart PUT", call=lambda out: s3_upload_limit(server.info, payload))
             server_cpu_s = process_cpu_s(server.pid) - server_cpu_s
-            measure("shardstream -> S3", [SHARDSTREAM, "pack", str(root), "s3://bench/{out}", "--workers",
-                                          str(args.workers), "--no-progress"], env=env)
+            measure(
+                "shardstream -> S3",
+                [SHARDSTREAM, "pack", str(root), "s3://bench/{out}", "--workers", str(args.workers), "--no-progress"],
+                env=env,
+            )
         # The server's own CPU cost bounds what any client can upload on this machine.
         cores = os.cpu_count() or 1
         per_gb = server_cpu_s / (payload / 1e9)
-        print(f"S3 server CPU during the limit run: {per_gb:.1f} s per GB ingested; with all {cores} cores "
-              f"and no client work at all it could take at most {cores / per_gb * 1e3:.0f} MB/s")
+        print(
+            f"S3 server CPU during the limit run: {per_gb:.1f} s per GB ingested; with all {cores} cores "
+            f"and no client work at all it could take at most {cores / per_gb * 1e3:.0f} MB/s"
+        )
         ratios += [
             ("shardstream S3 / shardstream disk", local / results["shardstream -> S3"], 0.7),
             ("shardstream S3 / S3 limit", results["S3 limit: multipart PUT"] / results["shardstream -> S3"], 0.0),

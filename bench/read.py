@@ -26,8 +26,8 @@ import torch
 import webdataset as wds
 
 from shardstream import ShardDataset, pack
-from shardstream.testing.synth import make_image_dataset
 from shardstream.testing import SeaweedS3Server
+from shardstream.testing.synth import make_image_dataset
 
 
 def timed(read) -> tuple[int, int, float, float]:
@@ -89,13 +89,16 @@ def main() -> None:
                 yield payload(sample)
 
         def s3_limit():
-            from aiobotocore.session import get_session
             from aiobotocore.config import AioConfig
+            from aiobotocore.session import get_session
 
             async def get_all() -> list[int]:
                 async with get_session().create_client(
-                    "s3", endpoint_url=info.endpoint_url, aws_access_key_id=info.access_key_id,
-                    aws_secret_access_key=info.secret_access_key, region_name=info.region_name,
+                    "s3",
+                    endpoint_url=info.endpoint_url,
+                    aws_access_key_id=info.access_key_id,
+                    aws_secret_access_key=info.secret_access_key,
+                    region_name=info.region_name,
                     config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
                 ) as client:
                     limit = asyncio.Semaphore(8)
@@ -119,8 +122,11 @@ def main() -> None:
 
         total_bytes = sum(Path(p).stat().st_size for p in shards)
         readers = [
-            ("local: cat (limit)", cat), ("local: tarfile", stdlib_tarfile), ("local: webdataset", webdataset),
-            ("local: shardstream", shardstream_local), ("s3: aiobotocore 8 GETs (limit)", s3_limit),
+            ("local: cat (limit)", cat),
+            ("local: tarfile", stdlib_tarfile),
+            ("local: webdataset", webdataset),
+            ("local: shardstream", shardstream_local),
+            ("s3: aiobotocore 8 GETs (limit)", s3_limit),
             ("s3: shardstream", shardstream_s3),
         ]
         results = {}
@@ -135,10 +141,13 @@ def main() -> None:
             first_ms = f"{first * 1e3:10.1f} ms" if samples else f"{'-':>13s}"
             print(f"{name:34s} {rate} {total_bytes / 1e6 / seconds:8.0f} {first_ms}")
         secs = {name: r[2] for name, r in results.items()}
-        print("ratios (speed): "
-              f"local shardstream / webdataset = {secs['local: webdataset'] / secs['local: shardstream']:.2f}x, "
-              f"/ cat = {secs['local: cat (limit)'] / secs['local: shardstream']:.2f}x; "
-              f"s3 shardstream / aiobotocore limit = {secs['s3: aiobotocore 8 GETs (limit)'] / secs['s3: shardstream']:.2f}x")
+        print(
+            "ratios (speed): "
+            f"local shardstream / webdataset = {secs['local: webdataset'] / secs['local: shardstream']:.2f}x, "
+            f"/ cat = {secs['local: cat (limit)'] / secs['local: shardstream']:.2f}x; "
+            "s3 shardstream / aiobotocore limit = "
+            f"{secs['s3: aiobotocore 8 GETs (limit)'] / secs['s3: shardstream']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -62,10 +62,10 @@ def measure(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
     """In this (fresh) process: rank 0 of ``world_size`` opens ``dest``, plans, reads."""
     import threading
 
-    import shardstream  # noqa: F401
     import torch
     from torch.utils.data import DataLoader
 
+    import shardstream  # noqa: F401
     from shardstream import ShardDataset
     from shardstream.reading.plan import EpochPlan
 
@@ -119,15 +119,27 @@ def measure(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
     stop.set()
     watcher.join()
     del it
-    return {"open_s": open_s, "open_rss_mb": open_rss, "plan_s": plan_s, "inline_first_s": inline_first_s,
-            "reader_first_s": reader_first_s,
-            "first_sample_s": first_s, "tree_rss_mb": peak[0], "tree_pss_mb": peak_pss[0],
-            "num_samples": dataset.num_samples, "num_shards": dataset.num_shards}
+    return {
+        "open_s": open_s,
+        "open_rss_mb": open_rss,
+        "plan_s": plan_s,
+        "inline_first_s": inline_first_s,
+        "reader_first_s": reader_first_s,
+        "first_sample_s": first_s,
+        "tree_rss_mb": peak[0],
+        "tree_pss_mb": peak_pss[0],
+        "num_samples": dataset.num_samples,
+        "num_shards": dataset.num_shards,
+    }
 
 
 def run_child(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, "--child", dest, str(world_size), str(num_workers)],
-                         capture_output=True, text=True, timeout=1200)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", dest, str(world_size), str(num_workers)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     if out.returncode != 0:
         raise SystemExit(f"measuring {dest} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -135,8 +147,9 @@ def run_child(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
 
 def info_s(dest: str) -> float:
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "shardstream.cli", "info", dest], capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "shardstream.cli", "info", dest], capture_output=True, text=True, timeout=600
+    )
     if out.returncode != 0:
         raise SystemExit(out.stderr)
     return time.perf_counter() - started
@@ -169,8 +182,11 @@ def synthetic(work: Path) -> str:
     real = open_index(dest).manifest
     k = np.arange(SHARDS_SYNTHETIC) % real.num_shards
     manifest = Manifest.from_columns(
-        names=(real.name(int(i)) for i in k), shard_bytes=real.shard_bytes[k], shard_samples=real.shard_samples[k],
-        shard_members=real.shard_members[k], crc32=real.crc32[k],
+        names=(real.name(int(i)) for i in k),
+        shard_bytes=real.shard_bytes[k],
+        shard_samples=real.shard_samples[k],
+        shard_members=real.shard_members[k],
+        crc32=real.crc32[k],
     )
     with open(dest / "index.bin", "wb") as f:
         for piece in manifest.pieces():
@@ -179,9 +195,11 @@ def synthetic(work: Path) -> str:
 
 
 def row(label: str, r: dict[str, float], info: float) -> str:
-    return (f"{label:34s} {r['num_samples']:>14,d} {r['num_shards']:>9,d} {r['open_s']:7.2f} s {r['open_rss_mb']:6.0f} MB "
-            f"{r['plan_s']:6.2f} s {r['inline_first_s']:5.2f} / {r['reader_first_s']:4.2f} / {r['first_sample_s']:4.2f} s "
-            f"{r['tree_rss_mb']:6.0f} / {r['tree_pss_mb']:4.0f} MB {info:6.2f} s")
+    return (
+        f"{label:34s} {r['num_samples']:>14,d} {r['num_shards']:>9,d} {r['open_s']:7.2f} s {r['open_rss_mb']:6.0f} MB "
+        f"{r['plan_s']:6.2f} s {r['inline_first_s']:5.2f} / {r['reader_first_s']:4.2f} / {r['first_sample_s']:4.2f} s "
+        f"{r['tree_rss_mb']:6.0f} / {r['tree_pss_mb']:4.0f} MB {info:6.2f} s"
+    )
 
 
 def main() -> None:
@@ -198,8 +216,10 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardstream-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work directory {work}; {os.cpu_count()} cores")
-    header = (f"{'dataset':34s} {'samples':>14s} {'shards':>9s} {'open':>9s} {'+RSS':>9s} {'plan':>8s} "
-              f"{'1st sample: inline / 1 / N workers':>21s} {'tree RSS / PSS':>16s} {'info':>8s}")
+    header = (
+        f"{'dataset':34s} {'samples':>14s} {'shards':>9s} {'open':>9s} {'+RSS':>9s} {'plan':>8s} "
+        f"{'1st sample: inline / 1 / N workers':>21s} {'tree RSS / PSS':>16s} {'info':>8s}"
+    )
     checks = []
     if not args.skip_synthetic:
         dest = synthetic(work)
@@ -207,12 +227,15 @@ def main() -> None:
         info = info_s(dest)
         print(header)
         print(row("synthetic, rank 0 of 1,024 x 8", r, info))
-        checks += [("synthetic open <= 2 s", r["open_s"] <= 2), ("synthetic +RSS <= 300 MB", r["open_rss_mb"] <= 300),
-                   ("synthetic plan <= 1 s", r["plan_s"] <= 1),
-                   ("synthetic first sample <= 0.5 s (one reader, in process)", r["inline_first_s"] <= 0.5),
-                   ("synthetic first sample <= 0.5 s (one DataLoader worker)", r["reader_first_s"] <= 0.5),
-                   ("synthetic first sample <= 0.5 s (DataLoader, 8 workers)", r["first_sample_s"] <= 0.5),
-                   ("synthetic info < 2 s", info < 2)]
+        checks += [
+            ("synthetic open <= 2 s", r["open_s"] <= 2),
+            ("synthetic +RSS <= 300 MB", r["open_rss_mb"] <= 300),
+            ("synthetic plan <= 1 s", r["plan_s"] <= 1),
+            ("synthetic first sample <= 0.5 s (one reader, in process)", r["inline_first_s"] <= 0.5),
+            ("synthetic first sample <= 0.5 s (one DataLoader worker)", r["reader_first_s"] <= 0.5),
+            ("synthetic first sample <= 0.5 s (DataLoader, 8 workers)", r["first_sample_s"] <= 0.5),
+            ("synthetic info < 2 s", info < 2),
+        ]
     if not args.skip_real:
         from shardstream import pack
 
@@ -223,7 +246,10 @@ def main() -> None:
             if not (dest / "index.bin").exists():
                 started = time.perf_counter()
                 pack(src, dest, max_samples_per_shard=-(-count // shards), progress=False)
-                print(f"packed {count:,d} files into {shards:,d} shards in {time.perf_counter() - started:.0f} s", flush=True)
+                print(
+                    f"packed {count:,d} files into {shards:,d} shards in {time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
             results[(count, shards)] = run_child(str(dest), 1, 2), info_s(str(dest))
         print(header)
         for (count, shards), (r, info) in results.items():
@@ -234,8 +260,14 @@ def main() -> None:
             ("1 M in 10,000 shards: open <= 1.0 s", big10k["open_s"] <= 1.0),
             ("1 M open <= 2x the 100 k open", max(big16["open_s"], big10k["open_s"]) <= 2 * max(small["open_s"], 0.01)),
             ("1 M +RSS <= 150 MB", max(big16["open_rss_mb"], big10k["open_rss_mb"]) <= 150),
-            ("1 M first sample <= 0.5 s (DataLoader, 2 workers)", max(big16["first_sample_s"], big10k["first_sample_s"]) <= 0.5),
-            ("1 M DataLoader(num_workers=2) tree RSS <= 1.2 GB", max(big16["tree_rss_mb"], big10k["tree_rss_mb"]) <= 1200),
+            (
+                "1 M first sample <= 0.5 s (DataLoader, 2 workers)",
+                max(big16["first_sample_s"], big10k["first_sample_s"]) <= 0.5,
+            ),
+            (
+                "1 M DataLoader(num_workers=2) tree RSS <= 1.2 GB",
+                max(big16["tree_rss_mb"], big10k["tree_rss_mb"]) <= 1200,
+            ),
         ]
     for name, ok in checks:
         print(f"{'MET' if ok else 'NOT MET':8s} {name}")

@@ -2,9 +2,9 @@
 data (the streaming benchmark's photo corpus and its peers' conversions, read from local disk:
 shuffle quality does not depend on where the bytes come from).
 
-Each system reads ``--epochs`` epochs (metrics are their mean) with shuffling on (shardstream and WebDataset: a shuffle buffer of
-``--shuffle-buffer`` samples, WebDataset also shuffling shard order; Mosaic Streaming:
-``shuffle=True``, its default algorithm; LitData: ``shuffle=True``), in one process. Each
+Each system reads ``--epochs`` epochs (metrics are their mean) with shuffling on (shardstream
+and WebDataset: a shuffle buffer of ``--shuffle-buffer`` samples, WebDataset also shuffling
+shard order; Mosaic Streaming: ``shuffle=True``, its default algorithm; LitData: ``shuffle=True``), in one process. Each
 output sample is mapped back to its position in the index order (by the SHA-1 of its image
 bytes, since not every format keeps the key). Two references: "no shuffle" (index order) and
 "ideal" (a uniform random permutation). Metrics, for N samples:
@@ -132,11 +132,22 @@ def main() -> None:
         index = open_index(ss_dir)
         shard_of = np.repeat(np.arange(index.num_shards), index.manifest.shard_samples)
         peer_root = S.CACHE / f"stream-{tag}-{args.shard_mib}MiB"
-        setup = S.Setup(root=str(root), samples=samples,
-                        local={"shardstream": ss_dir, "wds": str(peer_root / "wds"), "mds": str(peer_root / "mds"),
-                               "litdata": str(peer_root / "litdata")},
-                        endpoint_url="", access_key_id="", secret_access_key="", region_name="",
-                        scratch=tmp, cap_s=600)
+        setup = S.Setup(
+            root=str(root),
+            samples=samples,
+            local={
+                "shardstream": ss_dir,
+                "wds": str(peer_root / "wds"),
+                "mds": str(peer_root / "mds"),
+                "litdata": str(peer_root / "litdata"),
+            },
+            endpoint_url="",
+            access_key_id="",
+            secret_access_key="",
+            region_name="",
+            scratch=tmp,
+            cap_s=600,
+        )
         systems = readers(setup, ss_dir, args.shuffle_buffer)
         if args.skip_peers:
             systems = {"shardstream": systems["shardstream"]}
@@ -146,9 +157,11 @@ def main() -> None:
         rng = np.random.default_rng(0)
         rows: dict[str, dict[str, float]] = {
             "no shuffle (index order)": {**metrics(np.arange(n), shard_of), "epoch overlap": 1.0, "lost": 0},
-            "ideal (uniform permutation)": {**metrics(rng.permutation(n), shard_of),
-                                            "epoch overlap": float(np.mean(rng.permutation(n) == rng.permutation(n))),
-                                            "lost": 0},
+            "ideal (uniform permutation)": {
+                **metrics(rng.permutation(n), shard_of),
+                "epoch overlap": float(np.mean(rng.permutation(n) == rng.permutation(n))),
+                "lost": 0,
+            },
         }
         for name, read in systems.items():
             started = time.perf_counter()
@@ -160,9 +173,11 @@ def main() -> None:
             first, second = orders[0][0], orders[1][0]
             same = len(first) == len(second) and len(first) > 0
             per_epoch = [metrics(order, shard_of) for order, _ in orders]
-            rows[name] = {**{k: float(np.mean([m[k] for m in per_epoch])) for k in per_epoch[0]},
-                          "epoch overlap": float(np.mean(first == second)) if same else float("nan"),
-                          "lost": max(n - len(order) + bad for order, bad in orders)}
+            rows[name] = {
+                **{k: float(np.mean([m[k] for m in per_epoch])) for k in per_epoch[0]},
+                "epoch overlap": float(np.mean(first == second)) if same else float("nan"),
+                "lost": max(n - len(order) + bad for order, bad in orders),
+            }
             print(f"{name}: {args.epochs} epochs in {time.perf_counter() - started:.1f} s", flush=True)
     columns = ["|spearman|", "mean gap", "same shard", "shards/100", "first 1% span", "epoch overlap", "lost"]
     print(f"\n{'system':30s}" + "".join(f"{c:>15s}" for c in columns))
@@ -171,10 +186,13 @@ def main() -> None:
     peers = [r for r in rows if r not in ("shardstream", "no shuffle (index order)", "ideal (uniform permutation)")]
     if "shardstream" in rows and peers:
         ss = rows["shardstream"]
-        print(f"\nshardstream vs peers: first 1% span {ss['first 1% span']:.3f} (peers "
-              + ", ".join(f"{p} {rows[p]['first 1% span']:.3f}" for p in peers)
-              + f"); same-shard neighbours {ss['same shard']:.3f} (peers "
-              + ", ".join(f"{p} {rows[p]['same shard']:.3f}" for p in peers) + ")")
+        print(
+            f"\nshardstream vs peers: first 1% span {ss['first 1% span']:.3f} (peers "
+            + ", ".join(f"{p} {rows[p]['first 1% span']:.3f}" for p in peers)
+            + f"); same-shard neighbours {ss['same shard']:.3f} (peers "
+            + ", ".join(f"{p} {rows[p]['same shard']:.3f}" for p in peers)
+            + ")"
+        )
     out = S.CACHE / f"shuffle-{n}.json"
     out.write_text(json.dumps(rows, indent=1))
     print(f"results: {out}\ncommand: python bench/shuffle.py " + " ".join(sys.argv[1:]))

@@ -149,18 +149,31 @@ class Setup:
     def s3_config(self) -> Any:
         from shardstream import S3Config
 
-        return S3Config(endpoint_url=self.endpoint_url, access_key_id=self.access_key_id,
-                        secret_access_key=self.secret_access_key, region_name=self.region_name)
+        return S3Config(
+            endpoint_url=self.endpoint_url,
+            access_key_id=self.access_key_id,
+            secret_access_key=self.secret_access_key,
+            region_name=self.region_name,
+        )
 
     def boto3_client(self) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint_url, aws_access_key_id=self.access_key_id,
-                            aws_secret_access_key=self.secret_access_key, region_name=self.region_name)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            region_name=self.region_name,
+        )
 
     def storage_options(self) -> dict[str, str]:
-        return {"endpoint_url": self.endpoint_url, "aws_access_key_id": self.access_key_id,
-                "aws_secret_access_key": self.secret_access_key, "region_name": self.region_name}
+        return {
+            "endpoint_url": self.endpoint_url,
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+            "region_name": self.region_name,
+        }
 
     def fresh_cache(self, name: str) -> str:
         return tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch)
@@ -186,19 +199,30 @@ def corpus_samples(corpus: str, args: argparse.Namespace) -> tuple[Path, list[tu
     """
     if corpus == "dir":
         root, tag = Path(args.dir).resolve(), ""
-        wanted: Callable[[str], bool] = lambda name: not name.startswith(".")
+
+        def wanted(name: str) -> bool:
+            return not name.startswith(".")
     elif corpus == "photos":
         sizes = sorted(int(p.name.split("-")[1]) for p in CACHE.glob("photos-*-0") if (p / ".complete").exists())
         size = next((s for s in sizes if s >= args.num_images), None)
         root = CACHE / f"photos-{size}-0" if size else photo_corpus(args.num_images)
         tag = f"photos{args.num_images}"
-        wanted = lambda name: not name.startswith(".") and int(name.split(".")[0]) < args.num_images
+
+        def wanted(name: str) -> bool:
+            return not name.startswith(".") and int(name.split(".")[0]) < args.num_images
     else:
         root = small_corpus(args.num_small) if corpus == "small" else tiny_corpus(args.num_tiny)
         tag = root.name
-        wanted = lambda name: not name.startswith(".")
-    relatives = sorted(os.path.relpath(os.path.join(folder, name), root)
-                       for folder, _, names in os.walk(root) for name in names if wanted(name))
+
+        def wanted(name: str) -> bool:
+            return not name.startswith(".")
+
+    relatives = sorted(
+        os.path.relpath(os.path.join(folder, name), root)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if wanted(name)
+    )
     samples: dict[str, dict[str, str]] = {}
     for relative in relatives:
         key, ext = split_key(relative)
@@ -222,9 +246,9 @@ def write_wds(setup: Setup, out: Path, shard_bytes: int) -> None:
 
 
 def write_mds(setup: Setup, out: Path, shard_bytes: int) -> None:
-    MDSWriter = import_mosaic().MDSWriter
+    mds_writer = import_mosaic().MDSWriter
     columns = {ext: "bytes" for ext in setup.samples[0][1]}
-    with MDSWriter(out=str(out), columns=columns, size_limit=shard_bytes, compression=None) as sink:
+    with mds_writer(out=str(out), columns=columns, size_limit=shard_bytes, compression=None) as sink:
         for _, members in setup.samples:
             sink.write(read_member(setup.root, members))
 
@@ -237,12 +261,20 @@ def litdata_item(item: tuple[str, dict[str, str]]) -> dict[str, bytes]:
 def write_litdata(setup: Setup, out: Path, shard_bytes: int) -> None:
     from litdata import optimize
 
-    optimize(fn=litdata_item, inputs=[(setup.root, members) for _, members in setup.samples],
-             output_dir=str(out), chunk_bytes=shard_bytes, num_workers=WORKERS, verbose=False)
+    optimize(
+        fn=litdata_item,
+        inputs=[(setup.root, members) for _, members in setup.samples],
+        output_dir=str(out),
+        chunk_bytes=shard_bytes,
+        num_workers=WORKERS,
+        verbose=False,
+    )
 
 
 PEER_WRITERS: dict[str, Callable[[Setup, Path, int], None]] = {
-    "wds": write_wds, "mds": write_mds, "litdata": write_litdata,
+    "wds": write_wds,
+    "mds": write_mds,
+    "litdata": write_litdata,
 }
 
 
@@ -271,16 +303,20 @@ def upload_tree(setup: Setup, folder: Path, prefix: str) -> None:
 
     async def upload() -> None:
         async with get_session().create_client(
-            "s3", endpoint_url=setup.endpoint_url, aws_access_key_id=setup.access_key_id,
-            aws_secret_access_key=setup.secret_access_key, region_name=setup.region_name,
+            "s3",
+            endpoint_url=setup.endpoint_url,
+            aws_access_key_id=setup.access_key_id,
+            aws_secret_access_key=setup.secret_access_key,
+            region_name=setup.region_name,
             config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
         ) as client:
             limit = asyncio.Semaphore(8)
 
             async def put(path: Path) -> None:
                 async with limit:
-                    await client.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(folder).as_posix()}",
-                                            Body=path.read_bytes())
+                    await client.put_object(
+                        Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(folder).as_posix()}", Body=path.read_bytes()
+                    )
 
             await asyncio.gather(*(put(p) for p in files))
 
@@ -336,22 +372,29 @@ def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 2
     from aiobotocore.session import get_session
 
     local = Path(setup.local["shardstream"])
-    ranges = [(name, start, min(start + range_bytes, size) - 1)
-              for name in setup.shard_names("shardstream", ".tar")
-              for size in [(local / name).stat().st_size] for start in range(0, size, range_bytes)]
+    ranges = [
+        (name, start, min(start + range_bytes, size) - 1)
+        for name in setup.shard_names("shardstream", ".tar")
+        for size in [(local / name).stat().st_size]
+        for start in range(0, size, range_bytes)
+    ]
 
     async def get_all() -> list[int]:
         async with get_session().create_client(
-            "s3", endpoint_url=setup.endpoint_url, aws_access_key_id=setup.access_key_id,
-            aws_secret_access_key=setup.secret_access_key, region_name=setup.region_name,
+            "s3",
+            endpoint_url=setup.endpoint_url,
+            aws_access_key_id=setup.access_key_id,
+            aws_secret_access_key=setup.secret_access_key,
+            region_name=setup.region_name,
             config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
         ) as client:
             limit = asyncio.Semaphore(inflight)
 
             async def get(name: str, first: int, last: int) -> int:
                 async with limit:
-                    response = await client.get_object(Bucket=BUCKET, Key=f"shardstream/{name}",
-                                                       Range=f"bytes={first}-{last}")
+                    response = await client.get_object(
+                        Bucket=BUCKET, Key=f"shardstream/{name}", Range=f"bytes={first}-{last}"
+                    )
                     size = 0
                     async with response["Body"] as body:
                         while chunk := await body.read(1 << 20):
@@ -439,8 +482,11 @@ def litdata_dataset(setup: Setup, source: str, cls: type | None = None, **kwargs
     # with "builder error"; it has no setting for that, hence this patch (module doc).
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
     if source == "s3":
-        location = {"input_dir": setup.s3_url("litdata"), "cache_dir": setup.fresh_cache("litdata"),
-                    "storage_options": setup.storage_options()}
+        location = {
+            "input_dir": setup.s3_url("litdata"),
+            "cache_dir": setup.fresh_cache("litdata"),
+            "storage_options": setup.storage_options(),
+        }
     else:
         location = {"input_dir": setup.local["litdata"]}
     return (cls or litdata.StreamingDataset)(**location, **kwargs)
@@ -555,6 +601,7 @@ def decode_in_memory(draft: bool) -> Callable[[Setup], Progress]:
     """shardstream's CpuDecoder over the preloaded bytes in 2 forked processes: the decode
     limit; with ``draft=False`` each JPEG is decoded at full size (what Pillow's DCT scaling
     saves)."""
+
     def read(setup: Setup) -> Progress:
         import functools
         import multiprocessing
@@ -594,6 +641,7 @@ def read_loader(batched: bool) -> Callable[[Setup], Progress]:
     """shardstream from local disk through a DataLoader with 2 workers: samples cross one at
     a time (``batch_size=None``: each pickled on its own) or in batches of 64 collated in the
     worker (the way to use it)."""
+
     def read(setup: Setup) -> Progress:
         from torch.utils.data import DataLoader
 
@@ -603,8 +651,7 @@ def read_loader(batched: bool) -> Callable[[Setup], Progress]:
             dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
             for batch in DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS):
                 keys = batch["__key__"]
-                yield len(keys), sum(len(v) for f, values in batch.items() if not f.startswith("__")
-                                     for v in values), 0
+                yield len(keys), sum(len(v) for f, values in batch.items() if not f.startswith("__") for v in values), 0
         else:
             dataset = ShardDataset(setup.local["shardstream"], shuffle=False)
             for sample in DataLoader(dataset, batch_size=None, num_workers=WORKERS):
@@ -631,35 +678,57 @@ MOSAIC, LITDATA = ("streaming",), ("litdata", "litdata.streaming.downloader")
 LOADER = ("torch.utils.data", "numpy", "PIL.Image", "shardstream.decode")
 EVERY = ("photos", "dir", "small", "tiny")
 READERS = {
-    "s3-limit": Reader("aiobotocore 8x16MiB ranged GETs", "limit", "raw", "s3", read_s3_limit,
-                       ("aiobotocore.session",)),
+    "s3-limit": Reader(
+        "aiobotocore 8x16MiB ranged GETs", "limit", "raw", "s3", read_s3_limit, ("aiobotocore.session",)
+    ),
     "s3-shardstream": Reader("shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS_S3),
     "s3-wds-pipe": Reader("webdataset pipe:aws s3 cp", "webdataset", "raw", "s3", read_wds("pipe"), WDS),
     "s3-wds-boto3": Reader("webdataset boto3 gopen", "webdataset", "raw", "s3", read_wds("boto3"), WDS_S3),
     "s3-mosaic": Reader("mosaic streaming", "mosaic", "raw", "s3", read_mosaic("s3"), MOSAIC, clean_mosaic_shm),
     "s3-litdata": Reader("litdata", "litdata", "raw", "s3", read_litdata("s3"), LITDATA),
     "local-cat": Reader("cat > /dev/null", "limit", "raw", "local", read_cat, corpora=EVERY),
-    "local-shardstream": Reader("shardstream", "shardstream", "raw", "local", read_shardstream("local"), SS,
-                                corpora=EVERY),
+    "local-shardstream": Reader(
+        "shardstream", "shardstream", "raw", "local", read_shardstream("local"), SS, corpora=EVERY
+    ),
     "local-wds": Reader("webdataset", "webdataset", "raw", "local", read_wds("local"), WDS, corpora=EVERY),
-    "loader-unbatched": Reader("shardstream, DataLoader batch_size=None", "shardstream", "loader", "local",
-                               read_loader(False), SS + LOADER, corpora=("small",)),
-    "loader-batched": Reader("shardstream, DataLoader batch_size=64", "shardstream", "loader", "local",
-                             read_loader(True), SS + LOADER, corpora=("small",)),
-    "local-mosaic": Reader("mosaic streaming", "mosaic", "raw", "local", read_mosaic("local"), MOSAIC,
-                           clean_mosaic_shm),
+    "loader-unbatched": Reader(
+        "shardstream, DataLoader batch_size=None",
+        "shardstream",
+        "loader",
+        "local",
+        read_loader(False),
+        SS + LOADER,
+        corpora=("small",),
+    ),
+    "loader-batched": Reader(
+        "shardstream, DataLoader batch_size=64",
+        "shardstream",
+        "loader",
+        "local",
+        read_loader(True),
+        SS + LOADER,
+        corpora=("small",),
+    ),
+    "local-mosaic": Reader(
+        "mosaic streaming", "mosaic", "raw", "local", read_mosaic("local"), MOSAIC, clean_mosaic_shm
+    ),
     "local-litdata": Reader("litdata", "litdata", "raw", "local", read_litdata("local"), LITDATA),
-    "decode-memory": Reader("CpuDecoder, bytes in memory", "limit", "decode", "memory", decode_in_memory(True),
-                            LOADER, preload),
-    "decode-memory-full": Reader("CpuDecoder, bytes in memory, no draft", "limit", "decode", "memory",
-                                 decode_in_memory(False), LOADER, preload),
-    "decode-memory-loader": Reader("CpuDecoder, bytes in memory, DataLoader", "limit", "decode", "memory",
-                                   decode_memory_loader, LOADER, preload),
-    "decode-shardstream": Reader("shardstream CpuDecoder", "shardstream", "decode", "s3", decode_shardstream,
-                                 SS_S3 + LOADER),
+    "decode-memory": Reader(
+        "CpuDecoder, bytes in memory", "limit", "decode", "memory", decode_in_memory(True), LOADER, preload
+    ),
+    "decode-memory-full": Reader(
+        "CpuDecoder, bytes in memory, no draft", "limit", "decode", "memory", decode_in_memory(False), LOADER, preload
+    ),
+    "decode-memory-loader": Reader(
+        "CpuDecoder, bytes in memory, DataLoader", "limit", "decode", "memory", decode_memory_loader, LOADER, preload
+    ),
+    "decode-shardstream": Reader(
+        "shardstream CpuDecoder", "shardstream", "decode", "s3", decode_shardstream, SS_S3 + LOADER
+    ),
     "decode-wds": Reader("webdataset boto3 + Pillow", "webdataset", "decode", "s3", decode_wds, WDS_S3 + LOADER),
-    "decode-mosaic": Reader("mosaic streaming + Pillow", "mosaic", "decode", "s3", decode_mosaic,
-                            MOSAIC + LOADER, clean_mosaic_shm),
+    "decode-mosaic": Reader(
+        "mosaic streaming + Pillow", "mosaic", "decode", "s3", decode_mosaic, MOSAIC + LOADER, clean_mosaic_shm
+    ),
     "decode-litdata": Reader("litdata + Pillow", "litdata", "decode", "s3", decode_litdata, LITDATA + LOADER),
 }
 
@@ -689,8 +758,15 @@ def reader_main(name: str, setup_path: str) -> None:
             capped = True
             break
     seconds = time.perf_counter() - started
-    result = {"samples": samples, "bytes": nbytes, "seconds": seconds, "first_s": first, "capped": capped, "damaged": damaged,
-              "vm_hwm": vm_hwm_bytes()}
+    result = {
+        "samples": samples,
+        "bytes": nbytes,
+        "seconds": seconds,
+        "first_s": first,
+        "capped": capped,
+        "damaged": damaged,
+        "vm_hwm": vm_hwm_bytes(),
+    }
     print(RESULT_TAG + json.dumps(result), flush=True)
     progress.close()
 
@@ -721,7 +797,12 @@ class Result:
         """Keep the best of the runs: throughput and first sample each at their best, memory at its worst."""
         self.runs += 1
         if self.runs == 1 or run["seconds"] / max(run["samples"], 1) < self.seconds / max(self.samples, 1):
-            self.samples, self.bytes, self.seconds, self.capped = run["samples"], run["bytes"], run["seconds"], run["capped"]
+            self.samples, self.bytes, self.seconds, self.capped = (
+                run["samples"],
+                run["bytes"],
+                run["seconds"],
+                run["capped"],
+            )
             self.server_cpu_s = run.get("server_cpu_s", 0.0)
         if run["first_s"] is not None and (self.first_s is None or run["first_s"] < self.first_s):
             self.first_s = run["first_s"]
@@ -744,14 +825,20 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_reader(name: str, setup_path: Path, env: dict[str, str], log: Path, cap_s: float,
-               server_pid: int) -> dict[str, Any] | str:
+def run_reader(
+    name: str, setup_path: Path, env: dict[str, str], log: Path, cap_s: float, server_pid: int
+) -> dict[str, Any] | str:
     """Run reader ``name`` in a subprocess logging to ``log``; its measurements (with the S3
     server's CPU seconds meanwhile), or why there are none."""
     server_cpu_s = process_cpu_s(server_pid)
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, __file__, "--_reader", name, "--_setup", str(setup_path)],
-                                   env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--_reader", name, "--_setup", str(setup_path)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + cap_s + 120  # imports, setup and teardown
     tree_peak = 0
     while process.poll() is None and time.monotonic() < deadline:
@@ -765,8 +852,11 @@ def run_reader(name: str, setup_path: Path, env: dict[str, str], log: Path, cap_
     lines = log.read_text(errors="replace").splitlines()
     for line in lines:
         if line.startswith(RESULT_TAG):
-            return {**json.loads(line[len(RESULT_TAG):]), "tree_peak": tree_peak,
-                    "server_cpu_s": process_cpu_s(server_pid) - server_cpu_s}
+            return {
+                **json.loads(line[len(RESULT_TAG) :]),
+                "tree_peak": tree_peak,
+                "server_cpu_s": process_cpu_s(server_pid) - server_cpu_s,
+            }
     last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
     return f"exit code {process.returncode}: {last[:200]} (log: {log})"
 
@@ -794,8 +884,12 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
     main = "dir" if "dir" in sizes else "photos"
 
     def best_peer(group: str, source: str) -> str:
-        peers = [n for n, r in measured.items() if r.reader.system not in ("shardstream", "limit")
-                 and (r.corpus, r.reader.group, r.reader.source) == (main, group, source)]
+        peers = [
+            n
+            for n, r in measured.items()
+            if r.reader.system not in ("shardstream", "limit")
+            and (r.corpus, r.reader.group, r.reader.source) == (main, group, source)
+        ]
         return max(peers, key=rate.__getitem__, default=f"{main}:any {group}-{source} peer")
 
     def ratio(a: str, b: str) -> Callable[[], float]:
@@ -806,40 +900,134 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
     budget = FetchConfig().max_buffer_bytes
     rss_of = (m + "s3-shardstream", m + "local-shardstream")
     rows: list[tuple[str, tuple[str, ...], Callable[[], float | None], float, bool, str]] = [
-        ("S3 raw: shardstream / S3 limit", (m + "s3-shardstream", m + "s3-limit"),
-         ratio(m + "s3-shardstream", m + "s3-limit"), 0.9, True, "x"),
-        (f"S3 raw: shardstream / best peer ({s3_peer})", (m + "s3-shardstream", s3_peer),
-         ratio(m + "s3-shardstream", s3_peer), 2.0, True, "x"),
-        (f"local raw, {main}: shardstream / webdataset", (m + "local-shardstream", m + "local-wds"),
-         ratio(m + "local-shardstream", m + "local-wds"), 4.0, True, "x"),
-        (f"local raw, {main}: shardstream / cat", (m + "local-shardstream", m + "local-cat"),
-         ratio(m + "local-shardstream", m + "local-cat"), 0.3, True, "x"),
-        ("local raw, small: shardstream / webdataset", ("small:local-shardstream", "small:local-wds"),
-         ratio("small:local-shardstream", "small:local-wds"), 10.0, True, "x"),
-        ("local raw, tiny: shardstream samples/s", ("tiny:local-shardstream",),
-         lambda: rate["tiny:local-shardstream"], 100_000, True, "/s"),
-        ("local raw, tiny: shardstream / webdataset (no target)", ("tiny:local-shardstream", "tiny:local-wds"),
-         ratio("tiny:local-shardstream", "tiny:local-wds"), 0.0, True, "x"),
-        ("small, DataLoader: batch_size=64 / batch_size=None (no target)",
-         ("small:loader-batched", "small:loader-unbatched"),
-         ratio("small:loader-batched", "small:loader-unbatched"), 0.0, True, "x"),
-        ("first sample from S3", (m + "s3-shardstream",), lambda: measured[m + "s3-shardstream"].first_s, 0.5, False,
-         " s"),
-        ("first sample from local disk", (m + "local-shardstream",),
-         lambda: measured[m + "local-shardstream"].first_s, 0.1, False, " s"),
-        (f"decode: shardstream / best peer ({decode_peer})", (m + "decode-shardstream", decode_peer),
-         ratio(m + "decode-shardstream", decode_peer), 1.5, True, "x"),
-        ("decode: loader overhead vs in-memory", (m + "decode-shardstream", m + "decode-memory"),
-         lambda: 1 - rate[m + "decode-shardstream"] / rate[m + "decode-memory"], 0.15, False, "%"),
-        ("decode: of which the DataLoader alone (no target)", (m + "decode-memory-loader", m + "decode-memory"),
-         lambda: 1 - rate[m + "decode-memory-loader"] / rate[m + "decode-memory"], 1.0, False, "%"),
-        ("decode: shardstream + S3 server vs DataLoader from memory (no target)",
-         (m + "decode-shardstream", m + "decode-memory-loader"),
-         lambda: 1 - rate[m + "decode-shardstream"] / rate[m + "decode-memory-loader"], 1.0, False, "%"),
-        ("decode: draft mode / full-size decode, in memory (no target)", (m + "decode-memory", m + "decode-memory-full"),
-         ratio(m + "decode-memory", m + "decode-memory-full"), 0.0, True, "x"),
-        (f"peak RSS of a shardstream reader (max_buffer_bytes {budget / 1e6:.0f} MB + 300)", rss_of,
-         lambda: max(measured[n].vm_hwm for n in rss_of) / 1e6, budget / 1e6 + 300, False, " MB"),
+        (
+            "S3 raw: shardstream / S3 limit",
+            (m + "s3-shardstream", m + "s3-limit"),
+            ratio(m + "s3-shardstream", m + "s3-limit"),
+            0.9,
+            True,
+            "x",
+        ),
+        (
+            f"S3 raw: shardstream / best peer ({s3_peer})",
+            (m + "s3-shardstream", s3_peer),
+            ratio(m + "s3-shardstream", s3_peer),
+            2.0,
+            True,
+            "x",
+        ),
+        (
+            f"local raw, {main}: shardstream / webdataset",
+            (m + "local-shardstream", m + "local-wds"),
+            ratio(m + "local-shardstream", m + "local-wds"),
+            4.0,
+            True,
+            "x",
+        ),
+        (
+            f"local raw, {main}: shardstream / cat",
+            (m + "local-shardstream", m + "local-cat"),
+            ratio(m + "local-shardstream", m + "local-cat"),
+            0.3,
+            True,
+            "x",
+        ),
+        (
+            "local raw, small: shardstream / webdataset",
+            ("small:local-shardstream", "small:local-wds"),
+            ratio("small:local-shardstream", "small:local-wds"),
+            10.0,
+            True,
+            "x",
+        ),
+        (
+            "local raw, tiny: shardstream samples/s",
+            ("tiny:local-shardstream",),
+            lambda: rate["tiny:local-shardstream"],
+            100_000,
+            True,
+            "/s",
+        ),
+        (
+            "local raw, tiny: shardstream / webdataset (no target)",
+            ("tiny:local-shardstream", "tiny:local-wds"),
+            ratio("tiny:local-shardstream", "tiny:local-wds"),
+            0.0,
+            True,
+            "x",
+        ),
+        (
+            "small, DataLoader: batch_size=64 / batch_size=None (no target)",
+            ("small:loader-batched", "small:loader-unbatched"),
+            ratio("small:loader-batched", "small:loader-unbatched"),
+            0.0,
+            True,
+            "x",
+        ),
+        (
+            "first sample from S3",
+            (m + "s3-shardstream",),
+            lambda: measured[m + "s3-shardstream"].first_s,
+            0.5,
+            False,
+            " s",
+        ),
+        (
+            "first sample from local disk",
+            (m + "local-shardstream",),
+            lambda: measured[m + "local-shardstream"].first_s,
+            0.1,
+            False,
+            " s",
+        ),
+        (
+            f"decode: shardstream / best peer ({decode_peer})",
+            (m + "decode-shardstream", decode_peer),
+            ratio(m + "decode-shardstream", decode_peer),
+            1.5,
+            True,
+            "x",
+        ),
+        (
+            "decode: loader overhead vs in-memory",
+            (m + "decode-shardstream", m + "decode-memory"),
+            lambda: 1 - rate[m + "decode-shardstream"] / rate[m + "decode-memory"],
+            0.15,
+            False,
+            "%",
+        ),
+        (
+            "decode: of which the DataLoader alone (no target)",
+            (m + "decode-memory-loader", m + "decode-memory"),
+            lambda: 1 - rate[m + "decode-memory-loader"] / rate[m + "decode-memory"],
+            1.0,
+            False,
+            "%",
+        ),
+        (
+            "decode: shardstream + S3 server vs DataLoader from memory (no target)",
+            (m + "decode-shardstream", m + "decode-memory-loader"),
+            lambda: 1 - rate[m + "decode-shardstream"] / rate[m + "decode-memory-loader"],
+            1.0,
+            False,
+            "%",
+        ),
+        (
+            "decode: draft mode / full-size decode, in memory (no target)",
+            (m + "decode-memory", m + "decode-memory-full"),
+            ratio(m + "decode-memory", m + "decode-memory-full"),
+            0.0,
+            True,
+            "x",
+        ),
+        (
+            f"peak RSS of a shardstream reader (max_buffer_bytes {budget / 1e6:.0f} MB + 300)",
+            rss_of,
+            lambda: max(measured[n].vm_hwm for n in rss_of) / 1e6,
+            budget / 1e6 + 300,
+            False,
+            " MB",
+        ),
     ]
     print("\ntargets:")
 
@@ -858,16 +1046,22 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             continue
         else:
             outcome = "met" if (value >= target if at_least else value <= target) else "NOT met"
-        print(f"  {label:66s} {'-' if value is None else show(value, unit):>9s}  target "
-              f"{'>=' if at_least else '<='} {show(target, unit):9s} {outcome}")
+        print(
+            f"  {label:66s} {'-' if value is None else show(value, unit):>9s}  target "
+            f"{'>=' if at_least else '<='} {show(target, unit):9s} {outcome}"
+        )
 
 
 def print_table(results: dict[str, Result], sizes: dict[str, tuple[int, int]]) -> None:
     for corpus, (num_samples, payload_bytes) in sizes.items():
-        print(f"\n{corpus}: {num_samples} samples, {payload_bytes / 1e6:.0f} MB of payload "
-              f"({payload_bytes / max(num_samples, 1) / 1e3:.1f} KB a sample)")
-        print(f"{'group':6s} {'from':6s} {'reader':40s} {'samples/s':>10s} {'MB/s':>7s} {'first':>8s} "
-              f"{'RSS main':>9s} {'RSS tree':>9s} {'S3 srv cores':>12s}")
+        print(
+            f"\n{corpus}: {num_samples} samples, {payload_bytes / 1e6:.0f} MB of payload "
+            f"({payload_bytes / max(num_samples, 1) / 1e3:.1f} KB a sample)"
+        )
+        print(
+            f"{'group':6s} {'from':6s} {'reader':40s} {'samples/s':>10s} {'MB/s':>7s} {'first':>8s} "
+            f"{'RSS main':>9s} {'RSS tree':>9s} {'S3 srv cores':>12s}"
+        )
         for r in results.values():
             if r.corpus != corpus:
                 continue
@@ -880,8 +1074,10 @@ def print_table(results: dict[str, Result], sizes: dict[str, tuple[int, int]]) -
             note = f"  (capped after {r.samples} samples)" if r.capped else ""
             note += f"  ({r.damaged} damaged JPEGs in a run)" if r.damaged else ""
             note += f"  ({r.failures} run(s) failed: {r.error})" if r.failures else ""
-            print(f"{head} {r.samples_per_s(num_samples):10.0f} {r.mb_per_s(num_samples, payload_bytes):7.0f} {first} "
-                  f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB {srv:>12s}{note}")
+            print(
+                f"{head} {r.samples_per_s(num_samples):10.0f} {r.mb_per_s(num_samples, payload_bytes):7.0f} {first} "
+                f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB {srv:>12s}{note}"
+            )
 
 
 def save_chart(results: dict[str, Result], sizes: dict[str, tuple[int, int]], path: Path, title: str) -> None:
@@ -890,15 +1086,32 @@ def save_chart(results: dict[str, Result], sizes: dict[str, tuple[int, int]], pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"shardstream": "tab:blue", "webdataset": "tab:orange", "mosaic": "tab:green",
-              "litdata": "tab:red", "limit": "tab:gray"}
-    headings = {"raw": "raw reading, 1 process (samples/s)", "loader": f"DataLoader, {WORKERS} workers (samples/s)",
-                "decode": f"decode + crop {CROP_PX}, {WORKERS} workers (images/s)"}
-    groups = [(corpus, group) for corpus in sizes for group in headings
-              if any(r.runs and r.corpus == corpus and r.reader.group == group for r in results.values())]
+    colors = {
+        "shardstream": "tab:blue",
+        "webdataset": "tab:orange",
+        "mosaic": "tab:green",
+        "litdata": "tab:red",
+        "limit": "tab:gray",
+    }
+    headings = {
+        "raw": "raw reading, 1 process (samples/s)",
+        "loader": f"DataLoader, {WORKERS} workers (samples/s)",
+        "decode": f"decode + crop {CROP_PX}, {WORKERS} workers (images/s)",
+    }
+    groups = [
+        (corpus, group)
+        for corpus in sizes
+        for group in headings
+        if any(r.runs and r.corpus == corpus and r.reader.group == group for r in results.values())
+    ]
     rows_of = {g: [r for r in results.values() if (r.corpus, r.reader.group) == g and r.runs] for g in groups}
-    figure, axes = plt.subplots(len(groups), 1, figsize=(10, 2 + 0.4 * sum(len(v) for v in rows_of.values())),
-                                height_ratios=[len(rows_of[g]) for g in groups], squeeze=False)
+    figure, axes = plt.subplots(
+        len(groups),
+        1,
+        figsize=(10, 2 + 0.4 * sum(len(v) for v in rows_of.values())),
+        height_ratios=[len(rows_of[g]) for g in groups],
+        squeeze=False,
+    )
     for axis, (corpus, group) in zip(axes[:, 0], groups):
         rows = rows_of[(corpus, group)]
         num_samples, payload_bytes = sizes[corpus]
@@ -908,8 +1121,9 @@ def save_chart(results: dict[str, Result], sizes: dict[str, tuple[int, int]], pa
         axis.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
         axis.invert_yaxis()
         axis.set_xscale("log" if group == "raw" and len(rows) > 1 else "linear")
-        axis.set_title(f"{corpus} ({payload_bytes / max(num_samples, 1) / 1e3:.1f} KB samples): {headings[group]}",
-                       fontsize=10)
+        axis.set_title(
+            f"{corpus} ({payload_bytes / max(num_samples, 1) / 1e3:.1f} KB samples): {headings[group]}", fontsize=10
+        )
         axis.tick_params(axis="y", labelsize=8)
         axis.margins(x=0.15)
     figure.suptitle(title, fontsize=11)
@@ -964,8 +1178,15 @@ def main() -> None:
     print(f"command: {shlex.join(['python', *sys.argv])}")
 
 
-def run_corpus(corpus: str, args: argparse.Namespace, problems: dict[str, str], server: Any, tmp: Path, logs: Path,
-               sizes: dict[str, tuple[int, int]]) -> dict[str, Result]:
+def run_corpus(
+    corpus: str,
+    args: argparse.Namespace,
+    problems: dict[str, str],
+    server: Any,
+    tmp: Path,
+    logs: Path,
+    sizes: dict[str, tuple[int, int]],
+) -> dict[str, Result]:
     """Pack one corpus for every system that reads it, run its readers; results keyed
     ``corpus:reader``."""
     from shardstream import pack
@@ -974,24 +1195,37 @@ def run_corpus(corpus: str, args: argparse.Namespace, problems: dict[str, str], 
     relatives = [r for _, members in samples for r in members.values()]
     payload_bytes = sum(os.path.getsize(root / r) for r in relatives)
     sizes[corpus] = (len(samples), payload_bytes)
-    print(f"\n{corpus}: {len(samples)} samples ({len(relatives)} files, {payload_bytes / 1e6:.0f} MB) from {root}; "
-          "warming the page cache ...", flush=True)
-    subprocess.run(["xargs", "-0", "cat"], input="\0".join(relatives).encode(), cwd=root,
-                   stdout=subprocess.DEVNULL, check=True)
+    print(
+        f"\n{corpus}: {len(samples)} samples ({len(relatives)} files, {payload_bytes / 1e6:.0f} MB) from {root}; "
+        "warming the page cache ...",
+        flush=True,
+    )
+    subprocess.run(
+        ["xargs", "-0", "cat"], input="\0".join(relatives).encode(), cwd=root, stdout=subprocess.DEVNULL, check=True
+    )
     shard_bytes = args.shard_mib << 20
     wanted = args.readers.split(",") if args.readers else list(READERS)
-    chosen = {n: r for n, r in READERS.items() if n in wanted and corpus in r.corpora and r.system not in problems
-              and n not in problems}
+    chosen = {
+        n: r
+        for n, r in READERS.items()
+        if n in wanted and corpus in r.corpora and r.system not in problems and n not in problems
+    }
     info = server.info
     peer_root = CACHE / f"stream-{tag}-{args.shard_mib}MiB" if tag else tmp / "peers"
     needed = {r.system for r in chosen.values()}
     peers = [s for s, system in (("wds", "webdataset"), ("mds", "mosaic"), ("litdata", "litdata")) if system in needed]
     (tmp / "caches").mkdir(parents=True)
-    setup = Setup(root=str(root), samples=samples,
-                  local={"shardstream": str(tmp / "shardstream"), **{s: str(peer_root / s) for s in peers}},
-                  endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                  secret_access_key=info.secret_access_key, region_name=info.region_name,
-                  scratch=str(tmp / "caches"), cap_s=args.cap_s)
+    setup = Setup(
+        root=str(root),
+        samples=samples,
+        local={"shardstream": str(tmp / "shardstream"), **{s: str(peer_root / s) for s in peers}},
+        endpoint_url=info.endpoint_url,
+        access_key_id=info.access_key_id,
+        secret_access_key=info.secret_access_key,
+        region_name=info.region_name,
+        scratch=str(tmp / "caches"),
+        cap_s=args.cap_s,
+    )
     files_from = tmp / "files.txt"
     files_from.write_text("".join(f"{r}\n" for r in relatives))
     on_s3 = any(r.source == "s3" for r in chosen.values())
@@ -1009,9 +1243,15 @@ def run_corpus(corpus: str, args: argparse.Namespace, problems: dict[str, str], 
         print(f"{system}: {made} at {peer_root / system}", flush=True)
     setup_path = tmp / "setup.json"
     setup_path.write_text(json.dumps(asdict(setup)))
-    env = {**os.environ, **info.env(), "S3_ENDPOINT_URL": info.endpoint_url, "AWS_EC2_METADATA_DISABLED": "true",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        **info.env(),
+        "S3_ENDPOINT_URL": info.endpoint_url,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     results = {n: Result(r, corpus) for n, r in chosen.items()}
     for repeat in range(args.repeat):
         for name in chosen:
@@ -1029,8 +1269,10 @@ def run_corpus(corpus: str, args: argparse.Namespace, problems: dict[str, str], 
     for name, r in results.items():
         if r.runs and r.samples != len(samples) and r.reader.system != "limit" and not r.capped:
             print(f"note: {corpus} {name} read {r.samples} samples, the dataset has {len(samples)}")
-    counts = ", ".join(f"{s} {len([p for p in Path(d).iterdir() if p.suffix in ('.tar', '.mds', '.bin')])}"
-                       for s, d in setup.local.items())
+    counts = ", ".join(
+        f"{s} {len([p for p in Path(d).iterdir() if p.suffix in ('.tar', '.mds', '.bin')])}"
+        for s, d in setup.local.items()
+    )
     print(f"{corpus}: shards/chunks: {counts}")
     return {f"{corpus}:{n}": r for n, r in results.items()}
 

@@ -25,8 +25,15 @@ def small_cnn(num_classes: int) -> nn.Module:
     def block(cin: int, cout: int) -> nn.Module:
         return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=2, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
 
-    return nn.Sequential(block(3, 16), block(16, 32), block(32, 64), block(64, 64),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes))
+    return nn.Sequential(
+        block(3, 16),
+        block(16, 32),
+        block(32, 64),
+        block(64, 64),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, num_classes),
+    )
 
 
 def main() -> None:
@@ -46,10 +53,15 @@ def main() -> None:
             make_image_dataset(f"{tmp}/images", num_images=1000)
             source = f"{tmp}/shards"
             print(pack(f"{tmp}/images", source, max_shard_bytes=8 << 20, progress=False).summary())
-        dataset = ShardDataset(source, shuffle_buffer=500, batch_size=args.batch_size,
-                               decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=args.size_px, scale=(0.35, 1.0))))
-        loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers,
-                            pin_memory=args.device.startswith("cuda"))
+        dataset = ShardDataset(
+            source,
+            shuffle_buffer=500,
+            batch_size=args.batch_size,
+            decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=args.size_px, scale=(0.35, 1.0))),
+        )
+        loader = DataLoader(
+            dataset, batch_size=args.batch_size, num_workers=args.num_workers, pin_memory=args.device.startswith("cuda")
+        )
         model = small_cnn(len(CLASS_NAMES)).to(args.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         for epoch in range(args.epochs):
@@ -67,8 +79,10 @@ def main() -> None:
                 correct += (logits.argmax(1) == labels).sum().item()
                 loss_sum += loss.item() * len(labels)
             seconds = time.perf_counter() - started
-            print(f"epoch {epoch}: {seen} samples, loss {loss_sum / seen:.3f}, train accuracy "
-                  f"{correct / seen:.1%}, {seen / seconds:.0f} samples/s")
+            print(
+                f"epoch {epoch}: {seen} samples, loss {loss_sum / seen:.3f}, train accuracy "
+                f"{correct / seen:.1%}, {seen / seconds:.0f} samples/s"
+            )
 
 
 if __name__ == "__main__":

@@ -42,13 +42,21 @@ def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if rank == 0 and not cuda:
-        print("DALI decodes on the CPU (device_id=None): no --device cuda given"
-              + ("" if gpu_available() else ", and no GPU here"), flush=True)
+        print(
+            "DALI decodes on the CPU (device_id=None): no --device cuda given"
+            + ("" if gpu_available() else ", and no GPU here"),
+            flush=True,
+        )
     if not cuda:
         torch.set_num_threads(1)
     dataset = ShardDataset(args.dataset or demo_dataset(args.workdir), shuffle_buffer=200, batch_size=args.batch_size)
-    loader = DaliLoader(dataset, batch_size=args.batch_size, crop_px=args.size_px, scale=(0.35, 1.0),
-                        device_id=local_rank if cuda else None)
+    loader = DaliLoader(
+        dataset,
+        batch_size=args.batch_size,
+        crop_px=args.size_px,
+        scale=(0.35, 1.0),
+        device_id=local_rank if cuda else None,
+    )
     model = DistributedDataParallel(small_cnn(len(CLASS_NAMES)).to(device), device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
@@ -76,8 +84,11 @@ def main() -> None:
         checkpoint(epoch + 1, None)
         if rank == 0:
             seconds = time.perf_counter() - started
-            print(f"epoch {epoch}: {int(totals[0])} samples on {world_size} ranks, loss {totals[2] / totals[0]:.3f}, "
-                  f"accuracy {totals[1] / totals[0]:.1%}, {totals[0] / seconds:.0f} samples/s", flush=True)
+            print(
+                f"epoch {epoch}: {int(totals[0])} samples on {world_size} ranks, loss {totals[2] / totals[0]:.3f}, "
+                f"accuracy {totals[1] / totals[0]:.1%}, {totals[0] / seconds:.0f} samples/s",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

@@ -38,8 +38,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 from train_torchrun import small_cnn  # the sibling example
 
-from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
-from shardstream import Part
+from shardstream import CpuDecoder, Part, RandomResizedCrop, ShardDataset, pack
 from shardstream.testing.synth import CLASS_NAMES, make_image_dataset
 
 
@@ -66,9 +65,12 @@ class Classifier(L.LightningModule):
         seen = int(self.trainer.strategy.reduce(torch.tensor(float(self.seen)), reduce_op="sum"))
         accuracy = float(self.trainer.callback_metrics.get("accuracy_epoch", float("nan")))
         if self.global_rank == 0:
-            print(f"epoch {self.current_epoch}: {seen} samples on {self.trainer.world_size} ranks in this run "
-                  f"(dataset epoch {self.dataset.epoch}), accuracy {accuracy:.1%}, "
-                  f"{seen / (time.perf_counter() - self.started):.0f} samples/s", flush=True)
+            print(
+                f"epoch {self.current_epoch}: {seen} samples on {self.trainer.world_size} ranks in this run "
+                f"(dataset epoch {self.dataset.epoch}), accuracy {accuracy:.1%}, "
+                f"{seen / (time.perf_counter() - self.started):.0f} samples/s",
+                flush=True,
+            )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=3e-3)
@@ -103,19 +105,38 @@ def main() -> None:
         torch.set_num_threads(1)
 
     crop = RandomResizedCrop(size_px=args.size_px, scale=(0.35, 1.0))
-    dataset = ShardDataset(args.dataset or demo_dataset(args.workdir), shuffle_buffer=200,
-                           decode=CpuDecoder("torch", crop=crop), batch_size=args.batch_size)
-    loader = StatefulDataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers,
-                                persistent_workers=args.num_workers > 0, pin_memory=args.accelerator == "gpu")
+    dataset = ShardDataset(
+        args.dataset or demo_dataset(args.workdir),
+        shuffle_buffer=200,
+        decode=CpuDecoder("torch", crop=crop),
+        batch_size=args.batch_size,
+    )
+    loader = StatefulDataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        persistent_workers=args.num_workers > 0,
+        pin_memory=args.accelerator == "gpu",
+    )
     callbacks = []
     if args.checkpoint_dir is not None:
-        callbacks.append(ModelCheckpoint(dirpath=args.checkpoint_dir, every_n_train_steps=args.checkpoint_every,
-                                         save_last=True, save_top_k=0))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=args.checkpoint_dir, every_n_train_steps=args.checkpoint_every, save_last=True, save_top_k=0
+            )
+        )
     last = args.checkpoint_dir / "last.ckpt" if args.checkpoint_dir is not None else None
     trainer = L.Trainer(
-        accelerator=args.accelerator, devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=args.epochs, max_steps=args.stop_after_steps, callbacks=callbacks,
-        enable_checkpointing=bool(callbacks), logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=args.epochs,
+        max_steps=args.stop_after_steps,
+        callbacks=callbacks,
+        enable_checkpointing=bool(callbacks),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(Classifier(dataset), loader, ckpt_path=last if last is not None and last.exists() else None)
     if trainer.global_rank == 0 and args.stop_after_steps > 0 and trainer.global_step >= args.stop_after_steps:

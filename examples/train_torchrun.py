@@ -33,9 +33,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
+from shardstream import CpuDecoder, Part, RandomResizedCrop, ShardDataset, pack
 from shardstream.dataset import loader_state_dict
-from shardstream import Part
 from shardstream.testing.synth import CLASS_NAMES, make_image_dataset
 
 
@@ -43,8 +42,15 @@ def small_cnn(num_classes: int) -> nn.Module:
     def block(cin: int, cout: int) -> nn.Module:
         return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=2, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
 
-    return nn.Sequential(block(3, 16), block(16, 32), block(32, 64), block(64, 64),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes))
+    return nn.Sequential(
+        block(3, 16),
+        block(16, 32),
+        block(32, 64),
+        block(64, 64),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, num_classes),
+    )
 
 
 def demo_dataset(workdir: Path) -> str:
@@ -81,8 +87,9 @@ def common_arguments(doc: str, workdir: str) -> argparse.ArgumentParser:
     return parser
 
 
-def resume(args: argparse.Namespace, model: DistributedDataParallel, optimizer: torch.optim.Optimizer,
-           dataset: ShardDataset) -> int:
+def resume(
+    args: argparse.Namespace, model: DistributedDataParallel, optimizer: torch.optim.Optimizer, dataset: ShardDataset
+) -> int:
     """Load ``args.checkpoint`` if it exists; the epoch to start at (the dataset resumes inside it)."""
     if args.checkpoint is None or not args.checkpoint.exists():
         return 0
@@ -94,20 +101,24 @@ def resume(args: argparse.Namespace, model: DistributedDataParallel, optimizer: 
     return checkpoint["epoch"]
 
 
-def checkpointer(args: argparse.Namespace, model: DistributedDataParallel,
-                 optimizer: torch.optim.Optimizer) -> Callable[[int, dict | None], None]:
+def checkpointer(
+    args: argparse.Namespace, model: DistributedDataParallel, optimizer: torch.optim.Optimizer
+) -> Callable[[int, dict | None], None]:
     """``save(epoch, data_state)``: rank 0 writes model, optimizer and data state atomically."""
 
     def checkpoint(epoch: int, data: dict | None) -> None:
         if args.checkpoint is not None and dist.get_rank() == 0:
-            save(args.checkpoint, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                   "epoch": epoch, "data": data})
+            save(
+                args.checkpoint,
+                {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "data": data},
+            )
 
     return checkpoint
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor,
-               labels: torch.Tensor) -> tuple[int, float]:
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor, labels: torch.Tensor
+) -> tuple[int, float]:
     """One optimiser step on a batch; (correct predictions, summed loss)."""
     logits = model(images)
     loss = nn.functional.cross_entropy(logits, labels)
@@ -130,15 +141,20 @@ def main() -> None:
         torch.set_num_threads(1)
     source = args.dataset or demo_dataset(args.workdir)
     crop = RandomResizedCrop(size_px=args.size_px, scale=(0.35, 1.0))
-    dataset = ShardDataset(source, shuffle_buffer=200, decode=CpuDecoder("torch", crop=crop), batch_size=args.batch_size)
+    dataset = ShardDataset(
+        source, shuffle_buffer=200, decode=CpuDecoder("torch", crop=crop), batch_size=args.batch_size
+    )
     loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.num_workers, pin_memory=cuda)
     model = DistributedDataParallel(small_cnn(len(CLASS_NAMES)).to(device), device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
     start_epoch = resume(args, model, optimizer, dataset)
     if rank == 0 and args.checkpoint is not None and args.checkpoint.exists():
-        print(f"resumed from {args.checkpoint}: epoch {start_epoch}, {len(dataset)} samples per rank left "
-              f"at world size {world_size}", flush=True)
+        print(
+            f"resumed from {args.checkpoint}: epoch {start_epoch}, {len(dataset)} samples per rank left "
+            f"at world size {world_size}",
+            flush=True,
+        )
     checkpoint = checkpointer(args, model, optimizer)
 
     steps = 0
@@ -163,9 +179,12 @@ def main() -> None:
         checkpoint(epoch + 1, None)
         if rank == 0:
             seconds = time.perf_counter() - started
-            print(f"epoch {epoch}: {int(totals[0])} samples on {world_size} ranks "
-                  f"({consumed} on rank 0), loss {totals[2] / totals[0]:.3f}, "
-                  f"accuracy {totals[1] / totals[0]:.1%}, {totals[0] / seconds:.0f} samples/s", flush=True)
+            print(
+                f"epoch {epoch}: {int(totals[0])} samples on {world_size} ranks "
+                f"({consumed} on rank 0), loss {totals[2] / totals[0]:.3f}, "
+                f"accuracy {totals[1] / totals[0]:.1%}, {totals[0] / seconds:.0f} samples/s",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

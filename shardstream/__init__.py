@@ -5,11 +5,11 @@ The public API is exactly ``__all__``; everything else is internal.
 
 from typing import TYPE_CHECKING, Any
 
-from .config import FetchConfig, S3Config
 from . import errors as _errors
+from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
+from .config import FetchConfig, S3Config
 from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
-from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
 from .packing import PackReport, Part, pack
 
 if TYPE_CHECKING:

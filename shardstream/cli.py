@@ -20,9 +20,16 @@ from .packing.pack import OnError
 __all__ = ["main", "parse_size"]
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -83,8 +90,10 @@ def _part_arg(text: str):
 def _info(source: str, manifest) -> str:
     import numpy as np
 
-    lines = [f"{source}: {manifest.num_shards} shards, {manifest.num_samples} samples, {manifest.num_members} "
-             f"members, {manifest.total_bytes / 1e6:.1f} MB"]
+    lines = [
+        f"{source}: {manifest.num_shards} shards, {manifest.num_samples} samples, {manifest.num_members} "
+        f"members, {manifest.total_bytes / 1e6:.1f} MB"
+    ]
     for what, column in (("shard bytes", manifest.shard_bytes), ("samples per shard", manifest.shard_samples)):
         if len(column):
             lines.append(f"{what}: min {column.min()}, median {np.median(column):.0f}, max {column.max()}")
@@ -105,8 +114,13 @@ def _verify(args: argparse.Namespace) -> int:
     from .packing.verify import verify
 
     bad = total = 0
-    for check in tqdm(verify(args.dest, s3=_s3_config(args)), unit="shard", desc="verifying",
-                      disable=args.no_progress, file=sys.stderr):
+    for check in tqdm(
+        verify(args.dest, s3=_s3_config(args)),
+        unit="shard",
+        desc="verifying",
+        disable=args.no_progress,
+        file=sys.stderr,
+    ):
         total += 1
         if not check.ok:
             bad += 1
@@ -119,7 +133,9 @@ def _verify(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="shardstream", description="Pack small files into tar shards and stream them back.")
+    parser = argparse.ArgumentParser(
+        prog="shardstream", description="Pack small files into tar shards and stream them back."
+    )
     parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -127,27 +143,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="SOURCE", help="local directory, or s3://bucket/prefix of files")
     p.add_argument("dest", metavar="DEST", help="local directory or s3://bucket/prefix")
     p.add_argument("--name", default="data", help="shard name prefix: NAME-000000.tar ... (default: data)")
-    p.add_argument("--shard-size", type=_size_arg, default="256MiB", metavar="SIZE",
-                   help="max bytes per shard, e.g. 256MiB, 1GB (default: 256MiB)")
-    p.add_argument("--max-samples-per-shard", type=_positive_int, default=None, metavar="N",
-                   help="also start a new shard after N samples (default: no limit, only --shard-size)")
-    p.add_argument("--files-from", metavar="LIST",
-                   help="pack only the paths in LIST (relative to SOURCE; newline- or NUL-separated; - for stdin)")
-    p.add_argument("--on-error", choices=[e.value for e in OnError], default=OnError.FAIL.value,
-                   help="on a bad input file: fail naming it (default), or skip it and list it in "
-                        "DEST/pack-report.jsonl")
+    p.add_argument(
+        "--shard-size",
+        type=_size_arg,
+        default="256MiB",
+        metavar="SIZE",
+        help="max bytes per shard, e.g. 256MiB, 1GB (default: 256MiB)",
+    )
+    p.add_argument(
+        "--max-samples-per-shard",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="also start a new shard after N samples (default: no limit, only --shard-size)",
+    )
+    p.add_argument(
+        "--files-from",
+        metavar="LIST",
+        help="pack only the paths in LIST (relative to SOURCE; newline- or NUL-separated; - for stdin)",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=[e.value for e in OnError],
+        default=OnError.FAIL.value,
+        help="on a bad input file: fail naming it (default), or skip it and list it in DEST/pack-report.jsonl",
+    )
     p.add_argument("--skip-unreadable", action="store_true", help="the same as --on-error skip")
-    p.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
-                   help=f"processes writing shards (default: the CPU count, {os.cpu_count()})")
-    p.add_argument("--part", type=_part_arg, default=None, metavar="I/N",
-                   help="pack part I of N of the input (default: RANK/WORLD_SIZE or a job array's index, "
-                        "else all); the last part to finish writes the index")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help=f"processes writing shards (default: the CPU count, {os.cpu_count()})",
+    )
+    p.add_argument(
+        "--part",
+        type=_part_arg,
+        default=None,
+        metavar="I/N",
+        help="pack part I of N of the input (default: RANK/WORLD_SIZE or a job array's index, "
+        "else all); the last part to finish writes the index",
+    )
     p.add_argument("--shuffle", action="store_true", help="spread samples over shards in a seeded random order")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished pack) at DEST")
-    p.add_argument("--from-shards", action="store_true",
-                   help="SOURCE is tar shards (a directory or prefix of .tar/.tar.gz/.tar.zst, or a brace pattern): "
-                        "repack their samples (resharding)")
+    p.add_argument(
+        "--from-shards",
+        action="store_true",
+        help="SOURCE is tar shards (a directory or prefix of .tar/.tar.gz/.tar.zst, or a brace pattern): "
+        "repack their samples (resharding)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(p)
 
@@ -161,30 +206,51 @@ def build_parser() -> argparse.ArgumentParser:
     _add_s3_args(v)
 
     x = commands.add_parser("index", help="index commands: build, merge, upgrade, or --dali DEST")
-    x.add_argument("--dali", metavar="DEST", help="write DALI .idx files (as wds2idx does) next to the shards "
-                   "of the local dataset DEST, from its index")
+    x.add_argument(
+        "--dali",
+        metavar="DEST",
+        help="write DALI .idx files (as wds2idx does) next to the shards of the local dataset DEST, from its index",
+    )
     x.add_argument("--out-dir", help="with --dali: write the .idx files here instead")
     x_commands = x.add_subparsers(dest="index_command")
     m = x_commands.add_parser("merge", help="write DEST/index.bin once every part of a split pack is done")
     m.add_argument("dest", metavar="DEST")
     _add_s3_args(m)
-    b = x_commands.add_parser("build", help="index existing tar shards (other tools' WebDataset shards) in place, "
-                              "without copying or changing them")
-    b.add_argument("shards", metavar="SHARDS", nargs="+",
-                   help="shard paths or s3:// URLs, brace patterns, or a directory or s3:// prefix of .tar shards")
-    b.add_argument("--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
-                   help="shards scanned at once (default: the CPU count)")
+    b = x_commands.add_parser(
+        "build",
+        help="index existing tar shards (other tools' WebDataset shards) in place, without copying or changing them",
+    )
+    b.add_argument(
+        "shards",
+        metavar="SHARDS",
+        nargs="+",
+        help="shard paths or s3:// URLs, brace patterns, or a directory or s3:// prefix of .tar shards",
+    )
+    b.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="shards scanned at once (default: the CPU count)",
+    )
     b.add_argument("--overwrite", action="store_true", help="replace an index already there")
-    b.add_argument("--output", metavar="DIR", help="write the index and tables to this directory or s3:// prefix "
-                   "instead of beside the shards (which stay untouched where they are)")
+    b.add_argument(
+        "--output",
+        metavar="DIR",
+        help="write the index and tables to this directory or s3:// prefix "
+        "instead of beside the shards (which stay untouched where they are)",
+    )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(b)
-    u = x_commands.add_parser("upgrade", help="convert a version 1 dataset (index.json) to version 2 in place; "
-                              "the shards are not touched")
+    u = x_commands.add_parser(
+        "upgrade", help="convert a version 1 dataset (index.json) to version 2 in place; the shards are not touched"
+    )
     u.add_argument("dest", metavar="DEST")
     _add_s3_args(u)
 
-    d = commands.add_parser("demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch")
+    d = commands.add_parser(
+        "demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch"
+    )
     d.add_argument("--num-images", type=_positive_int, default=3000, help="images to make and pack (default: 3000)")
     d.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading them (default: 2)")
     d.add_argument("--batch-size", type=_positive_int, default=64, help="DataLoader batch size (default: 64)")
@@ -201,11 +267,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .packing.pack import pack
 
             report = pack(
-                args.source, args.dest, name=args.name, max_shard_bytes=args.shard_size,
-                max_samples_per_shard=args.max_samples_per_shard, files_from=args.files_from,
+                args.source,
+                args.dest,
+                name=args.name,
+                max_shard_bytes=args.shard_size,
+                max_samples_per_shard=args.max_samples_per_shard,
+                files_from=args.files_from,
                 on_error=OnError.SKIP if args.skip_unreadable else OnError(args.on_error),
-                workers=args.workers, part=args.part, shuffle=args.shuffle, seed=args.seed,
-                overwrite=args.overwrite, s3=_s3_config(args), progress=not args.no_progress,
+                workers=args.workers,
+                part=args.part,
+                shuffle=args.shuffle,
+                seed=args.seed,
+                overwrite=args.overwrite,
+                s3=_s3_config(args),
+                progress=not args.no_progress,
                 from_shards=args.from_shards,
             )
             shown = [p for p in report.problems if not p.packed][:20]
@@ -234,21 +309,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             s3 = _s3_config(args)
             total = len(shard_urls_of(args.shards, s3=s3))
             with tqdm(total=total, unit=" shards", desc="indexing", disable=args.no_progress, file=sys.stderr) as bar:
-                manifest = build_index(args.shards, s3=s3, workers=args.workers, overwrite=args.overwrite,
-                                       output=args.output, on_shard=lambda _: bar.update())
-            print(f"wrote {manifest.url}: {manifest.num_shards} shards, {manifest.num_samples} samples, "
-                  f"{manifest.total_bytes / 1e6:.1f} MB")
+                manifest = build_index(
+                    args.shards,
+                    s3=s3,
+                    workers=args.workers,
+                    overwrite=args.overwrite,
+                    output=args.output,
+                    on_shard=lambda _: bar.update(),
+                )
+            print(
+                f"wrote {manifest.url}: {manifest.num_shards} shards, {manifest.num_samples} samples, "
+                f"{manifest.total_bytes / 1e6:.1f} MB"
+            )
         elif args.command == "index" and args.index_command == "upgrade":
             from .index import MANIFEST_NAME, upgrade
             from .storage import open_store
 
             totals = upgrade(args.dest, s3=_s3_config(args))
-            print(f"wrote {open_store(args.dest, s3=_s3_config(args)).url_of(MANIFEST_NAME)} and a sample table "
-                  f"beside each shard: {totals['num_shards']} shards, {totals['num_samples']} samples")
+            print(
+                f"wrote {open_store(args.dest, s3=_s3_config(args)).url_of(MANIFEST_NAME)} and a sample table "
+                f"beside each shard: {totals['num_shards']} shards, {totals['num_samples']} samples"
+            )
         elif args.command == "index":
             if args.index_command != "merge":
-                raise ValueError("shardstream index: give a command: build SHARDS..., merge DEST, upgrade DEST, or "
-                                 "--dali DEST")
+                raise ValueError(
+                    "shardstream index: give a command: build SHARDS..., merge DEST, upgrade DEST, or --dali DEST"
+                )
             from .index import MANIFEST_NAME
             from .packing.journal import SPEC_NAME, PackSpec, merge
             from .storage import open_store
@@ -256,13 +342,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             store = open_store(args.dest, s3=_s3_config(args))
             spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
             totals, problems = merge(store, spec)
-            print(f"wrote {store.url_of(MANIFEST_NAME)}: {totals['num_shards']} shards, "
-                  f"{totals['num_samples']} samples, {len(problems)} problems in pack-report.jsonl")
+            print(
+                f"wrote {store.url_of(MANIFEST_NAME)}: {totals['num_shards']} shards, "
+                f"{totals['num_samples']} samples, {len(problems)} problems in pack-report.jsonl"
+            )
         elif args.command == "demo":
             from .demo import run_demo
 
-            run_demo(num_images=args.num_images, num_workers=args.num_workers, batch_size=args.batch_size,
-                     workdir=args.workdir, local=args.local)
+            run_demo(
+                num_images=args.num_images,
+                num_workers=args.num_workers,
+                batch_size=args.batch_size,
+                workdir=args.workdir,
+                local=args.local,
+            )
     except ShardstreamError as exc:
         print(f"shardstream: error: {exc}", file=sys.stderr)
         return 1

@@ -57,19 +57,11 @@ class S3Config:
 
     def resolved_endpoint_url(self) -> str | None:
         """The endpoint botocore will use: the field, else the AWS env variables, else None."""
-        return (
-            self.endpoint_url
-            or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL")
-        )
+        return self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
     def resolved_region_name(self) -> str | None:
         """The field, else ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else None (profile or default)."""
-        return (
-            self.region_name
-            or os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION")
-        )
+        return self.region_name or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
 
     def resolved_addressing_style(self) -> AddressingStyle:
         """``"path"`` for custom endpoints (local servers), else ``"auto"``, unless set."""
@@ -112,8 +104,13 @@ class FetchConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.cache_wait_s, (int, float)) or not self.cache_wait_s >= 0:
             raise ValueError(f"FetchConfig.cache_wait_s={self.cache_wait_s!r} must be a number >= 0 (seconds)")
-        for field in ("max_inflight_shards", "part_bytes", "max_inflight_requests", "chunk_bytes",
-                      "max_inflight_upload_parts"):
+        for field in (
+            "max_inflight_shards",
+            "part_bytes",
+            "max_inflight_requests",
+            "chunk_bytes",
+            "max_inflight_upload_parts",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"FetchConfig.{field}={value!r} must be an int >= 1")

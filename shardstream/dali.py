@@ -200,7 +200,7 @@ class _Feed:
             if batch and not drop_last:
                 self._put(batch)
             self._put(self._END)
-        except BaseException as exc:  # handed to the consumer, raised there
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             self._put(exc)
 
     def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -399,8 +399,14 @@ class DaliLoader:
         return self.dataset.state_dict(self._consumed, batch_size=batch_size, num_workers=self.num_workers)
 
     def _encoder(self) -> _Encoder:
-        return _Encoder(self.image_ext, self.label_ext, RandomResizedCrop(size_px=self.crop_px, scale=self.scale,
-                        ratio=self.ratio), self.flip_p, self.dataset.on_error, self.check_images)
+        return _Encoder(
+            self.image_ext,
+            self.label_ext,
+            RandomResizedCrop(size_px=self.crop_px, scale=self.scale, ratio=self.ratio),
+            self.flip_p,
+            self.dataset.on_error,
+            self.check_images,
+        )
 
     def _items(self) -> Iterator[_Item]:
         """The samples as :class:`_Item` s in the dataset's order: read here, or by DataLoader
@@ -454,13 +460,22 @@ class DaliLoader:
 
         gpu = self.device_id is not None
         slot = self.dataset.__dict__.get("_parent_rank") or (0, 1)
-        pipe = dali.Pipeline(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id,
-                             seed=self.seed * 1000 + slot[0] + 1, prefetch_queue_depth=2)
+        pipe = dali.Pipeline(
+            batch_size=self.batch_size,
+            num_threads=self.num_threads,
+            device_id=self.device_id,
+            seed=self.seed * 1000 + slot[0] + 1,
+            prefetch_queue_depth=2,
+        )
         with pipe:
             jpegs, labels = fn.external_source(source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64])
             images = fn.decoders.image_random_crop(
-                jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB,
-                random_area=list(self.scale), random_aspect_ratio=list(self.ratio), num_attempts=10,
+                jpegs,
+                device="mixed" if gpu else "cpu",
+                output_type=types.RGB,
+                random_area=list(self.scale),
+                random_aspect_ratio=list(self.ratio),
+                num_attempts=10,
             )
             images = fn.resize(images, resize_x=self.crop_px, resize_y=self.crop_px)
             uint8 = self.dtype == torch.uint8
@@ -478,8 +493,12 @@ class DaliLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-        feed = _Feed(self._items(), batch_size=self.batch_size, drop_last=self.last_batch == "drop",
-                     prefetch_batches=self.prefetch_batches)
+        feed = _Feed(
+            self._items(),
+            batch_size=self.batch_size,
+            drop_last=self.last_batch == "drop",
+            prefetch_batches=self.prefetch_batches,
+        )
         self._consumed = 0
         policy = LastBatchPolicy.DROP if self.last_batch == "drop" else LastBatchPolicy.PARTIAL
         failures = 0  # in a row, with no batch from DALI between them
@@ -488,8 +507,13 @@ class DaliLoader:
                 pipe = self._pipeline(feed)
                 try:
                     pipe.build()
-                    batches = DALIGenericIterator([pipe], ["images", "labels"], last_batch_policy=policy,
-                                                  auto_reset=False, prepare_first_batch=False)
+                    batches = DALIGenericIterator(
+                        [pipe],
+                        ["images", "labels"],
+                        last_batch_policy=policy,
+                        auto_reset=False,
+                        prepare_first_batch=False,
+                    )
                     for out in batches:
                         batch = feed.fed.popleft()
                         images, labels = out[0]["images"], out[0]["labels"].reshape(-1)
@@ -507,8 +531,11 @@ class DaliLoader:
                     # DALI failed on an image it took: the pipeline is dead. The batches it
                     # holds are decoded on the CPU; a new pipeline takes the rest.
                     self._stats["pipeline_rebuilds"] += 1
-                    log.warning("DALI failed (%s); decoding its %d batches on the CPU and rebuilding the pipeline",
-                                str(exc).strip().splitlines()[0][:300], len(feed.fed))
+                    log.warning(
+                        "DALI failed (%s); decoding its %d batches on the CPU and rebuilding the pipeline",
+                        str(exc).strip().splitlines()[0][:300],
+                        len(feed.fed),
+                    )
                     while feed.fed:
                         batch = feed.fed.popleft()
                         yield self._count(*self._on_cpu(batch))

@@ -172,12 +172,21 @@ class ShardDataset(IterableDataset):
         self.resampled = resampled
         shards = IndexedShards(self.index) if self.index is not None else BareShards(self.shard_urls)
         self._schedule = EpochSchedule(  # which samples each reader reads, len, checkpoints
-            shards, seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer, max_open_shards=max_open_shards,
-            drop_last=drop_last, batch_size=batch_size,
+            shards,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            max_open_shards=max_open_shards,
+            drop_last=drop_last,
+            batch_size=batch_size,
         )
         self._engine = ReadingEngine(  # reads them
-            shards, s3=s3, cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-            cache_limit_bytes=cache_limit_bytes, on_error=on_error, verify_checksums=verify_checksums,
+            shards,
+            s3=s3,
+            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
+            cache_limit_bytes=cache_limit_bytes,
+            on_error=on_error,
+            verify_checksums=verify_checksums,
         )
         self._epochs = EpochBoard()  # the epoch of each pass, shared with DataLoader workers
         self._set = self._epochs.set(0, [])  # (generation, state) of the latest set_epoch / load here
@@ -268,9 +277,7 @@ class ShardDataset(IterableDataset):
             TypeError: no index (bare shard URLs) or ``resampled``: the count is unknown.
         """
         if self.index is None or self.resampled:
-            raise TypeError(
-                "len() needs a dataset with an index (written by shardstream pack) and resampled=False"
-            )
+            raise TypeError("len() needs a dataset with an index (written by shardstream pack) and resampled=False")
         slot = current_slot(self.__dict__.get("_parent_rank"))
         return self._schedule.rank_count(self._epochs.view(rank=slot.rank).upcoming, slot)
 
@@ -297,7 +304,9 @@ class ShardDataset(IterableDataset):
             ValueError: a bad ``samples_consumed``, or a mix of the two kinds within an epoch.
         """
         if self.index is None or self.resampled:
-            raise TypeError("state_dict() needs a dataset with an index (written by shardstream pack) and resampled=False")
+            raise TypeError(
+                "state_dict() needs a dataset with an index (written by shardstream pack) and resampled=False"
+            )
         slot = current_slot(self.__dict__.get("_parent_rank"))
         if samples_consumed is None:  # a reader's own count (StatefulDataLoader)
             state = self._pass or self._loaded or self._view().upcoming
@@ -306,7 +315,10 @@ class ShardDataset(IterableDataset):
         if not isinstance(samples_consumed, int) or samples_consumed < 0:
             raise ValueError(f"{samples_consumed=} must be an int >= 0")
         return self._schedule.consumed_state(
-            self._view(num_workers or 0).latest, slot, samples_consumed=samples_consumed, batch_size=batch_size,
+            self._view(num_workers or 0).latest,
+            slot,
+            samples_consumed=samples_consumed,
+            batch_size=batch_size,
             num_workers=num_workers,
         )
 
@@ -361,8 +373,12 @@ class ShardDataset(IterableDataset):
                 # move them out of the collector's way, as CPython's docs advise after a fork.
                 gc.freeze()
             state, first_advance = self._epochs.start_pass(
-                rank=slot.rank, worker_id=worker_id, num_workers=slot.num_workers, loaded=self._loaded,
-                copied=self._set if first_here else None, loader=_loader_id() if in_worker else 0,
+                rank=slot.rank,
+                worker_id=worker_id,
+                num_workers=slot.num_workers,
+                loaded=self._loaded,
+                copied=self._set if first_here else None,
+                loader=_loader_id() if in_worker else 0,
             )
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
             return _raise(exc)
@@ -372,7 +388,8 @@ class ShardDataset(IterableDataset):
             log.warning(
                 "ShardDataset: a new pass started without set_epoch(), so it reads epoch %d (each pass without "
                 "set_epoch() reads the next epoch, not the same order again). Call dataset.set_epoch(epoch) "
-                "before each epoch to choose the epoch yourself.", state.epoch,
+                "before each epoch to choose the epoch yourself.",
+                state.epoch,
             )
         stats = self._board.reader(slot.worker_id + 1 if in_worker else 0)
         fetch = share_buffer(self.fetch, slot.num_workers if in_worker else 1)  # the rank's budget, shared
@@ -392,7 +409,8 @@ class ShardDataset(IterableDataset):
                     "num_workers - 1 = %d batches more than len(loader), which loops that stop at len(loader) "
                     "(Lightning, Hugging Face's Trainer) never train on. Pass the DataLoader's batch_size to "
                     "ShardDataset.",
-                    slot.num_workers, slot.num_workers - 1,
+                    slot.num_workers,
+                    slot.num_workers - 1,
                 )
             samples = self._engine.read_plan(mine, fetch=fetch, stats=stats)
         else:
@@ -401,9 +419,13 @@ class ShardDataset(IterableDataset):
                     seed=self.seed, epoch=state.epoch, reader=slot.index, fetch=fetch, stats=stats
                 )
             else:
-                samples = self._engine.read_shards(self._schedule.shard_ids(slot, state.epoch), fetch=fetch, stats=stats)
+                samples = self._engine.read_shards(
+                    self._schedule.shard_ids(slot, state.epoch), fetch=fetch, stats=stats
+                )
             if self.shuffle and self.shuffle_buffer > 1:
-                samples = shuffled(samples, capacity_samples=self.shuffle_buffer, seed=(self.seed, state.epoch, slot.index))
+                samples = shuffled(
+                    samples, capacity_samples=self.shuffle_buffer, seed=(self.seed, state.epoch, slot.index)
+                )
         return self._deliver(samples, slot, stats, worker_id)
 
     def _deliver(
@@ -455,7 +477,9 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
     if not isinstance(dataset, ShardDataset):
         raise TypeError(f"loader.dataset is a {type(dataset).__name__}, not a ShardDataset")
     if getattr(loader, "drop_last", False):
-        raise ValueError("DataLoader(drop_last=True) drops each worker's short last batch; use ShardDataset(drop_last=)")
+        raise ValueError(
+            "DataLoader(drop_last=True) drops each worker's short last batch; use ShardDataset(drop_last=)"
+        )
     if getattr(loader, "in_order", True) is False:
         raise ValueError("DataLoader(in_order=False) delivers batches in no fixed order; a checkpoint needs in_order")
     if dataset.batch_size is not None and dataset.batch_size != loader.batch_size:

@@ -33,7 +33,12 @@ class DemoResult:
 
 
 def run_demo(
-    *, num_images: int = 3000, num_workers: int = 2, batch_size: int = 64, workdir: str | None = None, local: bool = False
+    *,
+    num_images: int = 3000,
+    num_workers: int = 2,
+    batch_size: int = 64,
+    workdir: str | None = None,
+    local: bool = False,
 ) -> DemoResult:
     """Run the demo and print what happens; returns the figures.
 
@@ -51,12 +56,16 @@ def run_demo(
     from .dataset import ShardDataset
     from .decode.cpu import CpuDecoder, RandomResizedCrop
     from .packing.pack import pack
-    from .testing.synth import CLASS_NAMES, make_image_dataset
     from .testing.s3server import S3ServerError, SeaweedS3Server
+    from .testing.synth import CLASS_NAMES, make_image_dataset
 
     torch.set_num_threads(1)
     with contextlib.ExitStack() as stack:
-        root = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shardstream-demo-")))
+        root = (
+            Path(workdir)
+            if workdir
+            else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="shardstream-demo-")))
+        )
         raw = root / "images"
         print(f"[1/4] making {num_images} photo-like JPEGs in {len(CLASS_NAMES)} classes under {raw}")
         raw_bytes = make_image_dataset(raw, num_images=num_images, num_classes=len(CLASS_NAMES), progress=True)
@@ -82,11 +91,19 @@ def run_demo(
         report = pack(raw, dest, max_shard_bytes=16 << 20, s3=s3, overwrite=True)
         print(f"[3/4] {report.summary()}")
 
-        dataset = ShardDataset(dest, s3=s3, shuffle_buffer=512, seed=0, batch_size=batch_size,
-                               decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=224)))
+        dataset = ShardDataset(
+            dest,
+            s3=s3,
+            shuffle_buffer=512,
+            seed=0,
+            batch_size=batch_size,
+            decode=CpuDecoder("torch", crop=RandomResizedCrop(size_px=224)),
+        )
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
-        print(f"[4/4] one epoch: {dataset.num_shards} shards, {num_workers} workers, batches of {batch_size}, "
-              "Pillow decode + random resized crop 224")
+        print(
+            f"[4/4] one epoch: {dataset.num_shards} shards, {num_workers} workers, batches of {batch_size}, "
+            "Pillow decode + random resized crop 224"
+        )
         labels: collections.Counter[int] = collections.Counter()
         keys: set[str] = set()
         num_samples = num_batches = 0
@@ -96,18 +113,29 @@ def run_demo(
             if num_batches == 0:
                 first_batch_s = time.perf_counter() - started
                 image = batch["jpg"]
-                print(f"      first batch after {first_batch_s:.2f} s: jpg {tuple(image.shape)} {image.dtype}, "
-                      f"cls {tuple(batch['cls'].shape)} {batch['cls'].dtype}")
+                print(
+                    f"      first batch after {first_batch_s:.2f} s: jpg {tuple(image.shape)} {image.dtype}, "
+                    f"cls {tuple(batch['cls'].shape)} {batch['cls'].dtype}"
+                )
             num_batches += 1
             num_samples += len(batch["__key__"])
             keys.update(batch["__key__"])
             labels.update(batch["cls"].tolist())
         seconds = time.perf_counter() - started
-        result = DemoResult(dest=dest, num_samples=num_samples, num_unique_keys=len(keys), num_batches=num_batches,
-                            seconds=seconds, first_batch_s=first_batch_s, label_counts=dict(sorted(labels.items())))
+        result = DemoResult(
+            dest=dest,
+            num_samples=num_samples,
+            num_unique_keys=len(keys),
+            num_batches=num_batches,
+            seconds=seconds,
+            first_batch_s=first_batch_s,
+            label_counts=dict(sorted(labels.items())),
+        )
         once = "every sample exactly once" if num_samples == len(keys) == num_images else "MISMATCH"
-        print(f"      read {num_samples} samples in {num_batches} batches in {seconds:.2f} s: "
-              f"{num_samples / seconds:.0f} samples/s ({once})")
+        print(
+            f"      read {num_samples} samples in {num_batches} batches in {seconds:.2f} s: "
+            f"{num_samples / seconds:.0f} samples/s ({once})"
+        )
         print("      labels: " + ", ".join(f"{CLASS_NAMES[k]}={v}" for k, v in result.label_counts.items()))
     print("done" + ("; the S3 server is stopped and its data removed" if s3 is not None else ""))
     return result

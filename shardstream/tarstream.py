@@ -19,11 +19,27 @@ from .format import BLOCK_BYTES, RESERVED_FIELDS
 
 log = logging.getLogger("shardstream")
 
-__all__ = ["Batch", "Hashed", "ReadStream", "compression_of", "iter_members", "iter_members_at", "iter_sample_batches", "iter_samples", "read_header", "stream_chunks"]
+__all__ = [
+    "Batch",
+    "Hashed",
+    "ReadStream",
+    "compression_of",
+    "iter_members",
+    "iter_members_at",
+    "iter_sample_batches",
+    "iter_samples",
+    "read_header",
+    "stream_chunks",
+]
 
 _FILE_TYPES = frozenset({b"0", b"\0", b"7"})
-_REFUSED_TYPES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device", b"4": "block device",
-                  b"6": "FIFO"}
+_REFUSED_TYPES = {
+    b"1": "hard link",
+    b"2": "symbolic link",
+    b"3": "character device",
+    b"4": "block device",
+    b"6": "FIFO",
+}
 
 
 class Batch(list):  # type: ignore[type-arg]
@@ -88,7 +104,12 @@ def iter_members(stream: ReadStream, *, url: str, end_of_archive: bool = True) -
 
 
 def iter_members_at(
-    stream: ReadStream, *, url: str, base_offset: int = 0, end_of_archive: bool = True, foreign: bool = False,
+    stream: ReadStream,
+    *,
+    url: str,
+    base_offset: int = 0,
+    end_of_archive: bool = True,
+    foreign: bool = False,
     payloads: bool = True,
 ) -> Iterator[tuple[str, int, Any]]:
     """Yield ``(member_name, payload_offset, payload)`` for each regular file, in order;
@@ -181,8 +202,10 @@ def _gunzip(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
         if not state.eof:
             raise zlib.error("the stream ends inside the compressed data")
     except zlib.error as exc:
-        raise CorruptShardError(f"{url}: a gzip-compressed shard that does not decompress ({exc}); the shard is "
-                                "truncated or damaged, re-download or re-create it") from exc
+        raise CorruptShardError(
+            f"{url}: a gzip-compressed shard that does not decompress ({exc}); the shard is "
+            "truncated or damaged, re-download or re-create it"
+        ) from exc
 
 
 def _unzstd(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
@@ -202,8 +225,10 @@ def _unzstd(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
         if not state.eof:
             raise zstandard.ZstdError("the stream ends inside the compressed data")
     except zstandard.ZstdError as exc:
-        raise CorruptShardError(f"{url}: a zstd-compressed shard that does not decompress ({exc}); the shard is "
-                                "truncated or damaged, re-download or re-create it") from exc
+        raise CorruptShardError(
+            f"{url}: a zstd-compressed shard that does not decompress ({exc}); the shard is "
+            "truncated or damaged, re-download or re-create it"
+        ) from exc
 
 
 class Hashed:
@@ -273,8 +298,9 @@ def _skip(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[int, b
 _ZERO_BLOCK = bytes(BLOCK_BYTES)
 
 
-def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: bool,
-             foreign: bool = False, payloads: bool = True) -> Iterator[tuple[str, int, Any]]:
+def _members(
+    chunks: Iterator[bytes], url: str, offset: int, end_of_archive: bool, foreign: bool = False, payloads: bool = True
+) -> Iterator[tuple[str, int, Any]]:
     # The buffer and position live in locals: a header or payload inside the current chunk
     # costs one slice, and only one that crosses chunks goes through _take.
     buf, pos = b"", 0
@@ -291,8 +317,12 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
             if not header:
                 if (not end_of_archive or foreign) and long_name is None and not pax:
                     if foreign and end_of_archive:
-                        log.warning("%s: ends at byte %d, after a member, without the tar end-of-archive blocks; "
-                                    "read as GNU tar and WebDataset read it", url, offset)
+                        log.warning(
+                            "%s: ends at byte %d, after a member, without the tar end-of-archive blocks; "
+                            "read as GNU tar and WebDataset read it",
+                            url,
+                            offset,
+                        )
                     _warn_skipped(url, skipped)
                     return
                 raise CorruptShardError(
@@ -300,8 +330,7 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
                     "is truncated (an interrupted copy?), re-pack or re-upload it"
                 )
             raise CorruptShardError(
-                f"{url}: truncated tar header at byte {offset}; the shard is incomplete, "
-                "re-pack or re-upload it"
+                f"{url}: truncated tar header at byte {offset}; the shard is incomplete, re-pack or re-upload it"
             )
         if header == _ZERO_BLOCK:
             _warn_skipped(url, skipped)
@@ -309,8 +338,11 @@ def _members(chunks: Iterator[bytes], url: str, offset: int, end_of_archive: boo
         _check_sum(header, url, offset)
         typeflag = header[156:157]
         if typeflag == b"S" or (pax and not _SPARSE_KEYS.isdisjoint(pax)):
-            name = pax.get("GNU.sparse.name") or long_name or header[:100].split(b"\0", 1)[0].decode(
-                "utf-8", "surrogateescape")
+            name = (
+                pax.get("GNU.sparse.name")
+                or long_name
+                or header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            )
             raise CorruptShardError(
                 f"{url}: member {name!r} at byte {offset} is a sparse file (tar -S, or bsdtar on a file with "
                 "holes), which shardstream does not expand; refused rather than read wrong. Re-create the shard "
@@ -420,8 +452,13 @@ def read_header(block: bytes, *, url: str, offset: int) -> tuple[str, int, bool]
 
 
 def iter_sample_batches(
-    stream: ReadStream, *, url: str, end_of_archive: bool = True, batch_samples: int = 256,
-    batch_bytes: int = 1 << 20, foreign: bool = False,
+    stream: ReadStream,
+    *,
+    url: str,
+    end_of_archive: bool = True,
+    batch_samples: int = 256,
+    batch_bytes: int = 1 << 20,
+    foreign: bool = False,
 ) -> Iterator[Any]:
     """:func:`iter_samples` in lists (:class:`Batch`, its ``nbytes``: the payload bytes of its
     samples) of up to ``batch_samples`` samples or about ``batch_bytes`` of payload; the first

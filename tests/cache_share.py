@@ -35,18 +35,27 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    dataset = ShardDataset(args.dataset, decode=key_of, seed=args.seed, shuffle_buffer=100, batch_size=args.batch_size,
-                           cache_dir=args.cache_dir, cache_limit_bytes=args.limit_bytes)
-    loader = DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
-                        persistent_workers=args.workers > 0)
+    dataset = ShardDataset(
+        args.dataset,
+        decode=key_of,
+        seed=args.seed,
+        shuffle_buffer=100,
+        batch_size=args.batch_size,
+        cache_dir=args.cache_dir,
+        cache_limit_bytes=args.limit_bytes,
+    )
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=args.workers > 0
+    )
     epochs = []
     for epoch in range(args.epochs):
         dataset.set_epoch(epoch)
         started = time.perf_counter()
         keys = [k for batch in loader for k in batch]
         seconds = time.perf_counter() - started
-        epochs.append({"epoch": epoch, "keys": sorted(keys), "seconds": seconds,
-                       "stats": dataclasses.asdict(dataset.stats())})
+        epochs.append(
+            {"epoch": epoch, "keys": sorted(keys), "seconds": seconds, "stats": dataclasses.asdict(dataset.stats())}
+        )
     args.out.write_text(json.dumps(epochs))
 
 

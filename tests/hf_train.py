@@ -49,17 +49,28 @@ def main() -> None:
         splits itself over ranks."""
 
         def get_train_dataloader(self) -> DataLoader:
-            return DataLoader(self.train_dataset, batch_size=self.args.per_device_train_batch_size,
-                              num_workers=self.args.dataloader_num_workers, collate_fn=self.data_collator,
-                              persistent_workers=self.args.dataloader_num_workers > 0)
+            return DataLoader(
+                self.train_dataset,
+                batch_size=self.args.per_device_train_batch_size,
+                num_workers=self.args.dataloader_num_workers,
+                collate_fn=self.data_collator,
+                persistent_workers=self.args.dataloader_num_workers > 0,
+            )
 
     dataset_dir, out = sys.argv[1], Path(sys.argv[2])
     dataset = ShardDataset(dataset_dir, decode=hf_item, shuffle_buffer=10, seed=5, batch_size=4)
     model = TinyModel()
     args = TrainingArguments(
-        output_dir=str(out / "trainer"), num_train_epochs=2, per_device_train_batch_size=4,
-        dataloader_num_workers=2, use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-        disable_tqdm=True, ddp_backend="gloo",
+        output_dir=str(out / "trainer"),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        dataloader_num_workers=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        ddp_backend="gloo",
     )
     ShardTrainer(model=model, args=args, train_dataset=dataset).train()
     (out / f"seen-{os.environ['RANK']}.json").write_text(json.dumps(model.seen))

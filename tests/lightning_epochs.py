@@ -65,21 +65,32 @@ def main() -> None:
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--no-dataset-batch-size", action="store_true", help="leave ShardDataset(batch_size=) unset")
     args = parser.parse_args()
-    dataset = ShardDataset(args.dataset, decode=to_item, shuffle_buffer=10, seed=5,
-                           batch_size=None if args.no_dataset_batch_size else args.batch_size)
+    dataset = ShardDataset(
+        args.dataset,
+        decode=to_item,
+        shuffle_buffer=10,
+        seed=5,
+        batch_size=None if args.no_dataset_batch_size else args.batch_size,
+    )
     if args.loader == "stateful":
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     else:
         Loader = DataLoader  # noqa: N806
-    loader = Loader(dataset, batch_size=args.batch_size, num_workers=args.workers,
-                    persistent_workers=args.persistent)
+    loader = Loader(dataset, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=args.persistent)
     callbacks = []
     if args.max_steps > 0:
         callbacks.append(ModelCheckpoint(dirpath=args.out, every_n_train_steps=args.max_steps, save_last=True))
     trainer = L.Trainer(
-        accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_epochs=args.epochs, max_steps=args.max_steps, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=bool(callbacks), callbacks=callbacks,
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_epochs=args.epochs,
+        max_steps=args.max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=callbacks,
         num_sanity_val_steps=0,
     )
     trainer.fit(TinyModel(dataset, args.out), loader, ckpt_path=args.resume)

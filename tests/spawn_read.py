@@ -22,7 +22,9 @@ def key(sample):
 
 def run(rank: int, source: str, out: str, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    loader = DataLoader(ShardDataset(source, decode=key), num_workers=2, batch_size=None, multiprocessing_context="spawn")
+    loader = DataLoader(
+        ShardDataset(source, decode=key), num_workers=2, batch_size=None, multiprocessing_context="spawn"
+    )
     seen = list(loader)
     gathered = [None, None]
     dist.all_gather_object(gathered, seen)

@@ -11,7 +11,8 @@ def test_all_lists_exactly_the_public_names_and_each_resolves():
     for name in shardstream.__all__:
         assert getattr(shardstream, name) is not None, name
     public = {
-        name for name, value in vars(shardstream).items()
+        name
+        for name, value in vars(shardstream).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     } - {"TYPE_CHECKING", "Any"}
     assert public == set(shardstream.__all__) - {"__version__"}

@@ -14,7 +14,9 @@ def all_slots(world_size, num_workers):
 @pytest.mark.parametrize(("num_shards", "world_size", "num_workers"), [(8, 2, 2), (13, 2, 2), (5, 3, 1), (2, 2, 2)])
 def test_every_shard_goes_to_exactly_one_slot(num_shards, world_size, num_workers):
     for epoch in range(3):
-        got = [assign_shards(num_shards, s, seed=3, epoch=epoch, shuffle=True) for s in all_slots(world_size, num_workers)]
+        got = [
+            assign_shards(num_shards, s, seed=3, epoch=epoch, shuffle=True) for s in all_slots(world_size, num_workers)
+        ]
         flat = sorted(sum(got, []))
         assert flat == list(range(num_shards))
         sizes = [len(g) for g in got]
@@ -28,7 +30,9 @@ def test_order_is_seeded_and_changes_per_epoch():
     assert a != shard_order(50, seed=2, epoch=0, shuffle=True)
     assert shard_order(5, seed=1, epoch=3, shuffle=False) == [0, 1, 2, 3, 4]
     slot = WorkerSlot(rank=1, world_size=2)
-    assert assign_shards(50, slot, seed=1, epoch=0, shuffle=True) != assign_shards(50, slot, seed=1, epoch=1, shuffle=True)
+    assert assign_shards(50, slot, seed=1, epoch=0, shuffle=True) != assign_shards(
+        50, slot, seed=1, epoch=1, shuffle=True
+    )
 
 
 def test_slot_from_torchrun_variables(monkeypatch):

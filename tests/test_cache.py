@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from shardstream.storage.cache import CacheFill, ShardCache
 from shardstream.errors import CorruptShardError, StorageError
+from shardstream.storage.cache import CacheFill, ShardCache
 
 KIB = 1024
 
@@ -387,7 +387,4 @@ def test_processes_and_threads_download_each_shard_once(tmp_path):
     assert sum(r["stats"]["hits"] for r in reports) == N_PROCESSES * THREADS_PER_PROCESS * N_SHARDS
     cache = ShardCache(tmp_path, cache_limit_bytes=N_SHARDS * SHARD_BYTES)
     assert cache.used_bytes() == N_SHARDS * SHARD_BYTES and partials(cache) == []
-    assert sorted(p.name for p in cache.root.glob("*.shard")) == sorted(
-        cache.entry_path(u).name for u in expected
-    )
-
+    assert sorted(p.name for p in cache.root.glob("*.shard")) == sorted(cache.entry_path(u).name for u in expected)

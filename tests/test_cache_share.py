@@ -68,7 +68,7 @@ class CacheWatch:
             self.peak_bytes = max(self.peak_bytes, total)
             time.sleep(0.01)
 
-    def __enter__(self) -> CacheWatch:
+    def __enter__(self) -> CacheWatch:  # noqa: PYI034 (typing.Self needs 3.11)
         self._thread.start()
         return self
 
@@ -77,12 +77,25 @@ class CacheWatch:
         self._thread.join()
 
 
-def start(dataset: str, cache_dir: Path, limit_bytes: int, out: Path, env: dict[str, str], *, seed: int,
-          epochs: int = 2) -> subprocess.Popen:
+def start(
+    dataset: str, cache_dir: Path, limit_bytes: int, out: Path, env: dict[str, str], *, seed: int, epochs: int = 2
+) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(SCRIPT), dataset, str(cache_dir), str(limit_bytes), str(out), f"--epochs={epochs}",
-         "--workers=2", f"--seed={seed}"],
-        env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            str(SCRIPT),
+            dataset,
+            str(cache_dir),
+            str(limit_bytes),
+            str(out),
+            f"--epochs={epochs}",
+            "--workers=2",
+            f"--seed={seed}",
+        ],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
 
@@ -149,8 +162,9 @@ def test_a_process_killed_mid_download_holds_no_one_up(tmp_path, s3_server, shar
         slow.wait(30)
     assert list(root.glob("*.partial"))  # left behind by the dead fillers
     started = time.monotonic()
-    survivor = start(url, cache_dir, 2 * dataset_bytes, tmp_path / "survivor.json", {**os.environ, **info.env()},
-                     seed=0, epochs=1)
+    survivor = start(
+        url, cache_dir, 2 * dataset_bytes, tmp_path / "survivor.json", {**os.environ, **info.env()}, seed=0, epochs=1
+    )
     finish([survivor], RUN_TIMEOUT_S)
     epoch = json.loads((tmp_path / "survivor.json").read_text())[0]
     assert epoch["keys"] == keys
@@ -166,27 +180,42 @@ def test_a_wait_for_another_download_is_bounded_and_named(tmp_path, s3_server, s
     import dataclasses
 
     from shardstream import FetchConfig, ShardDataset
-    from shardstream.storage.cache import ShardCache
     from shardstream.errors import StorageConnectionError
+    from shardstream.storage.cache import ShardCache
 
     url, keys, dataset_bytes, _ = shared_dataset
     info = s3_server.info
     s3 = info.s3_config()
     cache_dir = tmp_path / "cache"
-    dataset = ShardDataset(url, s3=s3, shuffle=False, cache_dir=cache_dir, cache_limit_bytes=2 * dataset_bytes,
-                           fetch=FetchConfig(cache_wait_s=0.5))
+    dataset = ShardDataset(
+        url,
+        s3=s3,
+        shuffle=False,
+        cache_dir=cache_dir,
+        cache_limit_bytes=2 * dataset_bytes,
+        fetch=FetchConfig(cache_wait_s=0.5),
+    )
     stuck = ShardCache(cache_dir, cache_limit_bytes=2 * dataset_bytes).fill(
-        dataset.shard_urls[0], size_bytes=int(dataset.index.manifest.shard_bytes[0]))
+        dataset.shard_urls[0], size_bytes=int(dataset.index.manifest.shard_bytes[0])
+    )
     try:
         assert sorted(s["__key__"] for s in dataset) == keys
         stats = dataset.stats()
         assert (stats.cache_waits, stats.cache_bypasses, stats.cache_fills) == (1, 1, 29)
-        patient = ShardDataset(url, shuffle=False, cache_dir=cache_dir, cache_limit_bytes=2 * dataset_bytes,
-                               s3=dataclasses.replace(s3, max_attempts=1, connect_timeout_s=0.5, read_timeout_s=0.5),
-                               fetch=FetchConfig(cache_wait_s=30))
-        with pytest.raises(StorageConnectionError, match=(
-            r"data-000000\.tar: no data for 1 s, waiting on another process's download of it into the node cache"
-        )):
+        patient = ShardDataset(
+            url,
+            shuffle=False,
+            cache_dir=cache_dir,
+            cache_limit_bytes=2 * dataset_bytes,
+            s3=dataclasses.replace(s3, max_attempts=1, connect_timeout_s=0.5, read_timeout_s=0.5),
+            fetch=FetchConfig(cache_wait_s=30),
+        )
+        with pytest.raises(
+            StorageConnectionError,
+            match=(
+                r"data-000000\.tar: no data for 1 s, waiting on another process's download of it into the node cache"
+            ),
+        ):
             next(iter(patient))
     finally:
         stuck.abort()

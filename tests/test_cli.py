@@ -167,8 +167,13 @@ def test_info_says_when_shard_numbers_have_gaps():
 
     def manifest(numbers):
         n = len(numbers)
-        return Manifest.from_columns(names=[f"data-{i:06d}.tar" for i in numbers], shard_bytes=[10240] * n,
-                                     shard_samples=[1] * n, shard_members=[1] * n, crc32=[0] * n)
+        return Manifest.from_columns(
+            names=[f"data-{i:06d}.tar" for i in numbers],
+            shard_bytes=[10240] * n,
+            shard_samples=[1] * n,
+            shard_members=[1] * n,
+            crc32=[0] * n,
+        )
 
     assert "gaps" not in _info("ds", manifest([0, 1, 2]))
     text = _info("ds", manifest([0, 1, 3, 5]))

@@ -59,7 +59,9 @@ def flip_header_byte(data: bytearray, clean: Path) -> bytearray:
 def test_a_bad_header_checksum_names_shard_and_byte(clean, tmp_path):
     dest = damaged(clean, tmp_path, lambda d: flip_header_byte(d, clean))
     offset, _ = member_offset(clean, 1, 3)
-    with pytest.raises(CorruptShardError, match=rf"data-000001.tar: tar header checksum mismatch at byte {offset - 512}"):
+    with pytest.raises(
+        CorruptShardError, match=rf"data-000001.tar: tar header checksum mismatch at byte {offset - 512}"
+    ):
         list(ShardDataset(dest, shuffle=False))
 
 
@@ -79,10 +81,15 @@ def test_skip_keeps_the_count_counts_the_skips_and_logs_once(clean, tmp_path, ca
 def test_a_short_member_and_a_truncated_shard(clean, tmp_path):
     offset, size = member_offset(clean, 1, 7)
     dest = damaged(clean, tmp_path, lambda d: d[: offset + size // 2])
-    with pytest.raises(CorruptShardError, match=r"data-000001.tar: is \d+ bytes but the index says \d+; the shard is truncated"):
+    with pytest.raises(
+        CorruptShardError, match=r"data-000001.tar: is \d+ bytes but the index says \d+; the shard is truncated"
+    ):
         list(ShardDataset(dest, shuffle=False))
     bare = sorted(str(p) for p in dest.glob("*.tar"))  # no index: the parser finds it
-    with pytest.raises(CorruptShardError, match=rf"data-000001.tar: member '015.jpg' ends early \(expected {size} bytes from byte {offset}\)"):
+    with pytest.raises(
+        CorruptShardError,
+        match=rf"data-000001.tar: member '015.jpg' ends early \(expected {size} bytes from byte {offset}\)",
+    ):
         list(ShardDataset(bare, shuffle=False))
     skipped = ShardDataset(dest, shuffle=False, on_error="skip")
     assert len(list(skipped)) == 16 and skipped.stats().skipped == 8  # the whole shard

@@ -55,8 +55,15 @@ def test_cpu_pipeline_float_batches_of_the_documented_shape(images_dir):
 
 
 def test_every_sample_once_per_epoch_and_epochs_restart(images_dir):
-    loader = DaliLoader(ShardDataset(images_dir, shuffle_buffer=10), batch_size=4, crop_px=16, label_ext="id",
-                        dtype=torch.uint8, device_id=None, num_workers=2)
+    loader = DaliLoader(
+        ShardDataset(images_dir, shuffle_buffer=10),
+        batch_size=4,
+        crop_px=16,
+        label_ext="id",
+        dtype=torch.uint8,
+        device_id=None,
+        num_workers=2,
+    )
     epochs = []
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -109,8 +116,14 @@ def test_gpu_pipeline_gives_cuda_batches_and_every_sample_once(images_dir):
     low = min(-m / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
     high = max((1 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
     for dtype in (torch.float32, torch.uint8):
-        loader = DaliLoader(ShardDataset(images_dir, shuffle_buffer=10), batch_size=8, crop_px=32, label_ext="id",
-                            dtype=dtype, device_id="auto")
+        loader = DaliLoader(
+            ShardDataset(images_dir, shuffle_buffer=10),
+            batch_size=8,
+            crop_px=32,
+            label_ext="id",
+            dtype=dtype,
+            device_id="auto",
+        )
         assert loader.device == torch.device("cuda", 0)
         epochs = []
         for epoch in range(2):

@@ -16,8 +16,8 @@ import pytest
 from PIL import Image
 
 from shardstream import pack
-from shardstream.packing.dali_index import write_dali_index
 from shardstream.format import split_key
+from shardstream.packing.dali_index import write_dali_index
 
 if os.environ.get("SHARDSTREAM_NO_DALI") == "1":
     pytest.skip("SHARDSTREAM_NO_DALI=1: DALI tests skipped on request", allow_module_level=True)
@@ -45,8 +45,12 @@ def dataset(tmp_path_factory) -> tuple[Path, dict[str, dict[str, bytes]]]:
 
 def test_the_idx_files_match_wds2idx_byte_for_byte(dataset, tmp_path):
     ds, _ = dataset
-    run = subprocess.run([sys.executable, "-m", "shardstream.cli", "index", "--dali", str(ds), "--out-dir",
-                          str(tmp_path / "ours")], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "shardstream.cli", "index", "--dali", str(ds), "--out-dir", str(tmp_path / "ours")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0 and "wrote 3 DALI index files" in run.stdout, run.stderr
     assert os.access(WDS2IDX, os.X_OK), "wds2idx missing: pip install 'shardstream[dali]'"
     long_names = 0
@@ -81,9 +85,14 @@ def test_dali_reads_our_shards_with_them(dataset):
 
     @pipeline_def(batch_size=7, num_threads=1, device_id=None)
     def read():
-        jpg, cls, seg = fn.readers.webdataset(paths=shards, index_paths=[str(p) for p in written],
-                                              ext=["jpg", "cls", "seg.png"], missing_component_behavior="error",
-                                              random_shuffle=False, name="reader")
+        jpg, cls, seg = fn.readers.webdataset(
+            paths=shards,
+            index_paths=[str(p) for p in written],
+            ext=["jpg", "cls", "seg.png"],
+            missing_component_behavior="error",
+            random_shuffle=False,
+            name="reader",
+        )
         return jpg, cls, seg
 
     pipe = read()
@@ -100,6 +109,10 @@ def test_dali_reads_our_shards_with_them(dataset):
 def test_an_s3_dataset_is_refused_with_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="reads local files only; copy the dataset"):
         write_dali_index("s3://bucket/ds")
-    run = subprocess.run([sys.executable, "-m", "shardstream.cli", "index", "--dali", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "shardstream.cli", "index", "--dali", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 1 and "no index here" in run.stderr

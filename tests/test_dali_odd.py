@@ -72,8 +72,9 @@ def variants() -> dict[str, bytes]:
         "trailing_bytes": clean + b"\x00" * 64,
         # JPEGs Pillow reads and DALI must not see
         "junk_before_marker": clean[:cut] + b"\x00\x13\x37\x00" + clean[cut:],
-        "junk_before_marker_exif": exif_jpeg[:first_segment_end(exif_jpeg)] + b"\x00\x00"
-        + exif_jpeg[first_segment_end(exif_jpeg):],
+        "junk_before_marker_exif": exif_jpeg[: first_segment_end(exif_jpeg)]
+        + b"\x00\x00"
+        + exif_jpeg[first_segment_end(exif_jpeg) :],
         "truncated_app14": insert_after_soi(clean, b"\xff\xee" + struct.pack(">H", 9) + b"Adobe\x00\x64"),
         "broken_photoshop": insert_after_soi(clean, b"\xff\xed" + struct.pack(">H", 2 + len(photoshop)) + photoshop),
         "cmyk": encode(base.convert("CMYK"), quality=92),
@@ -143,8 +144,14 @@ def test_dali_itself_fails_on_a_jpeg_pillow_reads():
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_odd_images_come_out_rgb_in_their_batches_and_are_counted(odd, num_workers):
     ds, names = odd
-    loader = DaliLoader(ShardDataset(ds, shuffle_buffer=4), batch_size=4, crop_px=24, label_ext="id",
-                        device_id=None, num_workers=num_workers)
+    loader = DaliLoader(
+        ShardDataset(ds, shuffle_buffer=4),
+        batch_size=4,
+        crop_px=24,
+        label_ext="id",
+        device_id=None,
+        num_workers=num_workers,
+    )
     batches = list(loader)
     assert [len(y) for _, y in batches] == [4, 4, 4, 3] == [4] * (len(loader) - 1) + [3]
     images = torch.cat([x for x, _ in batches])
@@ -161,8 +168,17 @@ def test_cpu_decoded_images_match_what_dali_makes_of_the_clean_file(odd):
     """Full-image crops, no flip, uint8: each variant equals the clean JPEG through DALI to
     within resampling and re-encoding noise; EXIF orientation is applied on both paths."""
     ds, names = odd
-    loader = DaliLoader(ShardDataset(ds, shuffle=False), batch_size=4, crop_px=32, label_ext="id", device_id=None,
-                        scale=(1.0, 1.0), ratio=(W / H, W / H), flip_p=0.0, dtype=torch.uint8)
+    loader = DaliLoader(
+        ShardDataset(ds, shuffle=False),
+        batch_size=4,
+        crop_px=32,
+        label_ext="id",
+        device_id=None,
+        scale=(1.0, 1.0),
+        ratio=(W / H, W / H),
+        flip_p=0.0,
+        dtype=torch.uint8,
+    )
     out = {}
     for images, ids in loader:
         for image, i in zip(images, ids.tolist()):
@@ -181,8 +197,9 @@ def test_cpu_decoded_images_match_what_dali_makes_of_the_clean_file(odd):
 
 def test_a_batch_dali_fails_on_is_decoded_on_the_cpu_and_the_pipeline_rebuilt(odd):
     ds, names = odd
-    loader = DaliLoader(ShardDataset(ds, shuffle=False), batch_size=4, crop_px=16, label_ext="id", device_id=None,
-                        check_images=False)
+    loader = DaliLoader(
+        ShardDataset(ds, shuffle=False), batch_size=4, crop_px=16, label_ext="id", device_id=None, check_images=False
+    )
     batches = list(loader)
     ids = torch.cat([y for _, y in batches]).tolist()
     assert sorted(ids) == list(range(len(names)))
@@ -208,8 +225,9 @@ def test_undecodable_images_skipped_keep_every_ranks_batch_count(tmp_path, monke
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
-        loader = DaliLoader(ShardDataset(ds, on_error="skip", seed=1), batch_size=4, crop_px=16, label_ext="id",
-                            device_id=None)
+        loader = DaliLoader(
+            ShardDataset(ds, on_error="skip", seed=1), batch_size=4, crop_px=16, label_ext="id", device_id=None
+        )
         batches = list(loader)
         counts.append((len(loader), [len(y) for _, y in batches]))
         seen += torch.cat([y for _, y in batches]).tolist()

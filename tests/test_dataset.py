@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from shardstream.reading.assign import WorkerSlot
 from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, open_index, pack
 from shardstream.errors import CorruptShardError, DecodeError, ShardNotFoundError
+from shardstream.reading.assign import WorkerSlot
 
 
 def make_dataset(tmp_path: Path, *, num_samples: int = 120, per_shard: int = 10) -> tuple[Path, list[str]]:
@@ -70,7 +70,9 @@ def test_sources_as_list_brace_pattern_and_single_shard(tmp_path):
 
 def test_dataloader_workers_split_shards_and_read_every_sample_once(tmp_path):
     dest, keys = make_dataset(tmp_path)
-    dataset = ShardDataset(dest, shuffle_buffer=16, decode=lambda s: {**s, "worker": torch.utils.data.get_worker_info().id})
+    dataset = ShardDataset(
+        dest, shuffle_buffer=16, decode=lambda s: {**s, "worker": torch.utils.data.get_worker_info().id}
+    )
     loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None)
     seen = list(loader)
     assert sorted(s["__key__"] for s in seen) == sorted(keys)
@@ -202,7 +204,9 @@ def test_a_shard_that_disagrees_with_the_index_is_reported(tmp_path):
         list(ShardDataset(dest, shuffle=False))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"shuffle_buffer": -1}, "shuffle_buffer=-1"), ({"seed": "x"}, "seed='x'")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [({"shuffle_buffer": -1}, "shuffle_buffer=-1"), ({"seed": "x"}, "seed='x'")]
+)
 def test_bad_arguments(tmp_path, kwargs, message):
     dest, _ = make_dataset(tmp_path, num_samples=3)
     with pytest.raises(ValueError, match=message):

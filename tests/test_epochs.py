@@ -68,8 +68,9 @@ def shardstream_log_to_stderr():
 
 
 @pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
-def test_each_pass_without_set_epoch_reads_the_next_epoch(dataset_dir, num_workers, persistent, capfd,
-                                                          shardstream_log_to_stderr):
+def test_each_pass_without_set_epoch_reads_the_next_epoch(
+    dataset_dir, num_workers, persistent, capfd, shardstream_log_to_stderr
+):
     dest, keys = dataset_dir
     dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
     loader = DataLoader(dataset, batch_size=4, num_workers=num_workers, persistent_workers=persistent)
@@ -204,9 +205,11 @@ def test_a_dataset_unpickled_after_its_creator_exited_starts_afresh(dataset_dir,
 
     dest, keys = dataset_dir
     saved = tmp_path / "dataset.pkl"
-    make = ("import pickle, sys; from shardstream import ShardDataset; "
-            "d = ShardDataset(sys.argv[1], shuffle_buffer=10, seed=3); d.set_epoch(4); "
-            "pickle.dump(d, open(sys.argv[2], 'wb'))")
+    make = (
+        "import pickle, sys; from shardstream import ShardDataset; "
+        "d = ShardDataset(sys.argv[1], shuffle_buffer=10, seed=3); d.set_epoch(4); "
+        "pickle.dump(d, open(sys.argv[2], 'wb'))"
+    )
     subprocess.run([sys.executable, "-c", make, str(dest), str(saved)], check=True, timeout=120)
     dataset = pickle.loads(saved.read_bytes())
     assert dataset.epoch == 4 and [s["__key__"] for s in dataset] == reference(dest, 4, num_workers=0)

@@ -16,17 +16,32 @@ SCRIPT = Path(__file__).parents[1] / "examples" / "train_torchrun.py"
 
 
 def torchrun(nproc: int, *args: str, script: Path = SCRIPT) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
-               f"--master-port={free_port()}", str(script), *args]
-    run = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                         timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(script),
+        *args,
+    ]
+    run = subprocess.run(
+        command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
 
 
 def test_train_torchrun_checkpoints_and_resumes_at_another_world_size(tmp_path):
-    common = [f"--workdir={tmp_path / 'work'}", f"--checkpoint={tmp_path / 'ckpt.pt'}", "--epochs=1",
-              "--batch-size=16", "--num-workers=1", "--size-px=32"]
+    common = [
+        f"--workdir={tmp_path / 'work'}",
+        f"--checkpoint={tmp_path / 'ckpt.pt'}",
+        "--epochs=1",
+        "--batch-size=16",
+        "--num-workers=1",
+        "--size-px=32",
+    ]
     out = torchrun(2, *common, "--stop-after-steps=5")
     assert "stopping after 5 steps, 80 samples into epoch 0" in out
     out = torchrun(3, *common)
@@ -37,8 +52,13 @@ def test_train_torchrun_checkpoints_and_resumes_at_another_world_size(tmp_path):
 
 def test_train_dali_runs_on_the_cpu_and_resumes(tmp_path):
     script = SCRIPT.with_name("train_dali.py")
-    common = [f"--workdir={tmp_path / 'work'}", f"--checkpoint={tmp_path / 'ckpt.pt'}", "--epochs=1",
-              "--batch-size=16", "--size-px=32"]
+    common = [
+        f"--workdir={tmp_path / 'work'}",
+        f"--checkpoint={tmp_path / 'ckpt.pt'}",
+        "--epochs=1",
+        "--batch-size=16",
+        "--size-px=32",
+    ]
     out = torchrun(2, *common, "--stop-after-steps=5", script=script)
     assert "DALI decodes on the CPU" in out and "stopping after 5 steps, 80 samples into epoch 0" in out
     out = torchrun(3, *common, script=script)
@@ -49,12 +69,26 @@ def test_train_dali_runs_on_the_cpu_and_resumes(tmp_path):
 
 def test_train_lightning_resumes_from_its_checkpoint_with_two_devices(tmp_path):
     script = SCRIPT.with_name("train_lightning.py")
-    common = [sys.executable, str(script), f"--workdir={tmp_path / 'work'}", f"--checkpoint-dir={tmp_path / 'ckpt'}",
-              "--devices=2", "--epochs=2", "--batch-size=16", "--size-px=32"]
+    common = [
+        sys.executable,
+        str(script),
+        f"--workdir={tmp_path / 'work'}",
+        f"--checkpoint-dir={tmp_path / 'ckpt'}",
+        "--devices=2",
+        "--epochs=2",
+        "--batch-size=16",
+        "--size-px=32",
+    ]
 
     def run(*args: str) -> str:
-        done = subprocess.run([*common, *args], env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                              text=True, timeout=300, cwd=script.parent)
+        done = subprocess.run(
+            [*common, *args],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=script.parent,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout + done.stderr
 

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 
 from shardstream import FetchConfig, ShardDataset, pack
 from shardstream.errors import CorruptShardError, StorageConnectionError
-from shardstream.testing.faults import FaultProxy
 from shardstream.packing.verify import verify
+from shardstream.testing.faults import FaultProxy
 
 FETCH = FetchConfig(part_bytes=64 << 10, max_buffer_bytes=1 << 20, max_inflight_requests=4)
 
@@ -34,7 +34,6 @@ def dataset_url(s3_server, tmp_path_factory) -> str:
     import sysconfig
     from pathlib import Path
 
-
     src = tmp_path_factory.mktemp("faults")
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for package in ("json", "email", "asyncio", "logging"):
@@ -53,8 +52,15 @@ def via(proxy: FaultProxy, s3_config):
 @pytest.mark.parametrize("fault", ["cut", "reset", "slowdown", "delay", "trickle"])
 def test_each_fault_alone_loses_and_repeats_nothing(dataset_url, s3_server, s3_config, fault):
     clean = sorted(digest(s) for s in ShardDataset(dataset_url, s3=s3_config, fetch=FETCH, shuffle=False))
-    with FaultProxy(s3_config.endpoint_url, rates={fault: 1.0}, match=shard_gets, max_faults=4,
-                    cut_after_bytes=20_000, delay_s=0.3, trickle_s=0.002) as proxy:
+    with FaultProxy(
+        s3_config.endpoint_url,
+        rates={fault: 1.0},
+        match=shard_gets,
+        max_faults=4,
+        cut_after_bytes=20_000,
+        delay_s=0.3,
+        trickle_s=0.002,
+    ) as proxy:
         dataset = ShardDataset(dataset_url, s3=via(proxy, s3_config), fetch=FETCH, shuffle=False)
         got = sorted(digest(s) for s in dataset)
     assert proxy.counts[fault] == 4
@@ -89,8 +95,7 @@ def test_pack_through_faults_gives_a_dataset_verify_accepts(tmp_path, s3_server,
         (src / f"{i:03d}.bin").write_bytes(hashlib.sha256(str(i).encode()).digest() * 400)
     s3_server.create_bucket("faults-pack")
     with FaultProxy(s3_config.endpoint_url, rates={"slowdown": 0.1, "reset": 0.05}, seed=5) as proxy:
-        report = pack(src, "s3://faults-pack/data", max_shard_bytes=64 << 10, s3=via(proxy, s3_config),
-                      progress=False)
+        report = pack(src, "s3://faults-pack/data", max_shard_bytes=64 << 10, s3=via(proxy, s3_config), progress=False)
     assert report.num_samples == 60 and sum(proxy.counts.values()) >= 2, proxy.counts
     checks = list(verify("s3://faults-pack/data", s3=s3_config))
     assert checks and all(c.ok for c in checks)
@@ -113,10 +118,18 @@ def test_a_shard_replaced_between_a_cut_and_its_resume_is_named(tmp_path, s3_ser
     def overwrite(fault: str, method: str, path: str) -> None:
         store.write_bytes("data-000000.tar", shard.replace(bytes([7]) * 5000, bytes([8]) * 5000))
 
-    with FaultProxy(s3_config.endpoint_url, rates={"cut": 1.0}, match=shard_gets, max_faults=1,
-                    cut_after_bytes=30_000, on_fault=overwrite) as proxy:
+    with FaultProxy(
+        s3_config.endpoint_url,
+        rates={"cut": 1.0},
+        match=shard_gets,
+        max_faults=1,
+        cut_after_bytes=30_000,
+        on_fault=overwrite,
+    ) as proxy:
         dataset = ShardDataset("s3://faults-etag/data", s3=via(proxy, s3_config), fetch=FetchConfig(part_bytes=1 << 20))
-        with pytest.raises(CorruptShardError, match=r"s3://faults-etag/data/data-000000.tar: changed while it was being read"):
+        with pytest.raises(
+            CorruptShardError, match=r"s3://faults-etag/data/data-000000.tar: changed while it was being read"
+        ):
             list(dataset)
 
 
@@ -130,8 +143,14 @@ def test_pack_from_an_s3_prefix_lists_and_reads_through_faults(s3_server, s3_con
         raw.write_bytes(name, data)
     with FaultProxy(s3_config.endpoint_url, rates={"slowdown": 0.1, "reset": 0.05, "cut": 0.05}, seed=9) as proxy:
         faulty = via(proxy, s3_config)
-        report = pack("s3://faults-list/raw", "s3://faults-list/packed", max_samples_per_shard=25, s3=faulty,
-                      fetch=FETCH, progress=False)
+        report = pack(
+            "s3://faults-list/raw",
+            "s3://faults-list/packed",
+            max_samples_per_shard=25,
+            s3=faulty,
+            fetch=FETCH,
+            progress=False,
+        )
     assert report.num_samples == 120 and sum(proxy.counts.values()) >= 5, proxy.counts
     assert proxy.counts["slowdown"] + proxy.counts["reset"] >= 1
     got = {s["__key__"] + "." + "txt": s["txt"] for s in ShardDataset("s3://faults-list/packed", s3=s3_config)}
@@ -140,16 +159,20 @@ def test_pack_from_an_s3_prefix_lists_and_reads_through_faults(s3_server, s3_con
 
 def fast_failing(config, endpoint_url: str):
     """One attempt, 0.5 s timeouts: a stall is called after 1 s."""
-    return dataclasses.replace(config, endpoint_url=endpoint_url, max_attempts=1, connect_timeout_s=0.5,
-                               read_timeout_s=0.5)
+    return dataclasses.replace(
+        config, endpoint_url=endpoint_url, max_attempts=1, connect_timeout_s=0.5, read_timeout_s=0.5
+    )
 
 
 def test_a_stalled_server_is_named_as_such(dataset_url, s3_config):
     with FaultProxy(s3_config.endpoint_url, rates={"delay": 1.0}, match=shard_gets, delay_s=3.0) as proxy:
         dataset = ShardDataset(dataset_url, s3=fast_failing(s3_config, proxy.endpoint_url), shuffle=False)
-        with pytest.raises(StorageConnectionError, match=(
-            rf"data-000000\.tar: the connection to {proxy.endpoint_url} failed during the transfer \(ReadTimeoutError"
-        )):
+        with pytest.raises(
+            StorageConnectionError,
+            match=(
+                rf"data-000000\.tar: the connection to {proxy.endpoint_url} failed during the transfer \(ReadTimeoutError"
+            ),
+        ):
             list(dataset)
 
 
@@ -167,8 +190,11 @@ def test_requests_queued_for_a_pooled_connection_are_named(dataset_url, s3_confi
         store = open_store(dataset_url, s3=config)
 
         async def both():
-            return await asyncio.gather(store.get_range("data-000000.tar", 0, 200_000),
-                                        store.get_range("data-000001.tar", 0, 200_000), return_exceptions=True)
+            return await asyncio.gather(
+                store.get_range("data-000000.tar", 0, 200_000),
+                store.get_range("data-000001.tar", 0, 200_000),
+                return_exceptions=True,
+            )
 
         first, second = io_loop.run(both(), timeout_s=60)
     assert not isinstance(first, BaseException)  # the holder got its bytes, slowly

@@ -12,8 +12,8 @@ import pytest
 
 from shardstream import FetchConfig, ShardDataset, pack
 from shardstream.errors import CorruptShardError
-from shardstream.storage.fetch import iter_shard_streams
 from shardstream.storage import open_store
+from shardstream.storage.fetch import iter_shard_streams
 from shardstream.tarstream import iter_members
 
 
@@ -33,8 +33,10 @@ def odd_members(src, *, huge: bool):
     return files
 
 
-@pytest.mark.parametrize(("part_bytes", "huge"), [(511, False), (512, False), (513, False), (700, False),
-                                                  (64 << 10, True), ((1 << 20) + 100, True)])
+@pytest.mark.parametrize(
+    ("part_bytes", "huge"),
+    [(511, False), (512, False), (513, False), (700, False), (64 << 10, True), ((1 << 20) + 100, True)],
+)
 def test_any_part_size_gives_the_same_members(tmp_path, s3_bucket, s3_config, part_bytes, huge):
     """Part boundaries land inside headers, inside payloads, on block edges and inside the
     end-of-archive blocks; the members read back are the files, byte for byte."""
@@ -59,8 +61,9 @@ def test_first_sample_arrives_before_the_shard_and_memory_stays_under_the_budget
     url = f"s3://{s3_bucket}/big"
     pack(src, url, s3=s3_config, progress=False)  # one shard of 4 MiB
     budget = 256 << 10
-    dataset = ShardDataset(url, s3=s3_config, shuffle=False,
-                           fetch=FetchConfig(part_bytes=64 << 10, max_buffer_bytes=budget))
+    dataset = ShardDataset(
+        url, s3=s3_config, shuffle=False, fetch=FetchConfig(part_bytes=64 << 10, max_buffer_bytes=budget)
+    )
     assert dataset.num_shards == 1
     iterator = iter(dataset)
     first = next(iterator)
@@ -84,8 +87,9 @@ def test_a_ranks_workers_share_its_read_ahead_budget(tmp_path, s3_bucket, s3_con
     url = f"s3://{s3_bucket}/shared-budget"
     pack(src, url, s3=s3_config, max_samples_per_shard=32, progress=False)  # 4 shards of 2 MiB
     budget = 1 << 20
-    dataset = ShardDataset(url, s3=s3_config, shuffle=False, batch_size=4,
-                           fetch=FetchConfig(part_bytes=128 << 10, max_buffer_bytes=budget))
+    dataset = ShardDataset(
+        url, s3=s3_config, shuffle=False, batch_size=4, fetch=FetchConfig(part_bytes=128 << 10, max_buffer_bytes=budget)
+    )
     held = []
     for batch in DataLoader(dataset, batch_size=4, num_workers=2, timeout=60):
         time.sleep(0.02)  # a slow consumer: the workers' read-ahead fills up meanwhile
@@ -104,7 +108,9 @@ def test_a_shard_shorter_or_longer_than_its_index_is_named(tmp_path, s3_bucket, 
     name = dataset.index.manifest.name(0)
     whole = store.read_bytes(name)
     store.write_bytes(name, whole[: len(whole) // 2])
-    with pytest.raises(CorruptShardError, match=rf"{url}/{name}: is {len(whole) // 2} bytes but the index says {len(whole)}"):
+    with pytest.raises(
+        CorruptShardError, match=rf"{url}/{name}: is {len(whole) // 2} bytes but the index says {len(whole)}"
+    ):
         list(ShardDataset(url, s3=s3_config, shuffle=False))
     store.write_bytes(name, whole + bytes(1024))
     with pytest.raises(CorruptShardError, match=rf"{url}/{name}: is {len(whole) + 1024} bytes but the index says"):
@@ -179,8 +185,8 @@ def test_a_range_read_fills_the_whole_shard_for_the_other_range(tmp_path, s3_buc
     into the node cache (its half first), so the reader of the first half finds a hit."""
     import numpy as np
 
-    from shardstream.storage.cache import ShardCache
     from shardstream.reading.stats import FIELDS, ReaderStats
+    from shardstream.storage.cache import ShardCache
 
     url = f"s3://{s3_bucket}/ranged"
     pack(stdlib_tree / "email", url, s3=s3_config, progress=False)
@@ -190,16 +196,18 @@ def test_a_range_read_fills_the_whole_shard_for_the_other_range(tmp_path, s3_buc
     cache = ShardCache(tmp_path, cache_limit_bytes=10 * size)
     fetch = FetchConfig(part_bytes=16 << 10)
     second = ReaderStats(np.zeros(len(FIELDS)))
-    for _, stream in iter_shard_streams([shard_url], sizes_bytes=[size], byte_ranges=[(cut, size)], s3=s3_config,
-                                        fetch=fetch, cache=cache, stats=second):
+    for _, stream in iter_shard_streams(
+        [shard_url], sizes_bytes=[size], byte_ranges=[(cut, size)], s3=s3_config, fetch=fetch, cache=cache, stats=second
+    ):
         assert stream.read(size) == whole[cut:]
     for _ in range(500):  # the fill goes on to its commit by itself
         if cache.entry_path(shard_url).exists():
             break
         time.sleep(0.01)
     first = ReaderStats(np.zeros(len(FIELDS)))
-    for _, stream in iter_shard_streams([shard_url], sizes_bytes=[size], byte_ranges=[(0, cut)], s3=s3_config,
-                                        fetch=fetch, cache=cache, stats=first):
+    for _, stream in iter_shard_streams(
+        [shard_url], sizes_bytes=[size], byte_ranges=[(0, cut)], s3=s3_config, fetch=fetch, cache=cache, stats=first
+    ):
         assert stream.read(size) == whole[:cut]
     column = {name: i for i, name in enumerate(FIELDS)}
     assert second._row[column["cache_fills"]] == 1 and first._row[column["cache_hits"]] == 1

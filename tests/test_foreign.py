@@ -79,16 +79,21 @@ def test_a_tar_without_its_end_blocks_reads_with_a_warning(tmp_path, caplog):
         got = ours(str(shard))
     assert got == webdataset_samples(str(shard))
     assert len(got) == 4
-    assert any(f"cut.tar: ends at byte {end}, after a member, without the tar end-of-archive blocks" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        f"cut.tar: ends at byte {end}, after a member, without the tar end-of-archive blocks" in r.getMessage()
+        for r in caplog.records
+    )
     (tmp_path / "mid.tar").write_bytes(buf.getvalue()[: end - 100])  # inside a member: still an error
     with pytest.raises(CorruptShardError, match="mid.tar: member '003.cls' ends early"):
         ours(str(tmp_path / "mid.tar"))
 
 
 def plain_members(count: int = 5) -> list[tuple[str, bytes]]:
-    return [(f"{i:03d}.{ext}", payload) for i in range(count)
-            for ext, payload in (("jpg", os.urandom(900 + i)), ("json", b'{"i": %d}' % i))]
+    return [
+        (f"{i:03d}.{ext}", payload)
+        for i in range(count)
+        for ext, payload in (("jpg", os.urandom(900 + i)), ("json", b'{"i": %d}' % i))
+    ]
 
 
 def tar_bytes(members: list[tuple[str, bytes]], mode: str = "w") -> bytes:
@@ -127,8 +132,7 @@ def test_zstd_shards_and_concatenated_gzip(tmp_path):
     members = plain_members()
     plain = tar_bytes(members)
     (tmp_path / "a.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(plain))
-    reference = [
-        {"__key__": f"{i:03d}", "jpg": members[2 * i][1], "json": members[2 * i + 1][1]} for i in range(5)]
+    reference = [{"__key__": f"{i:03d}", "jpg": members[2 * i][1], "json": members[2 * i + 1][1]} for i in range(5)]
     assert ours(str(tmp_path / "a.tar.zst")) == reference
     cut = len(plain) // 2
     (tmp_path / "two.tar.gz").write_bytes(gzip.compress(plain[:cut]) + gzip.compress(plain[cut:]))  # as pigz/cat make
@@ -151,7 +155,21 @@ def test_sparse_members_are_refused_naming_shard_and_member(tmp_path, fmt):
         f.write(b"tail")  # a 1 MiB hole
     (src / "002.txt").write_text("after")
     shard = tmp_path / f"sparse-{fmt}.tar"
-    subprocess.run(["tar", "-S", f"--format={fmt}", "--sort=name", "-cf", str(shard), "-C", str(src),
-                    "000.txt", "001.bin", "002.txt"], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "-S",
+            f"--format={fmt}",
+            "--sort=name",
+            "-cf",
+            str(shard),
+            "-C",
+            str(src),
+            "000.txt",
+            "001.bin",
+            "002.txt",
+        ],
+        check=True,
+    )
     with pytest.raises(CorruptShardError, match=rf"sparse-{fmt}.tar: member '.*001.bin' at byte \d+ is a sparse file"):
         ours(str(shard))

@@ -1,5 +1,5 @@
-import tarfile
 import io
+import tarfile
 
 import pytest
 
@@ -36,7 +36,11 @@ def test_headers_are_deterministic_and_readable_by_tarfile():
 
 
 def test_names_that_cannot_be_members_are_reported_with_the_file_named():
-    for name, reason in [("a.__key__", "reserved sample field"), ("a\nb.txt", "line break"), ("caf\udce9.txt", "not valid UTF-8")]:
+    for name, reason in [
+        ("a.__key__", "reserved sample field"),
+        ("a\nb.txt", "line break"),
+        ("caf\udce9.txt", "not valid UTF-8"),
+    ]:
         problem = name_problem(name, f"/src/{name}")
         assert problem.kind is ProblemKind.BAD_NAME and problem.path == f"/src/{name}" and reason in problem.reason
     assert name_problem("a/b.jpg", "ok") is None

@@ -36,8 +36,13 @@ def lightning(dest: Path, out: Path, *args: str) -> list[dict]:
     """Run tests/lightning_epochs.py; each rank's record."""
     out.mkdir()
     script = Path(__file__).with_name("lightning_epochs.py")
-    run = subprocess.run([sys.executable, str(script), str(dest), str(out), *args], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = subprocess.run(
+        [sys.executable, str(script), str(dest), str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return [json.loads(p.read_text()) for p in sorted(out.glob("keys-*.json"))]
 
@@ -123,9 +128,17 @@ def test_hugging_face_trainer_epochs_differ_and_are_exact(tmp_path, dataset_dir,
     dataset.calls = []
     model = TinyModel()
     args = TrainingArguments(
-        output_dir=str(tmp_path / "out"), num_train_epochs=3, per_device_train_batch_size=4,
-        dataloader_num_workers=2, dataloader_persistent_workers=persistent, use_cpu=True, report_to=[],
-        save_strategy="no", logging_strategy="no", disable_tqdm=True, learning_rate=0.01,
+        output_dir=str(tmp_path / "out"),
+        num_train_epochs=3,
+        per_device_train_batch_size=4,
+        dataloader_num_workers=2,
+        dataloader_persistent_workers=persistent,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        learning_rate=0.01,
     )
     Trainer(model=model, args=args, train_dataset=dataset).train()
     steps = -(-NUM_SAMPLES // 4)
@@ -146,9 +159,18 @@ def test_hugging_face_trainer_resumes_mid_epoch(tmp_path, dataset_dir):
 
     def train(model: TinyModel, **kwargs) -> None:
         args = TrainingArguments(
-            output_dir=str(tmp_path / "out"), num_train_epochs=3, per_device_train_batch_size=4,
-            dataloader_num_workers=2, dataloader_persistent_workers=True, use_cpu=True, report_to=[],
-            save_strategy="steps", save_steps=steps + 5, logging_strategy="no", disable_tqdm=True, learning_rate=0.01,
+            output_dir=str(tmp_path / "out"),
+            num_train_epochs=3,
+            per_device_train_batch_size=4,
+            dataloader_num_workers=2,
+            dataloader_persistent_workers=True,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="steps",
+            save_steps=steps + 5,
+            logging_strategy="no",
+            disable_tqdm=True,
+            learning_rate=0.01,
             **{k: v for k, v in kwargs.items() if k == "max_steps"},
         )
         dataset = ShardDataset(dest, decode=hf_item, shuffle_buffer=10, seed=5, batch_size=4)
@@ -169,9 +191,21 @@ def test_hugging_face_trainer_on_two_ranks_reads_each_epoch_once(tmp_path, datas
     dest, _ = dataset_dir
     script = Path(__file__).with_name("hf_train.py")
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-         f"--master-port={free_port()}", str(script), str(dest), str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            str(script),
+            str(dest),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert run.returncode == 0, run.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"seen-{r}.json").read_text()) for r in (0, 1)]

@@ -69,7 +69,8 @@ def test_a_version_1_dataset_opens_and_upgrades_in_place(dataset_dir, tmp_path):
     assert not (legacy / "index.json").exists()
     assert (legacy / "index.bin").read_bytes() == (dest / "index.bin").read_bytes()  # as pack writes it
     assert {p.name: p.read_bytes() for p in legacy.glob("*.samples")} == {
-        p.name: p.read_bytes() for p in dest.glob("*.samples")}
+        p.name: p.read_bytes() for p in dest.glob("*.samples")
+    }
     assert {p.name: p.read_bytes() for p in legacy.glob("*.tar")} == shards  # untouched
 
 
@@ -95,7 +96,9 @@ def test_a_table_that_disagrees_with_the_manifest_is_named(dataset_dir, tmp_path
     dest, _ = dataset_dir
     other, _ = make_dataset(tmp_path / "other", num_samples=95, per_shard=7)
     shutil.copy(other / "data-000000.tar.samples", dest / "data-000000.tar.samples")
-    with pytest.raises(IndexFormatError, match=r"data-000000\.tar\.samples: 7 samples and 14 members, but the index says 10"):
+    with pytest.raises(
+        IndexFormatError, match=r"data-000000\.tar\.samples: 7 samples and 14 members, but the index says 10"
+    ):
         open_index(dest).table(0)
 
 
@@ -106,14 +109,24 @@ def test_the_manifest_is_mapped_not_copied_into_workers(dataset_dir):
     assert len(state) < 1000  # the file's path, not its columns
     again = pickle.loads(state)
     assert again.shard_bytes.tolist() == manifest.shard_bytes.tolist() and again.name(3) == manifest.name(3)
-    loader = DataLoader(ShardDataset(dest, shuffle=False, batch_size=5), batch_size=5, num_workers=2,
-                        multiprocessing_context="spawn", collate_fn=collate_keys)
+    loader = DataLoader(
+        ShardDataset(dest, shuffle=False, batch_size=5),
+        batch_size=5,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        collate_fn=collate_keys,
+    )
     assert sorted(k for batch in loader for k in batch) == sorted(keys)
 
 
 def test_built_from_columns_and_parsed_back(tmp_path):
-    manifest = Manifest.from_columns(names=["a.tar", "b.tar"], shard_bytes=[10240, 20480], shard_samples=[1, 2],
-                                     shard_members=[2, 4], crc32=[0xDEADBEEF, 7])
+    manifest = Manifest.from_columns(
+        names=["a.tar", "b.tar"],
+        shard_bytes=[10240, 20480],
+        shard_samples=[1, 2],
+        shard_members=[2, 4],
+        crc32=[0xDEADBEEF, 7],
+    )
     parsed = Manifest.parse(b"".join(manifest.pieces()), url="mem")
     assert list(parsed.names()) == ["a.tar", "b.tar"] and parsed.crc32_hex(0) == "deadbeef"
     assert parsed.totals() == {"num_shards": 2, "num_samples": 3, "num_members": 6, "bytes": 30720}
@@ -123,8 +136,10 @@ def test_built_from_columns_and_parsed_back(tmp_path):
 
 def test_info_reads_the_manifest_without_torch(dataset_dir):
     dest, _ = dataset_dir
-    code = ("import sys; from shardstream.cli import main; code = main(['info', sys.argv[1]]); "
-            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)")
+    code = (
+        "import sys; from shardstream.cli import main; code = main(['info', sys.argv[1]]); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(code)"
+    )
     run = subprocess.run([sys.executable, "-c", code, str(dest)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert "10 shards, 95 samples, 190 members" in run.stdout

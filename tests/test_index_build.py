@@ -23,8 +23,10 @@ SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 
 
 def webdataset_samples(urls: list[str]) -> list[dict]:
-    return [{k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
-            for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)]
+    return [
+        {k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"}
+        for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+    ]
 
 
 def strip(samples) -> list[dict]:
@@ -58,8 +60,12 @@ def foreign(tmp_path) -> Path:
 
 
 def test_index_build_then_read_as_webdataset_reads_with_exact_epochs(foreign, monkeypatch):
-    result = subprocess.run([SHARDSTREAM, "index", "build", str(foreign), "--workers", "2", "--no-progress"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [SHARDSTREAM, "index", "build", str(foreign), "--workers", "2", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "3 shards, 21 samples" in result.stdout
     urls = [str(foreign / f"part-{i}.tar") for i in range(3)]
@@ -79,8 +85,10 @@ def test_index_build_then_read_as_webdataset_reads_with_exact_epochs(foreign, mo
     shuffled = strip(ShardDataset(foreign, shuffle=True, seed=3))
     assert sorted(s["__key__"] for s in shuffled) == sorted(s["__key__"] for s in reference)
     assert all(check.ok for check in verify(str(foreign)))
-    assert {p.name for p in foreign.iterdir()} == {"index.bin", *(f"part-{i}.tar{x}" for i in range(3)
-                                                                 for x in ("", ".samples"))}
+    assert {p.name for p in foreign.iterdir()} == {
+        "index.bin",
+        *(f"part-{i}.tar{x}" for i in range(3) for x in ("", ".samples")),
+    }
 
 
 def test_an_indexed_foreign_shard_read_whole_from_s3(foreign, s3_bucket, s3_config):
@@ -98,8 +106,12 @@ def test_an_indexed_foreign_shard_read_whole_from_s3(foreign, s3_bucket, s3_conf
 
 def test_what_index_build_refuses(foreign, tmp_path):
     build_index([str(foreign)], workers=1)
-    again = subprocess.run([SHARDSTREAM, "index", "build", str(foreign / "part-0.tar"), "--no-progress"],
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [SHARDSTREAM, "index", "build", str(foreign / "part-0.tar"), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 1 and "an index is already there; pass --overwrite" in again.stderr
     assert build_index([str(foreign / "part-1.tar")], workers=1, overwrite=True).num_shards == 1
     zipped = tmp_path / "zipped"
@@ -108,8 +120,11 @@ def test_what_index_build_refuses(foreign, tmp_path):
     os.replace(foreign / "part-1.tar.gz", zipped / "part-1.tar.gz")
     with pytest.raises(CorruptShardError, match=r"part-1.tar.gz: a compressed shard; an index addresses"):
         build_index([str(zipped)], workers=1)
-    two_places = subprocess.run([SHARDSTREAM, "index", "build", str(foreign / "part-0.tar"),
-                                 str(zipped / "part-1.tar.gz"), "--no-progress"], capture_output=True, text=True)
+    two_places = subprocess.run(
+        [SHARDSTREAM, "index", "build", str(foreign / "part-0.tar"), str(zipped / "part-1.tar.gz"), "--no-progress"],
+        capture_output=True,
+        text=True,
+    )
     assert two_places.returncode == 2 and "the shards lie in 2 places" in two_places.stderr
 
 
@@ -120,15 +135,45 @@ def test_pack_from_shards_reshards_foreign_and_compressed_shards(foreign, tmp_pa
     inputs = [str(foreign / n) for n in ("part-0.tar", "part-1.tar.gz", "part-2.tar")]
     reference = sorted(webdataset_samples(inputs), key=lambda s: s["__key__"])
     out = tmp_path / "resharded"
-    result = subprocess.run([SHARDSTREAM, "pack", str(foreign), str(out), "--from-shards", "--max-samples-per-shard",
-                             "4", "--workers", "2", "--no-progress"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            SHARDSTREAM,
+            "pack",
+            str(foreign),
+            str(out),
+            "--from-shards",
+            "--max-samples-per-shard",
+            "4",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     dataset = ShardDataset(out, shuffle=False)
     assert len(dataset) == 21 and dataset.num_shards == 6  # stream 0: inputs 0 and 2 (15 samples, 4 shards); 1: 6, 2
     assert sorted(strip(dataset), key=lambda s: s["__key__"]) == reference
     assert all(check.ok for check in verify(str(out)))
-    again = subprocess.run([SHARDSTREAM, "pack", str(foreign), str(out), "--from-shards", "--max-samples-per-shard",
-                            "4", "--workers", "2", "--no-progress"], capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            SHARDSTREAM,
+            "pack",
+            str(foreign),
+            str(out),
+            "--from-shards",
+            "--max-samples-per-shard",
+            "4",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0 and "already" in again.stdout.lower() + again.stderr.lower()
     shuffled = tmp_path / "shuffled"
     from shardstream import pack
@@ -143,12 +188,30 @@ def test_index_build_output_elsewhere_leaves_read_only_shards_untouched(foreign,
     before = {p.name: p.read_bytes() for p in foreign.iterdir()}
     foreign.chmod(0o555)  # shards nobody may write beside (a public bucket's, say)
     try:
-        result = subprocess.run([SHARDSTREAM, "index", "build", str(foreign), "--output", str(tmp_path / "idx"),
-                                 "--workers", "1", "--no-progress"], capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                SHARDSTREAM,
+                "index",
+                "build",
+                str(foreign),
+                "--output",
+                str(tmp_path / "idx"),
+                "--workers",
+                "1",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         assert {p.name: p.read_bytes() for p in foreign.iterdir()} == before
         assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [
-            "index.bin", "part-0.tar.samples", "part-1.tar.samples", "part-2.tar.samples"]
+            "index.bin",
+            "part-0.tar.samples",
+            "part-1.tar.samples",
+            "part-2.tar.samples",
+        ]
         dataset = ShardDataset(tmp_path / "idx", shuffle=False)
         assert strip(dataset) == webdataset_samples([str(foreign / f"part-{i}.tar") for i in range(3)])
         assert all(check.ok for check in verify(str(tmp_path / "idx")))
@@ -171,8 +234,18 @@ def test_a_reshard_killed_midway_resumes_to_the_same_bytes(tmp_path):
         (src / f"d{i // 100}" / f"{i:05d}.bin").write_bytes(os.urandom(1500))
     pack(src, tmp_path / "in", max_samples_per_shard=100, progress=False)  # 12 input shards
     dest = tmp_path / "out"
-    command = [SHARDSTREAM, "pack", str(tmp_path / "in"), str(dest), "--from-shards", "--workers", "2",
-               "--max-samples-per-shard", "2", "--no-progress"]
+    command = [
+        SHARDSTREAM,
+        "pack",
+        str(tmp_path / "in"),
+        str(dest),
+        "--from-shards",
+        "--workers",
+        "2",
+        "--max-samples-per-shard",
+        "2",
+        "--no-progress",
+    ]
     process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while len(list(dest.glob("*.tar"))) < 60 and process.poll() is None and time.monotonic() < deadline:

@@ -194,7 +194,10 @@ def test_unwritable_destination_is_an_error(stdlib_tree, tmp_path):
 def test_an_existing_dataset_is_not_overwritten_by_accident(stdlib_tree, tmp_path):
     pack(stdlib_tree / "json", tmp_path, max_samples_per_shard=1, progress=False)
     assert len(list(tmp_path.glob("*.tar"))) > 1
-    with pytest.raises(DestinationError, match=r"already holds a dataset \(max_samples_per_shard: 1 recorded, None given\); .* pass --overwrite to replace it"):
+    with pytest.raises(
+        DestinationError,
+        match=r"already holds a dataset \(max_samples_per_shard: 1 recorded, None given\); .* pass --overwrite to replace it",
+    ):
         pack(stdlib_tree / "json", tmp_path, progress=False)
     pack(stdlib_tree / "email", tmp_path, overwrite=True, max_shard_bytes=1 << 30, progress=False)
     assert sorted(p.name for p in tmp_path.glob("*.tar")) == ["data-000000.tar"]
@@ -224,7 +227,9 @@ def make_unreadable_tree(root: Path) -> tuple[Path, Path]:
 
 def test_an_unreadable_file_stops_the_pack_and_publishes_nothing(tmp_path):
     bad_read, broken = make_unreadable_tree(tmp_path / "src")
-    with pytest.raises(UnreadableFileError, match=rf"({bad_read}': cannot read|{broken}': broken symlink).*--on-error skip"):
+    with pytest.raises(
+        UnreadableFileError, match=rf"({bad_read}': cannot read|{broken}': broken symlink).*--on-error skip"
+    ):
         pack(tmp_path / "src", tmp_path / "out", max_samples_per_shard=1, progress=False)
     assert not (tmp_path / "out" / "index.bin").exists()
     assert not list((tmp_path / "out").glob(".*.partial-*"))

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import all_files
-from shardstream import ShardDataset, open_index, pack
+
+from shardstream import Part, ShardDataset, open_index, pack
 from shardstream.errors import DestinationError
-from shardstream import Part
 from shardstream.storage import open_store
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
@@ -87,8 +86,24 @@ def test_index_merge_command_and_torchrun_parts(tmp_path):
     pack(src, tmp_path / "ref", workers=2, max_samples_per_shard=7, progress=False)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     for i in (0, 1):
-        run = subprocess.run([SHARDSTREAM, "pack", str(src), str(tmp_path / "cli"), "--workers", "1", "--part", f"{i}/2",
-                              "--max-samples-per-shard", "7", "--no-progress"], env=env, capture_output=True, text=True)
+        run = subprocess.run(
+            [
+                SHARDSTREAM,
+                "pack",
+                str(src),
+                str(tmp_path / "cli"),
+                "--workers",
+                "1",
+                "--part",
+                f"{i}/2",
+                "--max-samples-per-shard",
+                "7",
+                "--no-progress",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 0, run.stderr
     (tmp_path / "cli" / "index.bin").unlink()
     merged = subprocess.run([SHARDSTREAM, "index", "merge", str(tmp_path / "cli")], capture_output=True, text=True)
@@ -96,10 +111,28 @@ def test_index_merge_command_and_torchrun_parts(tmp_path):
     assert dataset_files(tmp_path / "cli") == dataset_files(tmp_path / "ref")
 
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-         "--master-port=0", "-m", "shardstream.cli", "pack", str(src), str(tmp_path / "torchrun"),
-         "--workers", "1", "--max-samples-per-shard", "7", "--no-progress"],
-        env=env, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--master-addr=127.0.0.1",
+            "--master-port=0",
+            "-m",
+            "shardstream.cli",
+            "pack",
+            str(src),
+            str(tmp_path / "torchrun"),
+            "--workers",
+            "1",
+            "--max-samples-per-shard",
+            "7",
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert dataset_files(tmp_path / "torchrun") == dataset_files(tmp_path / "ref")
@@ -108,7 +141,17 @@ def test_index_merge_command_and_torchrun_parts(tmp_path):
 def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_path, reap_killed_semaphores):
     src = make_tree(tmp_path / "src", classes=10, per_class=150, size=2000)
     dest = tmp_path / "out"
-    command = [SHARDSTREAM, "pack", str(src), str(dest), "--workers", "2", "--max-samples-per-shard", "2", "--no-progress"]
+    command = [
+        SHARDSTREAM,
+        "pack",
+        str(src),
+        str(dest),
+        "--workers",
+        "2",
+        "--max-samples-per-shard",
+        "2",
+        "--no-progress",
+    ]
     total_shards = 10 * 150 // 2
     for threshold in (5, 120, 300):  # the last leaves ~450 shards to go: the kill lands well before the end
         process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -150,13 +193,29 @@ def test_files_from_newline_nul_and_stdin(tmp_path):
     keys = [x["__key__"] for x in ShardDataset(tmp_path / "a", shuffle=False)]
     assert keys == ["class1/0003", "class1/0001", "class0/0000"]  # the list's order
     assert a.num_files == b.num_files == 5
-    run = subprocess.run([SHARDSTREAM, "pack", str(src), str(tmp_path / "c"), "--files-from", "-", "--no-progress",
-                          "--on-error", "skip"],
-                         input="\n".join(names + ["class0/missing.bin", "../outside.bin"]), capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            SHARDSTREAM,
+            "pack",
+            str(src),
+            str(tmp_path / "c"),
+            "--files-from",
+            "-",
+            "--no-progress",
+            "--on-error",
+            "skip",
+        ],
+        input="\n".join(names + ["class0/missing.bin", "../outside.bin"]),
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert read_back(tmp_path / "c") == expected
     report = [json.loads(line) for line in (tmp_path / "c" / "pack-report.jsonl").read_text().splitlines()]
-    assert {(r["kind"], Path(r["path"]).name) for r in report} == {("vanished", "missing.bin"), ("bad_name", "outside.bin")}
+    assert {(r["kind"], Path(r["path"]).name) for r in report} == {
+        ("vanished", "missing.bin"),
+        ("bad_name", "outside.bin"),
+    }
 
 
 def test_pack_from_an_s3_prefix_equals_packing_the_directory(tmp_path, stdlib_tree, s3_bucket, s3_config):
@@ -202,19 +261,29 @@ def test_every_bad_input_is_reported_with_skip_and_stops_the_pack_with_fail(tmp_
     (src / "line\nbreak.txt").write_text("x")
     (src / "photo.JPG").write_text("upper")
     (src / "photo.jpg").write_text("lower")
-    result = subprocess.run([SHARDSTREAM, "pack", str(src), str(tmp_path / "out"), "--no-progress"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [SHARDSTREAM, "pack", str(src), str(tmp_path / "out"), "--no-progress"], capture_output=True, text=True
+    )
     assert result.returncode == 1 and result.stderr.count("shardstream: error:") == 1
-    result = subprocess.run([SHARDSTREAM, "pack", str(src), str(tmp_path / "out"), "--no-progress", "--on-error", "skip"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [SHARDSTREAM, "pack", str(src), str(tmp_path / "out"), "--no-progress", "--on-error", "skip"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     report = [json.loads(line) for line in (tmp_path / "out" / "pack-report.jsonl").read_text().splitlines()]
     kinds = sorted((Path(r["path"]).name, r["kind"]) for r in report)
-    assert kinds == sorted([
-        ("broken.txt", "unreadable"), ("pipe", "not_regular"), ("empty.txt", "empty"),
-        ("grows.txt", "changed"), ("latin\udce9.txt", "bad_name"), ("line\nbreak.txt", "bad_name"),
-        ("photo.jpg", "collision"),
-    ])
+    assert kinds == sorted(
+        [
+            ("broken.txt", "unreadable"),
+            ("pipe", "not_regular"),
+            ("empty.txt", "empty"),
+            ("grows.txt", "changed"),
+            ("latin\udce9.txt", "bad_name"),
+            ("line\nbreak.txt", "bad_name"),
+            ("photo.jpg", "collision"),
+        ]
+    )
     assert "; 6 skipped, 1 warnings" in result.stdout
     assert read_back(tmp_path / "out") == {"good.txt": b"good", "empty.txt": b"", "photo.JPG": b"upper"}
 
@@ -249,7 +318,9 @@ def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(
     env = {**os.environ, **s3_server.info.env()}
     command = [SHARDSTREAM, "pack", str(src), url, "--workers", "2", "--shard-size", "6MiB", "--no-progress"]
     store = open_store(url, s3=s3_config)
-    process = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     while not [n for n in store.list_names(".shardstream/s") if "done" not in n] and time.monotonic() < deadline:
         time.sleep(0.02)  # until the first shard is published and recorded
@@ -274,7 +345,9 @@ def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(
 def test_parts_with_other_options_and_a_changed_input_are_refused(tmp_path):
     src = make_tree(tmp_path / "src", classes=2, per_class=10)
     pack(src, tmp_path / "parts", workers=1, part=Part(0, 2), progress=False)
-    with pytest.raises(DestinationError, match=r"unfinished pack made with other options \(workers: 1 recorded, 2 given\)"):
+    with pytest.raises(
+        DestinationError, match=r"unfinished pack made with other options \(workers: 1 recorded, 2 given\)"
+    ):
         pack(src, tmp_path / "parts", workers=2, part=Part(1, 2), progress=False)
 
     names = [f"class{c}/{i:04d}.bin" for c in range(2) for i in range(10)]
@@ -286,7 +359,9 @@ def test_parts_with_other_options_and_a_changed_input_are_refused(tmp_path):
         pack(src, dest, files_from=listed, max_samples_per_shard=2, progress=False)
     assert list(dest.glob("*.tar"))  # shards before the bad entry stay, for the resume
     listed.write_text("\n".join(reversed(names)))
-    with pytest.raises(DestinationError, match=r"SOURCE changed since the interrupted pack \(sample \d+ was 'class\d/\d+', it is now"):
+    with pytest.raises(
+        DestinationError, match=r"SOURCE changed since the interrupted pack \(sample \d+ was 'class\d/\d+', it is now"
+    ):
         pack(src, dest, files_from=listed, max_samples_per_shard=2, progress=False)
 
 

@@ -101,8 +101,9 @@ def test_consumed_per_worker_matches_a_real_dataloader(lengths, batch_size):
         consumed_per_worker(lengths, batch_size, 99)
 
 
-@pytest.mark.parametrize(("first", "second"), [((2, 2, 3), (2, 2)), ((4, 2, 3), (2, 1)), ((2, 1, 5), (3, 2)),
-                                               ((3, 3, 2), (1, 1))])
+@pytest.mark.parametrize(
+    ("first", "second"), [((2, 2, 3), (2, 2)), ((4, 2, 3), (2, 1)), ((2, 1, 5), (3, 2)), ((3, 3, 2), (1, 1))]
+)
 @pytest.mark.parametrize("consumed", [0, 5, 11])
 @pytest.mark.parametrize("split", [False, True])
 def test_resume_delivers_exactly_what_is_left(first, second, consumed, split):
@@ -114,10 +115,18 @@ def test_resume_delivers_exactly_what_is_left(first, second, consumed, split):
     split_before = batch_size if split else None
     split_after = split_before if (world_size, num_workers) == second or not split else 2
     plan = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2, batch_size=split_before)
-    before = [i for r in rank_streams(plan, world_size, num_workers)
-              for i in dataloader_order(r, batch_size)[:consumed]]
-    resumed = EpochPlan(COUNTS, seed=5, epoch=2, shuffle_buffer=4, max_open_shards=2, batch_size=split_after,
-                        segments=[Segment(world_size, num_workers, batch_size, consumed, split_batch_size=split_before)])
+    before = [
+        i for r in rank_streams(plan, world_size, num_workers) for i in dataloader_order(r, batch_size)[:consumed]
+    ]
+    resumed = EpochPlan(
+        COUNTS,
+        seed=5,
+        epoch=2,
+        shuffle_buffer=4,
+        max_open_shards=2,
+        batch_size=split_after,
+        segments=[Segment(world_size, num_workers, batch_size, consumed, split_batch_size=split_before)],
+    )
     after_streams = rank_streams(resumed, *second)
     counts = [sum(len(w) for w in r) for r in after_streams]
     assert len(set(counts)) == 1

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 import torch
-
 from conftest import all_files
+
 from shardstream import S3Config, ShardDataset, pack
 from shardstream.errors import (
     BucketNotFoundError,
@@ -17,8 +17,8 @@ from shardstream.errors import (
     StorageConnectionError,
     StorageError,
 )
-from shardstream.storage import open_store
 from shardstream.storage import loop as io_loop
+from shardstream.storage import open_store
 
 
 def sample_files(samples) -> dict[str, bytes]:
@@ -80,7 +80,9 @@ def test_large_shards_upload_in_several_parts(tmp_path, s3_bucket, s3_config):
 
 
 def test_missing_bucket_is_named(stdlib_tree, s3_config):
-    with pytest.raises(BucketNotFoundError, match=rf"s3://no-such-bucket-x: no such bucket at {s3_config.endpoint_url}"):
+    with pytest.raises(
+        BucketNotFoundError, match=rf"s3://no-such-bucket-x: no such bucket at {s3_config.endpoint_url}"
+    ):
         pack(stdlib_tree / "json", "s3://no-such-bucket-x/p", s3=s3_config, progress=False)
     with pytest.raises(BucketNotFoundError, match="no-such-bucket-x"):
         ShardDataset("s3://no-such-bucket-x/p", s3=s3_config)
@@ -154,14 +156,16 @@ def test_a_connection_cut_mid_transfer_is_named(tmp_path):
                 return
             with conn:
                 request = conn.recv(65536)
-                head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nETag: \"x\"\r\nConnection: close\r\n\r\n"
+                head = b'HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nETag: "x"\r\nConnection: close\r\n\r\n'
                 conn.sendall(head if request.startswith(b"HEAD") else head + bytes(5000))
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     cfg = S3Config(endpoint_url=f"http://127.0.0.1:{port}", access_key_id="k", secret_access_key="s", max_attempts=1)
     try:
-        with pytest.raises(StorageConnectionError, match=rf"s3://b/x.tar: the connection to http://127.0.0.1:{port} failed"):
+        with pytest.raises(
+            StorageConnectionError, match=rf"s3://b/x.tar: the connection to http://127.0.0.1:{port} failed"
+        ):
             list(ShardDataset(["s3://b/x.tar"], s3=cfg))
         with pytest.raises(StorageConnectionError, match=r"s3://b/p/index.bin: the connection"):
             ShardDataset("s3://b/p", s3=cfg)
@@ -170,7 +174,9 @@ def test_a_connection_cut_mid_transfer_is_named(tmp_path):
 
 
 def test_unknown_profile_and_bad_endpoint_are_named(stdlib_tree):
-    with pytest.raises(StorageAccessError, match=r"s3://b/p: The config profile \(no-such-profile\) could not be found"):
+    with pytest.raises(
+        StorageAccessError, match=r"s3://b/p: The config profile \(no-such-profile\) could not be found"
+    ):
         pack(stdlib_tree / "json", "s3://b/p", s3=S3Config(profile="no-such-profile"), progress=False)
     with pytest.raises(StorageError, match=r"bad S3 endpoint '127.0.0.1:9'"):
         pack(stdlib_tree / "json", "s3://b/p", s3=S3Config(endpoint_url="127.0.0.1:9"), progress=False)
@@ -191,7 +197,9 @@ def test_idle_iterators_hold_no_connection_and_memory_stays_bounded(tmp_path, s3
         (src / f"{key}.bin").write_bytes(data)
     url = f"s3://{s3_bucket}/idle"
     pack(src, url, max_samples_per_shard=1, s3=s3_config, progress=False)
-    tight = dataclasses.replace(s3_config, max_pool_connections=2, max_attempts=1, connect_timeout_s=1.0, read_timeout_s=5.0)
+    tight = dataclasses.replace(
+        s3_config, max_pool_connections=2, max_attempts=1, connect_timeout_s=1.0, read_timeout_s=5.0
+    )
     fetch = FetchConfig(part_bytes=1 << 20, max_buffer_bytes=2 << 20, max_inflight_shards=2)
     datasets = [ShardDataset(url, s3=tight, fetch=fetch, shuffle=False) for _ in range(4)]
     iterators = [iter(d) for d in datasets]

@@ -36,10 +36,20 @@ def test_the_secret_appears_in_no_repr_error_log_index_or_output(tmp_path, s3_se
     texts = [repr(dataset), str(refused.value), repr(refused.value), caplog.text]
     assert not [t for t in texts if secret in t or wrong.secret_access_key in t]
     env = {**os.environ, **s3_server.info.env()}
-    run = subprocess.run([sys.executable, "-m", "shardstream.cli", "pack", str(src), f"{url}2"], env=env,
-                         capture_output=True, text=True, timeout=120)
-    info = subprocess.run([sys.executable, "-m", "shardstream.cli", "info", f"{url}2"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "shardstream.cli", "pack", str(src), f"{url}2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    info = subprocess.run(
+        [sys.executable, "-m", "shardstream.cli", "info", f"{url}2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0 and info.returncode == 0, run.stderr + info.stderr
     index = s3_server_read(s3_config, f"{url}2/index.bin")
     assert secret not in run.stdout + run.stderr + info.stdout + info.stderr and secret.encode() not in index
@@ -52,8 +62,15 @@ def s3_server_read(s3: S3Config, url: str) -> bytes:
     return open_store(root, s3=s3).read_bytes(name)
 
 
-@pytest.mark.parametrize(("endpoint", "warns"), [("http://10.1.2.3:8333", True), ("https://s3.example.com", False),
-                                                 ("http://127.0.0.1:9000", False), ("http://localhost:9000", False)])
+@pytest.mark.parametrize(
+    ("endpoint", "warns"),
+    [
+        ("http://10.1.2.3:8333", True),
+        ("https://s3.example.com", False),
+        ("http://127.0.0.1:9000", False),
+        ("http://localhost:9000", False),
+    ],
+)
 def test_plain_http_off_this_machine_warns(endpoint, warns):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -65,8 +82,11 @@ def test_decompression_bombs_are_refused_and_the_limit_is_configurable():
     buf = io.BytesIO()
     Image.new("RGB", (2000, 1000)).save(buf, "PNG")  # 2 Mpx, a few KB compressed
     sample = {"__key__": "bomb", "__shard__": "s.tar", "png": buf.getvalue()}
-    with pytest.raises(DecodeError, match=r"s.tar: sample 'bomb', member 'png'.*2000x1000 pixels, more than "
-                                          r"max_image_pixels=1000000 \(a decompression bomb\?\)"):
+    with pytest.raises(
+        DecodeError,
+        match=r"s.tar: sample 'bomb', member 'png'.*2000x1000 pixels, more than "
+        r"max_image_pixels=1000000 \(a decompression bomb\?\)",
+    ):
         CpuDecoder("numpy", max_image_pixels=1_000_000)(sample)
     assert CpuDecoder("numpy")(sample)["png"].shape == (1000, 2000, 3)  # Pillow's default limit: 89 Mpx
     assert CpuDecoder("numpy").max_image_pixels == Image.MAX_IMAGE_PIXELS

@@ -11,8 +11,9 @@ from shardstream.storage.shm import SharedFile
 
 
 def test_files_of_killed_creators_are_removed_and_no_others(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True, timeout=60)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True, timeout=60
+    )
     dead_pid = int(dead.stdout)
     first = SharedFile("shardstream-test", 64)
     folder = Path(first.path).parent

@@ -106,16 +106,27 @@ def test_a_subset_of_samples_and_a_byte_range():
 
 
 def test_samples_with_different_members():
-    data = make_tar([("a.jpg", b"1"), ("a.cls", b"2"), ("b.jpg", b"3"), ("c.txt", b"4"), ("c.json", b"5"),
-                     ("c.cls", b"6"), ("d", b"no extension")])
+    data = make_tar(
+        [
+            ("a.jpg", b"1"),
+            ("a.cls", b"2"),
+            ("b.jpg", b"3"),
+            ("c.txt", b"4"),
+            ("c.json", b"5"),
+            ("c.cls", b"6"),
+            ("d", b"no extension"),
+        ]
+    )
     table = table_of(data)
     assert table.extensions is None
     assert sliced(data, table) == reference(data)
 
 
 def test_gnu_tar_output_and_a_memory_map(tmp_path):
-    if shutil.which("tar") is None or "GNU" not in subprocess.run(["tar", "--version"], capture_output=True,
-                                                                   text=True).stdout:
+    if (
+        shutil.which("tar") is None
+        or "GNU" not in subprocess.run(["tar", "--version"], capture_output=True, text=True).stdout
+    ):
         pytest.fail("GNU tar is needed (it is part of every Linux image CI uses)")
     src = tmp_path / "src"
     for name, payload in members(25, seed=3):
@@ -159,10 +170,14 @@ def test_a_stale_index_names_shard_member_and_byte(dataset, tmp_path):
     dest = tmp_path / "ds"
     shutil.copytree(dataset, dest)
     other = (dest / "data-000002.tar").read_bytes()
-    (dest / "data-000001.tar").write_bytes(other[: (dest / "data-000001.tar").stat().st_size].ljust(
-        (dest / "data-000001.tar").stat().st_size, b"\0"))
-    with pytest.raises(CorruptShardError, match=r"data-000001.tar: the tar header at byte \d+ gives member "
-                                                r"'d4/00032\.\w+'.*but the index says 'd2/00016\.\w+'"):
+    (dest / "data-000001.tar").write_bytes(
+        other[: (dest / "data-000001.tar").stat().st_size].ljust((dest / "data-000001.tar").stat().st_size, b"\0")
+    )
+    with pytest.raises(
+        CorruptShardError,
+        match=r"data-000001.tar: the tar header at byte \d+ gives member "
+        r"'d4/00032\.\w+'.*but the index says 'd2/00016\.\w+'",
+    ):
         list(ShardDataset(dest, shuffle=False))
 
 
@@ -185,5 +200,5 @@ def test_a_damaged_size_and_a_truncated_shard(dataset, tmp_path):
     end = int(table.sample_ends()[9])
     run = RunSlices(table, np.arange(16), url="x.tar")
     with pytest.raises(CorruptShardError, match=r"x.tar: ends at byte \d+, but the index says sample 'd\d/00026' ends"):
-        for _ in iter_sliced_batches([data[:end + 700]], run):
+        for _ in iter_sliced_batches([data[: end + 700]], run):
             pass

@@ -68,13 +68,16 @@ def test_duplicate_extension_in_a_sample_is_an_error():
         list(iter_samples(io.BytesIO(data), url="x.tar"))
 
 
-@pytest.mark.parametrize(("kind", "message"), [
-    (tarfile.SYMTYPE, "is a symbolic link; refused"),
-    (tarfile.LNKTYPE, "is a hard link; refused"),
-    (tarfile.CHRTYPE, "is a character device; refused"),
-    (tarfile.BLKTYPE, "is a block device; refused"),
-    (tarfile.FIFOTYPE, "is a FIFO; refused"),
-])
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        (tarfile.SYMTYPE, "is a symbolic link; refused"),
+        (tarfile.LNKTYPE, "is a hard link; refused"),
+        (tarfile.CHRTYPE, "is a character device; refused"),
+        (tarfile.BLKTYPE, "is a block device; refused"),
+        (tarfile.FIFOTYPE, "is a FIFO; refused"),
+    ],
+)
 def test_links_and_devices_are_refused(kind, message):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:

@@ -22,8 +22,9 @@ def test_server_starts_with_auth_and_stops_leaving_nothing(tmp_path):
     server.create_bucket("roundtrip")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "x.txt").write_text("x")
-    cfg = S3Config(endpoint_url=info.endpoint_url, access_key_id=info.access_key_id,
-                   secret_access_key=info.secret_access_key)
+    cfg = S3Config(
+        endpoint_url=info.endpoint_url, access_key_id=info.access_key_id, secret_access_key=info.secret_access_key
+    )
     pack(tmp_path / "src", "s3://roundtrip/p", s3=cfg, progress=False)
     assert [s["txt"] for s in ShardDataset("s3://roundtrip/p", s3=cfg)] == [b"x"]
     server.stop()

@@ -37,7 +37,9 @@ def uneven_dataset(tmp_path_factory, s3_server) -> str:
     rng = random.Random(7)
     for i in range(NUM_SAMPLES):
         (src / f"c{i % 4}").mkdir(exist_ok=True)
-        (src / f"c{i % 4}" / f"{i:04d}.txt").write_bytes(bytes(rng.randrange(256) for _ in range(rng.randrange(10, 3000))))
+        (src / f"c{i % 4}" / f"{i:04d}.txt").write_bytes(
+            bytes(rng.randrange(256) for _ in range(rng.randrange(10, 3000)))
+        )
         (src / f"c{i % 4}" / f"{i:04d}.cls").write_text(str(i % 4))
     bucket = f"torchrun-{os.getpid()}"
     s3_server.create_bucket(bucket)
@@ -58,17 +60,29 @@ def s3_read(s3: S3Config, bucket: str, key: str) -> bytes:
 ALL_KEYS = sorted(f"c{i % 4}/{i:04d}" for i in range(NUM_SAMPLES))
 
 
-def torchrun(nproc: int, *args: str, env: dict[str, str], node: tuple[int, int, int] | None = None,
-             wait: bool = True) -> subprocess.Popen:
+def torchrun(
+    nproc: int, *args: str, env: dict[str, str], node: tuple[int, int, int] | None = None, wait: bool = True
+) -> subprocess.Popen:
     """torchrun of tests/torchrun_epochs.py; ``node`` = (node_rank, nnodes, port) for one
     "node" of a multi-node job whose rendezvous is 127.0.0.1:port."""
     script = Path(__file__).with_name("torchrun_epochs.py")
-    rendezvous = ([f"--nnodes={node[1]}", f"--node-rank={node[0]}", f"--rdzv-endpoint=127.0.0.1:{node[2]}"]
-                  if node else ["--master-addr=127.0.0.1", f"--master-port={free_port()}"])
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *rendezvous,
-               str(script), *args]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    rendezvous = (
+        [f"--nnodes={node[1]}", f"--node-rank={node[0]}", f"--rdzv-endpoint=127.0.0.1:{node[2]}"]
+        if node
+        else ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        *rendezvous,
+        str(script),
+        *args,
+    ]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     if wait:
         finish(process)
     return process
@@ -163,8 +177,17 @@ def check_epoch(epoch: dict, *, world_size: int, drop_last: bool = False) -> lis
 
 def test_one_node_two_ranks_two_workers_exact_epochs_from_s3(tmp_path, s3_server, uneven_dataset):
     env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
-    torchrun(2, uneven_dataset, str(tmp_path), "--workers=2", "--batch-size=4", "--epochs=2", "--slow-rank=1",
-             "--slow-s=8", env=env)
+    torchrun(
+        2,
+        uneven_dataset,
+        str(tmp_path),
+        "--workers=2",
+        "--batch-size=4",
+        "--epochs=2",
+        "--slow-rank=1",
+        "--slow-s=8",
+        env=env,
+    )
     epochs = json.loads((tmp_path / "epochs.json").read_text())
     assigned = [check_epoch(e, world_size=2) for e in epochs]
     assert set(assigned[0][0]) != set(assigned[1][0])  # rank 0 reads other samples in epoch 1
@@ -198,8 +221,18 @@ def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_serv
         out = tmp_path / f"run{step}"
         out.mkdir()
         resume = [f"--resume={state}"] if state else []
-        process = torchrun(world_size, uneven_dataset, str(out), "--workers=2", "--batch-size=3",
-                           f"--stop-at-batch={stop_at}", *resume, *mode, env=env, wait=False)
+        process = torchrun(
+            world_size,
+            uneven_dataset,
+            str(out),
+            "--workers=2",
+            "--batch-size=3",
+            f"--stop-at-batch={stop_at}",
+            *resume,
+            *mode,
+            env=env,
+            wait=False,
+        )
         kill_when_ready(process, out, world_size)
         assert not running_with(str(out)), f"ranks of the killed job still run: {running_with(str(out))}"
         for r in range(world_size):
@@ -210,8 +243,18 @@ def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_serv
     assert len(consumed) == 4 * 6 + 2 * 9
     final = tmp_path / "final"
     final.mkdir()
-    torchrun(3, uneven_dataset, str(final), "--workers=2", "--batch-size=3", "--epochs=2", f"--resume={state}",
-             "--persistent", "--no-set-epoch", env=env)
+    torchrun(
+        3,
+        uneven_dataset,
+        str(final),
+        "--workers=2",
+        "--batch-size=3",
+        "--epochs=2",
+        f"--resume={state}",
+        "--persistent",
+        "--no-set-epoch",
+        env=env,
+    )
     rest, next_epoch = json.loads((final / "epochs.json").read_text())
     assert rest["epoch"] == 0 and next_epoch["epoch"] == 1
     counts = [len(r["keys"]) for r in rest["ranks"]]
@@ -233,8 +276,13 @@ def test_spawned_workers_keep_the_rank_of_their_process(tmp_path):
     out = tmp_path / "seen.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     script = Path(__file__).with_name("spawn_read.py")
-    run = subprocess.run([sys.executable, str(script), str(tmp_path / "ds"), str(out), str(free_port())],
-                         env=env, capture_output=True, text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ds"), str(out), str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rank0, rank1 = json.loads(out.read_text())
     assert len(rank0) == len(rank1) == 20 and not set(rank0) & set(rank1)

@@ -58,8 +58,12 @@ def main() -> None:
     epochs = []
 
     def make_loader() -> DataLoader:
-        return DataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
-                          persistent_workers=args.persistent and args.workers > 0)
+        return DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            persistent_workers=args.persistent and args.workers > 0,
+        )
 
     shared = make_loader() if args.persistent else None
     for epoch in range(first_epoch, args.epochs):
@@ -84,8 +88,14 @@ def main() -> None:
                     time.sleep(1)
         ended = time.time()
         gathered = [None] * world_size
-        mine = {"keys": keys, "batches": batches, "len": expected, "started": started, "ended": ended,
-                "epoch": dataset.epoch}
+        mine = {
+            "keys": keys,
+            "batches": batches,
+            "len": expected,
+            "started": started,
+            "ended": ended,
+            "epoch": dataset.epoch,
+        }
         dist.all_gather_object(gathered, mine)
         epochs.append({"epoch": epoch, "ranks": gathered})
     if rank == 0:

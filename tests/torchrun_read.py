@@ -25,7 +25,9 @@ def main() -> None:
     result = []
     for epoch in range(num_epochs):
         dataset.set_epoch(epoch)
-        seen = [(s["key"], s["shard"], s["worker"]) for s in DataLoader(dataset, num_workers=num_workers, batch_size=None)]
+        seen = [
+            (s["key"], s["shard"], s["worker"]) for s in DataLoader(dataset, num_workers=num_workers, batch_size=None)
+        ]
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, seen)
         result.append(gathered)

@@ -167,8 +167,14 @@ class CpuDecoder:
             ``max_image_pixels``; names the shard, key and extension.
     """
 
-    def __init__(self, image: ImageFormat = "numpy", *, crop: RandomResizedCrop | None = None,
-                 rng: random.Random | None = None, max_image_pixels: int | None | str = "pillow") -> None:
+    def __init__(
+        self,
+        image: ImageFormat = "numpy",
+        *,
+        crop: RandomResizedCrop | None = None,
+        rng: random.Random | None = None,
+        max_image_pixels: int | str | None = "pillow",
+    ) -> None:
         if image not in get_args(ImageFormat):
             raise ValueError(f"image={image!r} must be one of {get_args(ImageFormat)}")
         if max_image_pixels == "pillow":

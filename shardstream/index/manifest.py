@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import IndexFormatError
 from . import container
 
-__all__ = ["MANIFEST_NAME", "Manifest", "TABLE_SUFFIX"]
+__all__ = ["MANIFEST_NAME", "TABLE_SUFFIX", "Manifest"]
 
 MANIFEST_NAME = "index.bin"
 TABLE_SUFFIX = ".samples"
@@ -100,8 +100,12 @@ class Manifest:
         return int(self.shard_bytes.sum())
 
     def totals(self) -> dict[str, int]:
-        return {"num_shards": self.num_shards, "num_samples": self.num_samples,
-                "num_members": self.num_members, "bytes": self.total_bytes}
+        return {
+            "num_shards": self.num_shards,
+            "num_samples": self.num_samples,
+            "num_members": self.num_members,
+            "bytes": self.total_bytes,
+        }
 
     def name(self, i: int) -> str:
         """Shard ``i``'s file name, relative to the manifest.
@@ -129,17 +133,23 @@ class Manifest:
 
     def pieces(self) -> Iterator[bytes]:
         """The manifest file's bytes, in pieces."""
-        fields: dict[str, Any] = {"format": FORMAT, "version": VERSION, "table_suffix": TABLE_SUFFIX,
-                                  **self.totals()}
+        fields: dict[str, Any] = {"format": FORMAT, "version": VERSION, "table_suffix": TABLE_SUFFIX, **self.totals()}
         if self.foreign:
             fields["foreign"] = True
         if self.shards_url:
             fields["shards_url"] = self.shards_url
-        return container.to_pieces(MAGIC, fields, [
-            ("bytes", self.shard_bytes.astype("<i8")), ("num_samples", self.shard_samples.astype("<i8")),
-            ("num_members", self.shard_members.astype("<i8")), ("crc32", self.crc32.astype("<u4")),
-            ("name_offsets", self._name_offsets.astype("<i8")), ("names", self._names.astype("|u1")),
-        ])
+        return container.to_pieces(
+            MAGIC,
+            fields,
+            [
+                ("bytes", self.shard_bytes.astype("<i8")),
+                ("num_samples", self.shard_samples.astype("<i8")),
+                ("num_members", self.shard_members.astype("<i8")),
+                ("crc32", self.crc32.astype("<u4")),
+                ("name_offsets", self._name_offsets.astype("<i8")),
+                ("names", self._names.astype("|u1")),
+            ],
+        )
 
     @classmethod
     def from_columns(
@@ -159,11 +169,17 @@ class Manifest:
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
         blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        manifest = cls(url=url, shard_bytes=np.asarray(shard_bytes, dtype=np.int64),
-                       shard_samples=np.asarray(shard_samples, dtype=np.int64),
-                       shard_members=np.asarray(shard_members, dtype=np.int64),
-                       crc32=np.asarray(crc32, dtype=np.uint32), name_offsets=offsets, names=blob,
-                       foreign=foreign, shards_url=shards_url)
+        manifest = cls(
+            url=url,
+            shard_bytes=np.asarray(shard_bytes, dtype=np.int64),
+            shard_samples=np.asarray(shard_samples, dtype=np.int64),
+            shard_members=np.asarray(shard_members, dtype=np.int64),
+            crc32=np.asarray(crc32, dtype=np.uint32),
+            name_offsets=offsets,
+            names=blob,
+            foreign=foreign,
+            shards_url=shards_url,
+        )
         manifest._check()
         return manifest
 
@@ -181,16 +197,29 @@ class Manifest:
                 f"{url}: index version {fields.get('version')!r} is not supported by this shardstream "
                 f"(reads version {VERSION}); upgrade shardstream or re-pack"
             )
-        expected = {"bytes": "<i8", "num_samples": "<i8", "num_members": "<i8", "crc32": "<u4",
-                    "name_offsets": "<i8", "names": "|u1"}
+        expected = {
+            "bytes": "<i8",
+            "num_samples": "<i8",
+            "num_members": "<i8",
+            "crc32": "<u4",
+            "name_offsets": "<i8",
+            "names": "|u1",
+        }
         for name, dtype in expected.items():
             if name not in columns or columns[name].dtype.str != dtype:
                 raise IndexFormatError(f"{url}: column {name!r} missing or not {dtype}; re-run shardstream pack")
-        manifest = cls(url=url, shard_bytes=columns["bytes"], shard_samples=columns["num_samples"],
-                       shard_members=columns["num_members"], crc32=columns["crc32"],
-                       name_offsets=columns["name_offsets"], names=columns["names"], source=source,
-                       foreign=fields.get("foreign") is True,
-                       shards_url=str(fields["shards_url"]) if fields.get("shards_url") else None)
+        manifest = cls(
+            url=url,
+            shard_bytes=columns["bytes"],
+            shard_samples=columns["num_samples"],
+            shard_members=columns["num_members"],
+            crc32=columns["crc32"],
+            name_offsets=columns["name_offsets"],
+            names=columns["names"],
+            source=source,
+            foreign=fields.get("foreign") is True,
+            shards_url=str(fields["shards_url"]) if fields.get("shards_url") else None,
+        )
         manifest._check()
         totals = {k: fields.get(k) for k in ("num_shards", "num_samples", "num_members", "bytes")}
         if totals != manifest.totals():
@@ -212,13 +241,19 @@ class Manifest:
 
     def _check(self) -> None:
         n = len(self.shard_bytes)
-        if not (len(self.shard_samples) == len(self.shard_members) == len(self.crc32) == n
-                and len(self._name_offsets) == n + 1):
+        if not (
+            len(self.shard_samples) == len(self.shard_members) == len(self.crc32) == n
+            and len(self._name_offsets) == n + 1
+        ):
             raise IndexFormatError(f"{self.url}: columns of different lengths; re-run shardstream pack")
         lengths = np.diff(self._name_offsets)
         if (self._name_offsets[:1] != 0).any() or self._name_offsets[-1] != len(self._names) or (lengths < 1).any():
             raise IndexFormatError(f"{self.url}: bad shard name offsets; re-run shardstream pack")
-        if (self.shard_bytes < 0).any() or (self.shard_samples < 0).any() or (self.shard_members < self.shard_samples).any():
+        if (
+            (self.shard_bytes < 0).any()
+            or (self.shard_samples < 0).any()
+            or (self.shard_members < self.shard_samples).any()
+        ):
             raise IndexFormatError(f"{self.url}: negative sizes or counts; re-run shardstream pack")
         if (self._names == ord("/")).any() or (self._names == 0).any():
             raise IndexFormatError(f"{self.url}: a shard name holds '/' or NUL; shard names are plain file names")

@@ -35,8 +35,9 @@ class DatasetIndex:
         root: URL of the directory (or S3 prefix) holding the index, shards and tables.
     """
 
-    def __init__(self, manifest: Manifest, *, root: str, s3: Any = None,
-                 legacy_tables: list[ShardTable] | None = None) -> None:
+    def __init__(
+        self, manifest: Manifest, *, root: str, s3: Any = None, legacy_tables: list[ShardTable] | None = None
+    ) -> None:
         self.manifest = manifest
         self.root = root.rstrip("/") or "/"
         self.s3 = s3
@@ -93,8 +94,12 @@ class DatasetIndex:
                     f"{self._store.url_of(name)}: the sample table of shard {self.manifest.name(i)} is missing; "
                     "re-run shardstream pack (or shardstream index upgrade)"
                 ) from exc
-            table = ShardTable.parse(data, url=self._store.url_of(name), num_samples=int(self.manifest.shard_samples[i]),
-                                     num_members=int(self.manifest.shard_members[i]))
+            table = ShardTable.parse(
+                data,
+                url=self._store.url_of(name),
+                num_samples=int(self.manifest.shard_samples[i]),
+                num_members=int(self.manifest.shard_members[i]),
+            )
             self._tables[i] = table
             while len(self._tables) > _TABLES_KEPT:
                 self._tables.popitem(last=False)
@@ -102,17 +107,24 @@ class DatasetIndex:
             self._tables.move_to_end(i)
         return table
 
-
     def as_v1(self) -> Index:
         """Every shard and sample as objects, as a version 1 :class:`Index` (reads every
         table: a cost per sample, for small datasets, tests and tools)."""
         manifest = self.manifest
-        return Index(shards=tuple(
-            ShardEntry(manifest.name(i), int(manifest.shard_bytes[i]), manifest.crc32_hex(i), samples=tuple(
-                SampleEntry(key, tuple(MemberEntry(*m) for m in members)) for key, members in self.table(i).samples()
-            ))
-            for i in range(self.num_shards)
-        ))
+        return Index(
+            shards=tuple(
+                ShardEntry(
+                    manifest.name(i),
+                    int(manifest.shard_bytes[i]),
+                    manifest.crc32_hex(i),
+                    samples=tuple(
+                        SampleEntry(key, tuple(MemberEntry(*m) for m in members))
+                        for key, members in self.table(i).samples()
+                    ),
+                )
+                for i in range(self.num_shards)
+            )
+        )
 
 
 class ShardUrls(Sequence[str]):
@@ -207,9 +219,12 @@ def _read_manifest(store: Any, name: str) -> Manifest | None:
 def legacy(index: Index, *, url: str) -> tuple[Manifest, list[ShardTable]]:
     """A version 1 index as a manifest and in-memory tables (its cost is per sample)."""
     manifest = Manifest.from_columns(
-        names=[s.name for s in index.shards], shard_bytes=[s.bytes for s in index.shards],
-        shard_samples=[s.num_samples for s in index.shards], shard_members=[s.num_members for s in index.shards],
-        crc32=[int(s.crc32, 16) for s in index.shards], url=url,
+        names=[s.name for s in index.shards],
+        shard_bytes=[s.bytes for s in index.shards],
+        shard_samples=[s.num_samples for s in index.shards],
+        shard_members=[s.num_members for s in index.shards],
+        crc32=[int(s.crc32, 16) for s in index.shards],
+        url=url,
     )
     tables = [
         ShardTable.from_samples(s.name, ((x.key, [(m.name, m.offset, m.size) for m in x.members]) for x in s.samples))
@@ -269,4 +284,3 @@ def _normalize(url: str) -> str:
     if "://" in url:
         raise ValueError(f"{url!r}: unsupported URL scheme; use s3://BUCKET/KEY or a local path")
     return os.path.abspath(url)
-

@@ -23,6 +23,7 @@ a shard is packed, with memory flat in its number of samples.
 from __future__ import annotations
 
 import functools
+import itertools
 import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
@@ -38,8 +39,15 @@ FORMAT = "shardstream-table"
 VERSION = 2
 MAGIC = b"SSTABLE\x00"
 _SPOOL_SAMPLES = 4096  # samples a TableSpool holds as Python values before writing them to its files
-_COLUMNS = {"member_start": "<i8", "offsets": "<i8", "sizes": "<i8", "key_offsets": "<i8", "keys": "|u1",
-            "name_offsets": "<i8", "names": "|u1"}
+_COLUMNS = {
+    "member_start": "<i8",
+    "offsets": "<i8",
+    "sizes": "<i8",
+    "key_offsets": "<i8",
+    "keys": "|u1",
+    "name_offsets": "<i8",
+    "names": "|u1",
+}
 
 
 class ShardTable:
@@ -105,7 +113,7 @@ class ShardTable:
             raise IndexFormatError(f"{self.url}: a {what} is not UTF-8 ({exc})") from exc
         if text.isascii():
             bounds = offsets.tolist()
-            return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+            return [text[a:b] for a, b in itertools.pairwise(bounds)]
         return [self._text(blob, offsets, i, what) for i in range(len(offsets) - 1)]
 
     def name_bytes(self) -> tuple[np.ndarray, np.ndarray]:
@@ -158,17 +166,31 @@ class ShardTable:
         return starts, ends
 
     def pieces(self) -> Iterator[bytes]:
-        fields = {"format": FORMAT, "version": VERSION, "shard": self.shard, "num_samples": self.num_samples,
-                  "num_members": self.num_members}
-        return container.to_pieces(MAGIC, fields, [
-            ("member_start", self.member_start), ("offsets", self.offsets), ("sizes", self.sizes),
-            ("key_offsets", self._key_offsets), ("keys", self._keys),
-            ("name_offsets", self._name_offsets), ("names", self._names),
-        ])
+        fields = {
+            "format": FORMAT,
+            "version": VERSION,
+            "shard": self.shard,
+            "num_samples": self.num_samples,
+            "num_members": self.num_members,
+        }
+        return container.to_pieces(
+            MAGIC,
+            fields,
+            [
+                ("member_start", self.member_start),
+                ("offsets", self.offsets),
+                ("sizes", self.sizes),
+                ("key_offsets", self._key_offsets),
+                ("keys", self._keys),
+                ("name_offsets", self._name_offsets),
+                ("names", self._names),
+            ],
+        )
 
     @classmethod
-    def from_samples(cls, shard: str, samples: Iterable[tuple[str, Iterable[tuple[str, int, int]]]],
-                     *, url: str = "") -> ShardTable:
+    def from_samples(
+        cls, shard: str, samples: Iterable[tuple[str, Iterable[tuple[str, int, int]]]], *, url: str = ""
+    ) -> ShardTable:
         """A table held in memory from ``(key, [(member name, offset, size), ...])`` per sample."""
         spool = TableSpool(shard)
         try:
@@ -179,7 +201,9 @@ class ShardTable:
             spool.close()
 
     @classmethod
-    def parse(cls, buffer: Any, *, url: str, num_samples: int | None = None, num_members: int | None = None) -> ShardTable:
+    def parse(
+        cls, buffer: Any, *, url: str, num_samples: int | None = None, num_members: int | None = None
+    ) -> ShardTable:
         """A table from its file's bytes (views, no copy), validated.
 
         Args:
@@ -207,11 +231,17 @@ class ShardTable:
             problem = "columns of different lengths"
         elif starts[0] != 0 or starts[-1] != m or (np.diff(starts) < 1).any():
             problem = "bad member_start"
-        elif (table._key_offsets[:1] != 0).any() or table._key_offsets[-1] != len(table._keys) \
-                or (np.diff(table._key_offsets) < 0).any():
+        elif (
+            (table._key_offsets[:1] != 0).any()
+            or table._key_offsets[-1] != len(table._keys)
+            or (np.diff(table._key_offsets) < 0).any()
+        ):
             problem = "bad key offsets"
-        elif (table._name_offsets[:1] != 0).any() or table._name_offsets[-1] != len(table._names) \
-                or (np.diff(table._name_offsets) < 1).any():
+        elif (
+            (table._name_offsets[:1] != 0).any()
+            or table._name_offsets[-1] != len(table._names)
+            or (np.diff(table._name_offsets) < 1).any()
+        ):
             problem = "bad member name offsets"
         elif m and ((table.sizes < 0).any() or (table.offsets[1:] < table.offsets[:-1] + table.sizes[:-1]).any()):
             problem = "members overlap or are out of order"
@@ -229,8 +259,9 @@ class TableSpool:
         self.shard = shard
         self.num_samples = 0
         self.num_members = 0
-        self._files = {name: _spool() for name in ("counts", "offsets", "sizes", "key_lengths", "keys",
-                                                   "name_lengths", "names")}
+        self._files = {
+            name: _spool() for name in ("counts", "offsets", "sizes", "key_lengths", "keys", "name_lengths", "names")
+        }
         self._keys_bytes = self._names_bytes = 0
         self._pending: dict[str, list[Any]] = {name: [] for name in self._files}  # added, not yet spooled
 
@@ -267,21 +298,34 @@ class TableSpool:
         self._flush()
         n, m = self.num_samples, self.num_members
         fields = {"format": FORMAT, "version": VERSION, "shard": self.shard, "num_samples": n, "num_members": m}
-        head, placement = container.layout(MAGIC, fields, [
-            ("member_start", "<i8", n + 1), ("offsets", "<i8", m), ("sizes", "<i8", m),
-            ("key_offsets", "<i8", n + 1), ("keys", "|u1", self._keys_bytes),
-            ("name_offsets", "<i8", m + 1), ("names", "|u1", self._names_bytes),
-        ])
+        head, placement = container.layout(
+            MAGIC,
+            fields,
+            [
+                ("member_start", "<i8", n + 1),
+                ("offsets", "<i8", m),
+                ("sizes", "<i8", m),
+                ("key_offsets", "<i8", n + 1),
+                ("keys", "|u1", self._keys_bytes),
+                ("name_offsets", "<i8", m + 1),
+                ("names", "|u1", self._names_bytes),
+            ],
+        )
         yield head
         position = len(head)
-        sources = [self._cumulative("counts"), self._copy("offsets"), self._copy("sizes"),
-                   self._cumulative("key_lengths"), self._copy("keys"), self._cumulative("name_lengths"),
-                   self._copy("names")]
+        sources = [
+            self._cumulative("counts"),
+            self._copy("offsets"),
+            self._copy("sizes"),
+            self._cumulative("key_lengths"),
+            self._copy("keys"),
+            self._cumulative("name_lengths"),
+            self._copy("names"),
+        ]
         for (offset, nbytes), source in zip(placement, sources):
             if offset > position:
                 yield bytes(offset - position)
-            for piece in source:
-                yield piece
+            yield from source
             position = offset + nbytes
 
     def close(self) -> None:

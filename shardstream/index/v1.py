@@ -35,10 +35,6 @@ from typing import Any
 from ..errors import IndexFormatError
 
 __all__ = [
-    "ShardJson",
-    "sample_json",
-    "shard_json_head",
-    "write_index",
     "INDEX_FORMAT",
     "INDEX_NAME",
     "INDEX_VERSION",
@@ -46,6 +42,10 @@ __all__ = [
     "MemberEntry",
     "SampleEntry",
     "ShardEntry",
+    "ShardJson",
+    "sample_json",
+    "shard_json_head",
+    "write_index",
 ]
 
 INDEX_FORMAT = "shardstream-index"
@@ -79,7 +79,7 @@ class ShardEntry:
     shards does not pay for every sample's entry up front.
     """
 
-    __slots__ = ("name", "bytes", "crc32", "num_samples", "_samples", "_raw", "_url")
+    __slots__ = ("_raw", "_samples", "_url", "bytes", "crc32", "name", "num_samples")
 
     def __init__(
         self,
@@ -125,9 +125,13 @@ class ShardEntry:
             IndexFormatError: a sample entry is malformed.
         """
         if self._samples is not None:
-            return [_end(x.members[-1].offset, x.members[-1].size) for x in self._samples], [x.key for x in self._samples]
+            return [_end(x.members[-1].offset, x.members[-1].size) for x in self._samples], [
+                x.key for x in self._samples
+            ]
         try:
-            ends = [_end(_typed(x["members"][-1]["offset"], int), _typed(x["members"][-1]["size"], int)) for x in self._raw]  # type: ignore[union-attr]
+            ends = [
+                _end(_typed(x["members"][-1]["offset"], int), _typed(x["members"][-1]["size"], int)) for x in self._raw
+            ]  # type: ignore[union-attr]
             keys = [_typed(x["key"], str) for x in self._raw]  # type: ignore[union-attr]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise IndexFormatError(
@@ -145,13 +149,20 @@ class ShardEntry:
         if not isinstance(other, ShardEntry):
             return NotImplemented
         return (self.name, self.bytes, self.crc32, self.num_samples, self.samples) == (
-            other.name, other.bytes, other.crc32, other.num_samples, other.samples)
+            other.name,
+            other.bytes,
+            other.crc32,
+            other.num_samples,
+            other.samples,
+        )
 
     def __hash__(self) -> int:
         return hash((self.name, self.bytes, self.crc32, self.num_samples))
 
     def __repr__(self) -> str:
-        return f"ShardEntry(name={self.name!r}, bytes={self.bytes}, crc32={self.crc32!r}, num_samples={self.num_samples})"
+        return (
+            f"ShardEntry(name={self.name!r}, bytes={self.bytes}, crc32={self.crc32!r}, num_samples={self.num_samples})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,15 +190,20 @@ class Index:
     def to_json(self) -> bytes:
         """The index as UTF-8 JSON bytes (deterministic: no timestamps, fixed key order)."""
         out = io.BytesIO()
-        write_index(out.write, (
-            ShardJson(
-                shard_json_head(name=s.name, bytes_=s.bytes, num_samples=s.num_samples, crc32=s.crc32)
-                + b",".join(sample_json(x.key, ((m.name, m.offset, m.size) for m in x.members)) for x in s.samples)
-                + b"]}",
-                s.num_samples, sum(len(x.members) for x in s.samples), s.bytes,
-            )
-            for s in self.shards
-        ))
+        write_index(
+            out.write,
+            (
+                ShardJson(
+                    shard_json_head(name=s.name, bytes_=s.bytes, num_samples=s.num_samples, crc32=s.crc32)
+                    + b",".join(sample_json(x.key, ((m.name, m.offset, m.size) for m in x.members)) for x in s.samples)
+                    + b"]}",
+                    s.num_samples,
+                    sum(len(x.members) for x in s.samples),
+                    s.bytes,
+                )
+                for s in self.shards
+            ),
+        )
         return out.getvalue()
 
     @classmethod
@@ -215,7 +231,7 @@ class Index:
             if was_enabled:
                 gc.enable()
         if not isinstance(doc, dict) or doc.get("format") != INDEX_FORMAT:
-            raise IndexFormatError(f"{url}: not a shardstream index (no \"format\": \"{INDEX_FORMAT}\")")
+            raise IndexFormatError(f'{url}: not a shardstream index (no "format": "{INDEX_FORMAT}")')
         if doc.get("version") != INDEX_VERSION:
             raise IndexFormatError(
                 f"{url}: index version {doc.get('version')!r} is not supported by this "
@@ -247,7 +263,7 @@ def sample_json(key: str, members: Iterable[tuple[str, int, int]]) -> bytes:
     """
     quote = json.encoder.encode_basestring
     entries = ",".join(f'{{"name":{quote(n)},"offset":{o},"size":{z}}}' for n, o, z in members)
-    return f'{{"key":{quote(key)},"members":[{entries}]}}'.encode("utf-8")
+    return f'{{"key":{quote(key)},"members":[{entries}]}}'.encode()
 
 
 def shard_json_head(*, name: str, bytes_: int, num_samples: int, crc32: str) -> bytes:

@@ -30,10 +30,10 @@ import numpy as np
 
 from ..config import S3Config
 from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
-from ..storage.fetch import iter_shard_streams
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
 from ..storage import is_s3_url, open_store, split_url, write_pieces
+from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, compression_of, iter_members_at
 
 __all__ = ["build_index", "shard_urls_of"]
@@ -113,8 +113,10 @@ def build_index(
     urls = shard_urls_of(sources, s3=s3)
     roots = {split_url(u)[0] for u in urls}
     if len(roots) != 1:
-        raise ValueError(f"the shards lie in {len(roots)} places ({', '.join(sorted(roots)[:3])}, ...); an index "
-                         "sits beside its shards, in one directory or S3 prefix: index each place on its own")
+        raise ValueError(
+            f"the shards lie in {len(roots)} places ({', '.join(sorted(roots)[:3])}, ...); an index "
+            "sits beside its shards, in one directory or S3 prefix: index each place on its own"
+        )
     names = [split_url(u)[1] for u in urls]
     if len(set(names)) != len(names):
         raise ValueError("a shard is named twice in the sources")
@@ -125,8 +127,9 @@ def build_index(
     if output is not None:
         store.check_writable()
     if store.exists(MANIFEST_NAME) and not overwrite:
-        raise DestinationError(f"{store.url_of(MANIFEST_NAME)}: an index is already there; pass --overwrite to "
-                               "replace it")
+        raise DestinationError(
+            f"{store.url_of(MANIFEST_NAME)}: an index is already there; pass --overwrite to replace it"
+        )
     scanned: dict[str, _Scanned] = {}
     if workers <= 1 or len(urls) == 1:
         for url in urls:
@@ -148,9 +151,14 @@ def build_index(
                     on_shard(futures[future])
     rows = [scanned[u] for u in urls]
     manifest = Manifest.from_columns(
-        names=names, shard_bytes=[r.size_bytes for r in rows], shard_samples=[r.num_samples for r in rows],
-        shard_members=[r.num_members for r in rows], crc32=np.array([r.crc32 for r in rows], np.uint32),
-        url=store.url_of(MANIFEST_NAME), foreign=True, shards_url=root if store.url != root else None,
+        names=names,
+        shard_bytes=[r.size_bytes for r in rows],
+        shard_samples=[r.num_samples for r in rows],
+        shard_members=[r.num_members for r in rows],
+        crc32=np.array([r.crc32 for r in rows], np.uint32),
+        url=store.url_of(MANIFEST_NAME),
+        foreign=True,
+        shards_url=root if store.url != root else None,
     )
     write_pieces(store, MANIFEST_NAME, manifest.pieces())
     return manifest
@@ -184,8 +192,10 @@ def _scan(url: str, s3: S3Config | None, tables_url: str) -> _Scanned:
                         spool.add(key, samples)
                     key, samples, exts = sample_key, [], set()
                 elif ext in exts:
-                    raise CorruptShardError(f"{url}: sample {key!r} holds extension {ext!r} twice; readers would "
-                                            "lose one of them: repack the shard")
+                    raise CorruptShardError(
+                        f"{url}: sample {key!r} holds extension {ext!r} twice; readers would "
+                        "lose one of them: repack the shard"
+                    )
                 exts.add(ext)
                 samples.append((member, offset, payload_size))
             if key is not None:

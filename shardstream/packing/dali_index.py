@@ -36,7 +36,9 @@ def dali_index_text(table: ShardTable) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_dali_index(dataset_dir: str | os.PathLike[str], *, out_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+def write_dali_index(
+    dataset_dir: str | os.PathLike[str], *, out_dir: str | os.PathLike[str] | None = None
+) -> list[Path]:
     """Write ``<shard name without .tar>.idx`` for every shard of a local dataset.
 
     Args:

@@ -36,8 +36,8 @@ import numpy as np
 
 from ..errors import DestinationError, IndexFormatError
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
-from .sources import Problem
 from ..storage import Store, write_pieces
+from .sources import Problem
 from .writer import PublishedShard
 
 __all__ = ["PackSpec", "StreamRecord", "merge", "read_stream_state", "write_shard_record"]
@@ -94,7 +94,8 @@ class PackSpec:
         """``"workers: 2 recorded, 4 given; ..."`` for the fields that differ."""
         return "; ".join(
             f"{k}: {getattr(self, k)!r} recorded, {getattr(other, k)!r} given"
-            for k in asdict(self) if getattr(self, k) != getattr(other, k)
+            for k in asdict(self)
+            if getattr(self, k) != getattr(other, k)
         )
 
     @classmethod
@@ -145,9 +146,15 @@ class StreamRecord:
         url = store.url_of(cls.name(stream, seq))
         try:
             doc = json.loads(store.read_bytes(cls.name(stream, seq)).partition(b"\n")[0])
-            record = cls(stream=doc["stream"], seq=doc["seq"], consumed=doc["consumed"], shard=doc["shard"],
-                         last_key=doc["last_key"], spec_digest=doc["spec"],
-                         problems=tuple(Problem.from_json(p) for p in doc["problems"]))
+            record = cls(
+                stream=doc["stream"],
+                seq=doc["seq"],
+                consumed=doc["consumed"],
+                shard=doc["shard"],
+                last_key=doc["last_key"],
+                spec_digest=doc["spec"],
+                problems=tuple(Problem.from_json(p) for p in doc["problems"]),
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise IndexFormatError(f"{url}: damaged pack record ({exc}); pack again with --overwrite") from exc
         if record.spec_digest != spec.digest:
@@ -212,7 +219,9 @@ def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
     return StreamState(len(seqs), last.consumed, last.last_key, None)
 
 
-def unfinished_streams(store: Store, spec: PackSpec, names: dict[int, tuple[list[int], bool]] | None = None) -> list[int]:
+def unfinished_streams(
+    store: Store, spec: PackSpec, names: dict[int, tuple[list[int], bool]] | None = None
+) -> list[int]:
     """Streams without a done marker (``names``: a listing already made, to reuse)."""
     names = _record_names(store) if names is None else names
     return [s for s in range(spec.num_streams) if not names.get(s, ([], False))[1]]
@@ -257,7 +266,9 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
                     blob += str(row["name"]).encode("utf-8")
                 except (KeyError, TypeError, ValueError) as exc:
                     url = store.url_of(StreamRecord.name(stream, seq))
-                    raise IndexFormatError(f"{url}: damaged pack record ({exc!r}); pack again with --overwrite") from exc
+                    raise IndexFormatError(
+                        f"{url}: damaged pack record ({exc!r}); pack again with --overwrite"
+                    ) from exc
                 columns["name_offsets"].append(len(blob))
     manifest = Manifest(
         url=store.url_of(MANIFEST_NAME),

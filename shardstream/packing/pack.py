@@ -24,7 +24,7 @@ from ..errors import (
     SourceError,
 )
 from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
-from .parts import Part, part_from_env
+from ..storage import LocalStore, Store, is_s3_url, open_store
 from .journal import (
     REPORT_NAME,
     SPEC_NAME,
@@ -33,13 +33,13 @@ from .journal import (
     merge,
     unfinished_streams,
 )
-from .stream import OnError, StreamJob, StreamResult, run_stream
+from .parts import Part, part_from_env
 from .sources import (
     Problem,
     check_source,
     split_entries,
 )
-from ..storage import LocalStore, Store, is_s3_url, open_store
+from .stream import OnError, StreamJob, StreamResult, run_stream
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
@@ -78,8 +78,10 @@ class PackReport:
         """One line: counts, sizes, speed, and where the index is."""
         if self.already_complete and self.dataset_totals is not None:
             t = self.dataset_totals
-            return (f"nothing to do: {self.dest} already holds this pack; index {self.index_url}: "
-                    f"{t['num_shards']} shards, {t['num_samples']} samples")
+            return (
+                f"nothing to do: {self.dest} already holds this pack; index {self.index_url}: "
+                f"{t['num_shards']} shards, {t['num_samples']} samples"
+            )
         seconds = max(self.seconds, 1e-9)
         line = (
             f"packed {self.num_files} files ({self.num_samples} samples, {self.payload_bytes / 1e6:.1f} MB) "
@@ -90,7 +92,11 @@ class PackReport:
             line += " (resumed)"
         skipped = sum(not p.packed for p in self.problems)
         if self.problems:
-            where = f"see {self.dest}/{REPORT_NAME}" if self.dataset_totals is not None else "listed in the report once every part is done"
+            where = (
+                f"see {self.dest}/{REPORT_NAME}"
+                if self.dataset_totals is not None
+                else "listed in the report once every part is done"
+            )
             line += f"; {skipped} skipped, {len(self.problems) - skipped} warnings ({where})"
         if self.dataset_totals is not None:
             t = self.dataset_totals
@@ -172,8 +178,10 @@ def pack(
     on_error = OnError(on_error)
     part = part or part_from_env() or Part(0, 1)
     if overwrite and part.count > 1:
-        raise ValueError("--overwrite with several parts would let one part wipe another's work; "
-                         "empty DEST first, then run the parts")
+        raise ValueError(
+            "--overwrite with several parts would let one part wipe another's work; "
+            "empty DEST first, then run the parts"
+        )
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"{workers=} must be >= 1")
@@ -200,25 +208,49 @@ def pack(
     store = open_store(dest, s3=s3, fetch=fetch)
     if _inside(store, source_url):
         raise DestinationError(
-            f"{store.url} is inside SOURCE {source_url}, so pack would pack its own shards; "
-            "pick a DEST outside SOURCE"
+            f"{store.url} is inside SOURCE {source_url}, so pack would pack its own shards; pick a DEST outside SOURCE"
         )
     spec = PackSpec(
-        source=source_url, files_from=files_from is not None, name=name, max_shard_bytes=max_shard_bytes,
-        max_samples_per_shard=max_samples_per_shard, num_parts=part.count, workers=workers,
-        shuffle=shuffle, seed=seed, from_shards=from_shards,
+        source=source_url,
+        files_from=files_from is not None,
+        name=name,
+        max_shard_bytes=max_shard_bytes,
+        max_samples_per_shard=max_samples_per_shard,
+        num_parts=part.count,
+        workers=workers,
+        shuffle=shuffle,
+        seed=seed,
+        from_shards=from_shards,
     )
     store.check_writable()
     if _prepare_state(store, spec, overwrite=overwrite):
         totals = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME)).totals()
-        return PackReport(dest=store.url, index_url=store.url_of(MANIFEST_NAME), num_files=0, num_samples=0,
-                          num_shards=0, payload_bytes=0, resumed=True, seconds=time.perf_counter() - started,
-                          problems=(), dataset_totals=totals, already_complete=True)
+        return PackReport(
+            dest=store.url,
+            index_url=store.url_of(MANIFEST_NAME),
+            num_files=0,
+            num_samples=0,
+            num_shards=0,
+            payload_bytes=0,
+            resumed=True,
+            seconds=time.perf_counter() - started,
+            problems=(),
+            dataset_totals=totals,
+            already_complete=True,
+        )
 
     with _spooled_list(files_from) as list_path:
         jobs = [
-            StreamJob(spec=spec, stream=stream, dest=store.url, list_path=list_path, on_error=on_error,
-                       shuffle_buffer=shuffle_buffer, s3=s3, fetch=fetch)
+            StreamJob(
+                spec=spec,
+                stream=stream,
+                dest=store.url,
+                list_path=list_path,
+                on_error=on_error,
+                shuffle_buffer=shuffle_buffer,
+                s3=s3,
+                fetch=fetch,
+            )
             for stream in spec.streams_of_part(part.index)
         ]
         total_files = None
@@ -234,13 +266,20 @@ def pack(
         if totals["num_samples"] == 0:  # nothing packed: leave nothing, so the next pack starts afresh
             _wipe(store, spec)
             store.remove_empty_dirs((STATE_DIR, ""))
-            raise SourceError(f"{source_url}: holds no file to pack (check SOURCE{' and --files-from' if files_from else ''})")
+            raise SourceError(
+                f"{source_url}: holds no file to pack (check SOURCE{' and --files-from' if files_from else ''})"
+            )
     return PackReport(
-        dest=store.url, index_url=store.url_of(MANIFEST_NAME) if totals else None,
-        num_files=sum(r.num_files for r in results), num_samples=sum(r.num_samples for r in results),
-        num_shards=sum(r.num_shards for r in results), payload_bytes=sum(r.payload_bytes for r in results),
-        resumed=any(r.resumed for r in results), seconds=time.perf_counter() - started,
-        problems=problems, dataset_totals=totals,
+        dest=store.url,
+        index_url=store.url_of(MANIFEST_NAME) if totals else None,
+        num_files=sum(r.num_files for r in results),
+        num_samples=sum(r.num_samples for r in results),
+        num_shards=sum(r.num_shards for r in results),
+        payload_bytes=sum(r.payload_bytes for r in results),
+        resumed=any(r.resumed for r in results),
+        seconds=time.perf_counter() - started,
+        problems=problems,
+        dataset_totals=totals,
     )
 
 
@@ -292,10 +331,11 @@ def _wipe(store: Store, old_spec: PackSpec | None) -> None:
             store.delete(name)
     if old_spec is not None:
         old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.stream_of_shard(n) is not None)
-        store.remove_partials(lambda n: old_spec.stream_of_shard(n) is not None or n.startswith(f"{STATE_DIR}/"),
-                              folders=("", STATE_DIR))
+        store.remove_partials(
+            lambda n: old_spec.stream_of_shard(n) is not None or n.startswith(f"{STATE_DIR}/"), folders=("", STATE_DIR)
+        )
     store.remove_partials(lambda n: n in (MANIFEST_NAME, INDEX_NAME, REPORT_NAME))
-    for name in sorted(old_names) + [REPORT_NAME, SPEC_NAME]:
+    for name in [*sorted(old_names), REPORT_NAME, SPEC_NAME]:
         store.delete(name)
 
 
@@ -329,8 +369,15 @@ class _spooled_list:
 
 def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None = None) -> list[StreamResult]:
     """Run streams inline (one) or in spawned worker processes, driving one progress bar."""
-    bar = tqdm(unit=" files", unit_scale=True, desc="packing", disable=not progress, file=sys.stderr,
-               mininterval=0.5, total=total_files)
+    bar = tqdm(
+        unit=" files",
+        unit_scale=True,
+        desc="packing",
+        disable=not progress,
+        file=sys.stderr,
+        mininterval=0.5,
+        total=total_files,
+    )
     payload = 0
     shown_at = 0.0
 
@@ -356,9 +403,13 @@ def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None 
             try:
                 kind, stream, value = messages.get(timeout=0.5)
             except queue.Empty:
-                dead = [j.stream for j, p in zip(jobs, processes) if p.exitcode not in (None, 0) and j.stream not in results]
+                dead = [
+                    j.stream for j, p in zip(jobs, processes) if p.exitcode not in (None, 0) and j.stream not in results
+                ]
                 if dead:
-                    error = ShardstreamError(f"pack worker for stream {dead[0]} died; run the same command again to resume")
+                    error = ShardstreamError(
+                        f"pack worker for stream {dead[0]} died; run the same command again to resume"
+                    )
                 continue
             if kind == "progress":
                 advance(*value)
@@ -392,8 +443,14 @@ def _stream_process(job: StreamJob, messages: Any) -> None:
         result = run_stream(job, advance)
         messages.put(("progress", job.stream, (pending[0], pending[1])))
         messages.put(("done", job.stream, result))
-    except BaseException as exc:  # handed to the parent, raised there
-        messages.put(("error", job.stream, exc if isinstance(exc, ShardstreamError) else ShardstreamError(f"stream {job.stream}: {exc!r}")))
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
+        messages.put(
+            (
+                "error",
+                job.stream,
+                exc if isinstance(exc, ShardstreamError) else ShardstreamError(f"stream {job.stream}: {exc!r}"),
+            )
+        )
 
 
 def _die_with_parent() -> None:

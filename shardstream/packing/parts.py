@@ -25,7 +25,7 @@ class Part:
     @classmethod
     def parse(cls, text: str) -> Part:
         """``"1/4"`` -> ``Part(1, 4)``."""
-        index, sep, count = text.partition("/")
+        index, _, count = text.partition("/")
         try:
             return cls(int(index), int(count))
         except ValueError:
@@ -47,5 +47,7 @@ def part_from_env() -> Part | None:
             try:
                 return Part(int(index), int(count))
             except ValueError:
-                raise ValueError(f"{index_var}={index!r} / {count_var}={count!r} must be integers with 0 <= index < count") from None
+                raise ValueError(
+                    f"{index_var}={index!r} / {count_var}={count!r} must be integers with 0 <= index < count"
+                ) from None
     return None

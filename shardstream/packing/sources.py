@@ -134,14 +134,16 @@ def _samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sample]
         members = by_key.setdefault(key, {})
         other = members.get(ext.lower())
         if other is not None:
-            on_problem(Problem(file.path, ProblemKind.COLLISION,
-                               f"same member as {other.path!r} ({key!r}, extension {ext!r}); rename one"))
+            on_problem(
+                Problem(
+                    file.path,
+                    ProblemKind.COLLISION,
+                    f"same member as {other.path!r} ({key!r}, extension {ext!r}); rename one",
+                )
+            )
             continue
         members[ext.lower()] = file
-    return [
-        Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name)))
-        for key in sorted(by_key)
-    ]
+    return [Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name))) for key in sorted(by_key)]
 
 
 def walk_samples(root: str, *, on_problem: OnProblem) -> Iterator[Sample]:
@@ -213,7 +215,7 @@ def iter_list_samples(root: str, list_path: str, *, on_problem: OnProblem) -> It
         SourceNotFoundError: the list file does not exist.
     """
     try:
-        stream = open(list_path, "rb")
+        stream = open(list_path, "rb")  # noqa: SIM115 - entered below, once it opened
     except FileNotFoundError:
         raise SourceNotFoundError(f"{list_path}: no such file list (check --files-from)") from None
     with stream:

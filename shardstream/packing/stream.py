@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import FetchConfig, S3Config
-from ..storage.fetch import iter_shard_streams
 from ..errors import DestinationError, MemberNameError, ShardNotFoundError, StorageError, UnreadableFileError
-from .journal import STATE_DIR, PackSpec, StreamRecord, read_stream_state, write_shard_record
 from ..shuffle import shuffle_buffer
-from .sources import Problem, ProblemKind, Sample, SourceFile, iter_list_samples, iter_s3_samples, walk_samples
 from ..storage import Store, is_s3_url, open_store
+from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_sample_batches
+from .journal import STATE_DIR, PackSpec, StreamRecord, read_stream_state, write_shard_record
+from .sources import Problem, ProblemKind, Sample, SourceFile, iter_list_samples, iter_s3_samples, walk_samples
 from .writer import PublishedShard, ShardWriter
 
 __all__ = ["OnError", "StreamJob", "StreamResult", "run_stream"]
@@ -65,8 +65,9 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     if state.done is not None:
         return result
     own_records = f"{STATE_DIR}/s{stream:05d}-"
-    store.remove_partials(lambda name: spec.stream_of_shard(name) == stream or name.startswith(own_records),
-                          folders=("", STATE_DIR))
+    store.remove_partials(
+        lambda name: spec.stream_of_shard(name) == stream or name.startswith(own_records), folders=("", STATE_DIR)
+    )
     walk_problems: list[Problem] = []
 
     def on_walk_problem(problem: Problem) -> None:
@@ -87,18 +88,38 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     last_key = state.last_key
 
     def on_commit(published: PublishedShard) -> None:
-        meta = {"name": published.name, "bytes": published.bytes, "num_samples": published.num_samples,
-                "num_members": published.num_members, "crc32": published.crc32}
-        record = StreamRecord(stream=stream, seq=writer.seq - 1, consumed=consumed, last_key=last_key,
-                              spec_digest=spec.digest, shard=meta, problems=tuple(pending))
+        meta = {
+            "name": published.name,
+            "bytes": published.bytes,
+            "num_samples": published.num_samples,
+            "num_members": published.num_members,
+            "crc32": published.crc32,
+        }
+        record = StreamRecord(
+            stream=stream,
+            seq=writer.seq - 1,
+            consumed=consumed,
+            last_key=last_key,
+            spec_digest=spec.digest,
+            shard=meta,
+            problems=tuple(pending),
+        )
         write_shard_record(store, record, published)
         pending.clear()
         result.num_shards += 1
 
-    writer = ShardWriter(store, shard_names=lambda seq: spec.shard_name(stream, seq), max_shard_bytes=spec.max_shard_bytes,
-                         max_samples_per_shard=spec.max_samples_per_shard, first_seq=state.num_shards, on_commit=on_commit)
+    writer = ShardWriter(
+        store,
+        shard_names=lambda seq: spec.shard_name(stream, seq),
+        max_shard_bytes=spec.max_shard_bytes,
+        max_samples_per_shard=spec.max_samples_per_shard,
+        first_seq=state.num_shards,
+        on_commit=on_commit,
+    )
     try:
-        items = ((sample, sample.members, []) for sample in mine) if spec.from_shards else _read_ahead(mine, source_store)
+        items = (
+            ((sample, sample.members, []) for sample in mine) if spec.from_shards else _read_ahead(mine, source_store)
+        )
         for sample, members, problems in items:
             if members:
                 writer.write_sample(sample.key, members)
@@ -117,8 +138,14 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     except BaseException:
         writer.abort()
         raise
-    done = StreamRecord(stream=stream, seq=writer.seq, consumed=consumed, last_key=last_key, spec_digest=spec.digest,
-                        problems=tuple(pending + walk_problems))
+    done = StreamRecord(
+        stream=stream,
+        seq=writer.seq,
+        consumed=consumed,
+        last_key=last_key,
+        spec_digest=spec.digest,
+        problems=tuple(pending + walk_problems),
+    )
     store.write_bytes(StreamRecord.name(stream, None), done.header())
     result.problems.extend(walk_problems)
     return result
@@ -145,8 +172,10 @@ def _check(problem: Problem, on_error: OnError) -> None:
     if problem.packed or on_error is OnError.SKIP:
         return
     cls = MemberNameError if problem.kind in (ProblemKind.BAD_NAME, ProblemKind.COLLISION) else UnreadableFileError
-    raise cls(f"{problem.path!r}: {problem.reason}; fix it and run the same command again to resume, "
-              "or pass --on-error skip to pack the rest and report it")
+    raise cls(
+        f"{problem.path!r}: {problem.reason}; fix it and run the same command again to resume, "
+        "or pass --on-error skip to pack the rest and report it"
+    )
 
 
 class _ShardSample:
@@ -170,8 +199,14 @@ def _shard_samples(job: StreamJob) -> Iterator[Any]:
         for batch in iter_sample_batches(stream, url=url, foreign=True):
             for sample in batch:
                 key = sample["__key__"]
-                yield _ShardSample(key, [(f"{key}.{ext}" if ext else key, payload) for ext, payload in sample.items()
-                                         if ext not in ("__key__", "__shard__")])
+                yield _ShardSample(
+                    key,
+                    [
+                        (f"{key}.{ext}" if ext else key, payload)
+                        for ext, payload in sample.items()
+                        if ext not in ("__key__", "__shard__")
+                    ],
+                )
 
 
 def _source_samples(job: StreamJob, on_problem: Callable[[Problem], None]) -> tuple[Store | None, Iterator[Sample]]:
@@ -200,7 +235,9 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
     except OSError as exc:
         return None, Problem(file.path, ProblemKind.UNREADABLE, f"cannot read: {exc.strerror or exc}")
     if len(data) != expected:
-        return None, Problem(file.path, ProblemKind.CHANGED, f"changed size while packing ({expected} -> {len(data)} bytes)")
+        return None, Problem(
+            file.path, ProblemKind.CHANGED, f"changed size while packing ({expected} -> {len(data)} bytes)"
+        )
     if not data:
         return data, Problem(file.path, ProblemKind.EMPTY, "zero bytes (packed)")
     return data, None

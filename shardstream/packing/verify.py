@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from ..config import FetchConfig, S3Config
 from ..errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageError
-from ..storage.fetch import iter_shard_streams
 from ..index import DatasetIndex, open_index
+from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, iter_members_at
 
 __all__ = ["ShardCheck", "verify"]
@@ -67,8 +67,10 @@ def _check(stream: Hashed, index: DatasetIndex, i: int) -> Iterator[str]:
         for name, offset, payload in iter_members_at(stream, url=url, foreign=manifest.foreign):
             if found < len(names):
                 if (name, offset, len(payload)) != (names[found], offsets[found], sizes[found]):
-                    yield (f"member {found}: found {name!r} at byte {offset}, {len(payload)} bytes; "
-                           f"the index says {names[found]!r} at {offsets[found]}, {sizes[found]} bytes")
+                    yield (
+                        f"member {found}: found {name!r} at byte {offset}, {len(payload)} bytes; "
+                        f"the index says {names[found]!r} at {offsets[found]}, {sizes[found]} bytes"
+                    )
             found += 1
     except (CorruptShardError, StorageError) as exc:
         yield str(exc)

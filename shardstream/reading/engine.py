@@ -209,7 +209,9 @@ class ReadingEngine:
                 table = None
         if table is not None:
             slices = RunSlices(table, run.indices(), url=url)
-            yield from iter_sliced_batches(stream_chunks(stream), slices, base_offset=byte_range[0] if byte_range else 0)
+            yield from iter_sliced_batches(
+                stream_chunks(stream), slices, base_offset=byte_range[0] if byte_range else 0
+            )
         else:
             yield from _parsed_run(stream, run, url, int(counts[run.shard]), foreign=shards.foreign)
         if checked is not None:
@@ -243,8 +245,7 @@ class ReadingEngine:
         counts = self.shards.sample_counts
         urls = [self.shards.url(s) for s in shards]
         sizes = [self.shards.size_bytes(s) for s in shards]
-        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=fetch, cache=self._cache(),
-                                     stats=stats)
+        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats)
         for s, (url, stream) in zip(shards, streams):
             count = 0
             for batch in iter_sample_batches(stream, url=url, foreign=counts is None):
@@ -266,10 +267,14 @@ def shuffled(batches: Iterator[Batch], *, capacity_samples: int, seed: Sequence[
     """``batches``' samples through a shuffle buffer of ``capacity_samples`` (seeded by
     ``seed``, e.g. ``(seed, epoch, reader)``), in batches of 64: for reads without a plan."""
     state = int(np.random.SeedSequence(list(seed)).generate_state(1)[0])
-    return _in_batches(shuffle_buffer(
-        itertools.chain.from_iterable(batches), capacity_samples=capacity_samples,
-        rng=random.Random(state), initial_samples=ramp_samples(capacity_samples),
-    ))
+    return _in_batches(
+        shuffle_buffer(
+            itertools.chain.from_iterable(batches),
+            capacity_samples=capacity_samples,
+            rng=random.Random(state),
+            initial_samples=ramp_samples(capacity_samples),
+        )
+    )
 
 
 def repeat_over_skips(

@@ -130,7 +130,9 @@ class EpochBoard:
         which the caller keeps: DataLoader workers started from a copy of it take those."""
         data = json.dumps({"epoch": epoch, "segments": segments}).encode()
         if len(data) > STATE_BYTES:
-            raise ValueError(f"the dataset state is {len(data)} bytes, more than {STATE_BYTES}: too many resumes in one epoch")
+            raise ValueError(
+                f"the dataset state is {len(data)} bytes, more than {STATE_BYTES}: too many resumes in one epoch"
+            )
         with self._file.lock():
             header, _, state = self._map()
             state[: len(data)] = data
@@ -190,8 +192,7 @@ class EpochBoard:
                 self._check_workers(rows, rank, num_workers, gen, int(me[_PASSES]), loader)
         return state, first_advance
 
-    def _check_workers(self, rows: np.ndarray, rank: int, num_workers: int, gen: int, passes: int,
-                       loader: int) -> None:
+    def _check_workers(self, rows: np.ndarray, rank: int, num_workers: int, gen: int, passes: int, loader: int) -> None:
         """Raise unless this DataLoader's workers agree: a sibling of the same worker processes
         has read ``passes`` or ``passes - 1`` passes since ``gen`` (it started this pass, or
         is about to); a row of other processes (an earlier DataLoader's, or none yet) exactly

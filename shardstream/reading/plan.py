@@ -57,8 +57,8 @@ __all__ = [
     "Segment",
     "WorkerPlan",
     "buffer_order",
-    "iter_buffer_order",
     "consumed_per_worker",
+    "iter_buffer_order",
     "ramp_samples",
     "split_evenly",
     "split_workers",
@@ -379,8 +379,9 @@ class ShardOrder:
     order_starts: np.ndarray
 
     @classmethod
-    def make(cls, counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool,
-             starts: np.ndarray | None = None) -> ShardOrder:
+    def make(
+        cls, counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool, starts: np.ndarray | None = None
+    ) -> ShardOrder:
         """The order of ``counts``' shards in ``epoch`` (permuted by ``(seed, epoch)`` when
         ``shuffle``); ``starts``: the cumulative counts, when already known."""
         counts = np.asarray(counts, dtype=np.int64)
@@ -456,15 +457,26 @@ class EpochPlan:
         begins = self._order_starts[first : last + 2]
         lo = np.maximum(begins[:-1], start) - begins[:-1]
         hi = np.minimum(begins[1:], stop) - 1 - begins[:-1]
-        return [PlanRun(s, a, b) for s, a, b in zip(self._order[first : last + 1].tolist(), lo.tolist(), hi.tolist())
-                if b >= a]  # shards without samples take no place
+        return [
+            PlanRun(s, a, b)
+            for s, a, b in zip(self._order[first : last + 1].tolist(), lo.tolist(), hi.tolist())
+            if b >= a
+        ]  # shards without samples take no place
 
     def per_rank(self, total: int, world_size: int) -> int:
         """Samples each rank gets of ``total``: floor with ``drop_last``, else ceil (padded)."""
         return total // world_size if self.drop_last else -(-total // world_size)
 
-    def piece_runs(self, todo: np.ndarray | None, *, world_size: int, rank: int, num_workers: int, worker_id: int,
-                   batch_size: int | None) -> list[PlanRun]:
+    def piece_runs(
+        self,
+        todo: np.ndarray | None,
+        *,
+        world_size: int,
+        rank: int,
+        num_workers: int,
+        worker_id: int,
+        batch_size: int | None,
+    ) -> list[PlanRun]:
         """One worker's piece as runs: ``todo`` (ids in epoch order; None: the whole epoch,
         never listed) cut into ``world_size`` equal contiguous parts (the last padded by
         wrapping to the start), each cut into ``num_workers`` pieces (:func:`split_workers`)."""
@@ -485,17 +497,31 @@ class EpochPlan:
         streams = (self.seed, self.epoch, seg, rank, worker_id)
         if not self.shuffle:
             return WorkerPlan(runs, self._starts)
-        return WorkerPlan(runs, self._starts, lanes=max(1, min(self.max_open_shards, len(runs))),
-                          capacity=self.shuffle_buffer, stream=(*streams, 2), interleave=(*streams, 1))
+        return WorkerPlan(
+            runs,
+            self._starts,
+            lanes=max(1, min(self.max_open_shards, len(runs))),
+            capacity=self.shuffle_buffer,
+            stream=(*streams, 2),
+            interleave=(*streams, 1),
+        )
 
     def segment_plans(self, todo: np.ndarray, seg: int, segment: Segment) -> list[list[WorkerPlan]]:
         """Every worker's plan of a segment: ``[rank][worker_id]``."""
         return [
             [
                 self.worker_plan(
-                    self.piece_runs(todo, world_size=segment.world_size, rank=r, num_workers=segment.num_workers,
-                                    worker_id=w, batch_size=segment.split_batch_size),
-                    seg=seg, rank=r, worker_id=w,
+                    self.piece_runs(
+                        todo,
+                        world_size=segment.world_size,
+                        rank=r,
+                        num_workers=segment.num_workers,
+                        worker_id=w,
+                        batch_size=segment.split_batch_size,
+                    ),
+                    seg=seg,
+                    rank=r,
+                    worker_id=w,
                 )
                 for w in range(segment.num_workers)
             ]
@@ -527,7 +553,9 @@ class EpochPlan:
         for i, segment in enumerate(segments):
             last = i == len(segments) - 1
             if last and (segment.world_size, segment.num_workers, segment.split_batch_size) == (
-                world_size, num_workers, self.batch_size
+                world_size,
+                num_workers,
+                self.batch_size,
             ):
                 return i, todo, segment
             if todo is None:
@@ -541,8 +569,14 @@ class EpochPlan:
     def for_worker(self, *, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[WorkerPlan, int]:
         """This worker's plan now (resumed where the checkpoint says) and the segment index."""
         seg, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
-        runs = self.piece_runs(todo, world_size=world_size, rank=rank, num_workers=num_workers, worker_id=worker_id,
-                               batch_size=self.batch_size)
+        runs = self.piece_runs(
+            todo,
+            world_size=world_size,
+            rank=rank,
+            num_workers=num_workers,
+            worker_id=worker_id,
+            batch_size=self.batch_size,
+        )
         plan = self.worker_plan(runs, seg=seg, rank=rank, worker_id=worker_id)
         if continued is not None:
             yielded = dict(continued.worker_yielded)

@@ -84,8 +84,9 @@ class EpochSchedule:
         orders = self._orders
         if epoch not in orders:
             starts = next(iter(orders.values())).starts if orders else None
-            orders[epoch] = ShardOrder.make(self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                                            starts=starts)
+            orders[epoch] = ShardOrder.make(
+                self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle, starts=starts
+            )
             while len(orders) > 2:
                 del orders[next(iter(orders))]
         return orders[epoch]
@@ -143,12 +144,21 @@ class EpochSchedule:
         segments = segments_of(state)
         seg, skip = position if position else (len(segments), 0)
         workers = max(1, slot.num_workers)
-        current = Segment(slot.world_size, workers, worker_yielded=((slot.worker_id, skip + yielded),),
-                          split_batch_size=self.batch_size)
+        current = Segment(
+            slot.world_size,
+            workers,
+            worker_yielded=((slot.worker_id, skip + yielded),),
+            split_batch_size=self.batch_size,
+        )
         return self._state_dict(state.epoch, [*segments[:seg], current])
 
     def consumed_state(
-        self, state: PassState, slot: WorkerSlot, *, samples_consumed: int, batch_size: int | None,
+        self,
+        state: PassState,
+        slot: WorkerSlot,
+        *,
+        samples_consumed: int,
+        batch_size: int | None,
         num_workers: int | None,
     ) -> dict[str, Any]:
         """The checkpoint of a rank that took ``samples_consumed`` samples from the DataLoader
@@ -169,7 +179,9 @@ class EpochSchedule:
         seg, base = len(segments), 0
         last = segments[-1] if segments else None
         if last is not None and (last.world_size, last.num_workers, last.split_batch_size) == (
-            slot.world_size, workers, self.batch_size
+            slot.world_size,
+            workers,
+            self.batch_size,
         ):
             if last.samples_consumed is None:
                 raise ValueError(
@@ -182,8 +194,9 @@ class EpochSchedule:
                     "an epoch with the DataLoader batch size it started with"
                 )
             seg, base = len(segments) - 1, last.samples_consumed
-        current = Segment(slot.world_size, workers, batch_size, base + samples_consumed,
-                          split_batch_size=self.batch_size)
+        current = Segment(
+            slot.world_size, workers, batch_size, base + samples_consumed, split_batch_size=self.batch_size
+        )
         return self._state_dict(state.epoch, [*segments[:seg], current])
 
     def _state_dict(self, epoch: int, segments: list[Segment]) -> dict[str, Any]:
@@ -209,7 +222,7 @@ class EpochSchedule:
                 dataset or with other shuffle settings (each named).
         """
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a shardstream state (no \"format\": \"{STATE_FORMAT}\"): {str(state)[:200]}")
+            raise ValueError(f'not a shardstream state (no "format": "{STATE_FORMAT}"): {str(state)[:200]}')
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
         mine = {

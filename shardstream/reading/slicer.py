@@ -98,8 +98,10 @@ class RunSlices:
         a = i
         while a < j:
             b = min(a + BATCH_SAMPLES, j, max(a + 1, int(np.searchsorted(self.ends, self.starts[a] + BATCH_BYTES))))
-            ma, mb = int(self.member_first[a]), (int(self.member_first[b]) if b < self.num_samples
-                                                 else len(self.offsets))
+            ma, mb = (
+                int(self.member_first[a]),
+                (int(self.member_first[b]) if b < self.num_samples else len(self.offsets)),
+            )
             error = self._check(buf, origin, ma, mb)
             if error is None:
                 yield self._build(buf, origin, a, b, ma, mb)
@@ -114,24 +116,49 @@ class RunSlices:
     def _build(self, buf: Any, origin: int, a: int, b: int, ma: int, mb: int) -> Batch | Sliced:
         url, keys = self.url, self.keys[a:b]
         begin = self.offsets[ma:mb] - origin
-        end = (begin + self.sizes[ma:mb])
+        end = begin + self.sizes[ma:mb]
         nbytes = int(self.sizes[ma:mb].sum())
         k = self.width
         if k == 1:
             (e0,) = self.uniform  # type: ignore[misc]
-            return Sliced(({"__key__": key, "__shard__": url, e0: buf[s0:t0]}
-                           for key, s0, t0 in zip(keys, begin.tolist(), end.tolist())), b - a, nbytes)
+            return Sliced(
+                (
+                    {"__key__": key, "__shard__": url, e0: buf[s0:t0]}
+                    for key, s0, t0 in zip(keys, begin.tolist(), end.tolist())
+                ),
+                b - a,
+                nbytes,
+            )
         if k == 2:
             e0, e1 = self.uniform  # type: ignore[misc]
-            return Sliced(({"__key__": key, "__shard__": url, e0: buf[s0:t0], e1: buf[s1:t1]}
-                           for key, s0, t0, s1, t1 in zip(keys, begin[0::2].tolist(), end[0::2].tolist(),
-                                                          begin[1::2].tolist(), end[1::2].tolist())), b - a, nbytes)
+            return Sliced(
+                (
+                    {"__key__": key, "__shard__": url, e0: buf[s0:t0], e1: buf[s1:t1]}
+                    for key, s0, t0, s1, t1 in zip(
+                        keys, begin[0::2].tolist(), end[0::2].tolist(), begin[1::2].tolist(), end[1::2].tolist()
+                    )
+                ),
+                b - a,
+                nbytes,
+            )
         if k == 3:
             e0, e1, e2 = self.uniform  # type: ignore[misc]
-            return Sliced(({"__key__": key, "__shard__": url, e0: buf[s0:t0], e1: buf[s1:t1], e2: buf[s2:t2]}
-                           for key, s0, t0, s1, t1, s2, t2 in zip(
-                               keys, begin[0::3].tolist(), end[0::3].tolist(), begin[1::3].tolist(),
-                               end[1::3].tolist(), begin[2::3].tolist(), end[2::3].tolist())), b - a, nbytes)
+            return Sliced(
+                (
+                    {"__key__": key, "__shard__": url, e0: buf[s0:t0], e1: buf[s1:t1], e2: buf[s2:t2]}
+                    for key, s0, t0, s1, t1, s2, t2 in zip(
+                        keys,
+                        begin[0::3].tolist(),
+                        end[0::3].tolist(),
+                        begin[1::3].tolist(),
+                        end[1::3].tolist(),
+                        begin[2::3].tolist(),
+                        end[2::3].tolist(),
+                    )
+                ),
+                b - a,
+                nbytes,
+            )
         if k:
             return Sliced(_samples(buf, url, keys, self.uniform, begin.tolist(), end.tolist()), b - a, nbytes)  # type: ignore[arg-type]
         out = Batch(nbytes=nbytes)  # members that differ between samples: checked and built now
@@ -186,7 +213,7 @@ class Sliced:
     to the kernel and faulted them in again: half the speed on 18 KB samples). Its buffer
     stays valid while the run's stream is current, which the readers' order keeps."""
 
-    __slots__ = ("_samples", "_count", "nbytes")
+    __slots__ = ("_count", "_samples", "nbytes")
 
     def __init__(self, samples: Iterator[dict[str, Any]], count: int, nbytes: int) -> None:
         self._samples, self._count, self.nbytes = samples, count, nbytes
@@ -198,8 +225,9 @@ class Sliced:
         return self._samples
 
 
-def _samples(buf: Any, url: str, keys: list[str], exts: tuple[str, ...], starts: list[int],
-             ends: list[int]) -> Iterator[dict[str, Any]]:
+def _samples(
+    buf: Any, url: str, keys: list[str], exts: tuple[str, ...], starts: list[int], ends: list[int]
+) -> Iterator[dict[str, Any]]:
     k = len(exts)
     for n, key in enumerate(keys):
         sample: dict[str, Any] = {"__key__": key, "__shard__": url}
@@ -280,8 +308,9 @@ def _mismatches(buf: Any, origin: int, headers: np.ndarray, expected: np.ndarray
     return np.flatnonzero(bad).tolist()
 
 
-def _expected_headers(names: np.ndarray, name_starts: np.ndarray, name_lengths: np.ndarray,
-                      sizes: np.ndarray) -> dict[str, np.ndarray]:
+def _expected_headers(
+    names: np.ndarray, name_starts: np.ndarray, name_lengths: np.ndarray, sizes: np.ndarray
+) -> dict[str, np.ndarray]:
     """Per member, bytes :mod:`shardstream.format` writes in its header (uint8 rows): "name",
     the name and the NUL after it (where ``name_lengths`` > 0), and "size", its 11 octal
     digits."""
@@ -308,8 +337,7 @@ def _check_extensions(exts: tuple[str, ...], url: str, key: str) -> None:
     if len(set(exts)) != len(exts):
         twice = next(e for e in exts if exts.count(e) > 1)
         raise CorruptShardError(
-            f"{url}: sample {key!r} holds extension {twice!r} twice; members of a sample must have distinct "
-            "extensions"
+            f"{url}: sample {key!r} holds extension {twice!r} twice; members of a sample must have distinct extensions"
         )
     for ext in set(exts) & RESERVED_FIELDS:
         raise CorruptShardError(f"{url}: member {key}.{ext} uses reserved extension {ext!r}")

@@ -85,7 +85,8 @@ class StatsSnapshot:
         return (
             f"shardstream: {self.samples} samples, {self.samples_per_s:.0f} samples/s, "
             f"{self.bytes_per_s / 1e6:.1f} MB/s, stall {self.stall_s:.1f} s, first sample {first}, "
-            f"cache hits {hit} (fills {self.cache_fills}, waits {self.cache_waits}, bypasses {self.cache_bypasses}), retries {self.retries}, skipped {self.skipped}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
+            f"cache hits {hit} (fills {self.cache_fills}, waits {self.cache_waits}, bypasses {self.cache_bypasses}), "
+            f"retries {self.retries}, skipped {self.skipped}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
             f"({self.readers} readers)"
         )
 
@@ -183,4 +184,3 @@ class ReaderStats:
             row[_COL["first_sample_s"]] = time.perf_counter() - self._start
         row[_COL["samples"]] += count
         row[_COL["bytes"]] += payload_bytes
-

@@ -462,7 +462,9 @@ class ShardCache:
     :meth:`stats` counts per process (a forked child starts from zero).
     """
 
-    def __init__(self, cache_dir: str | os.PathLike[str], *, cache_limit_bytes: int, lock_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, cache_dir: str | os.PathLike[str], *, cache_limit_bytes: int, lock_timeout_s: float = 600.0
+    ) -> None:
         if cache_limit_bytes < 1:
             raise ValueError(f"cache_limit_bytes must be at least 1, got {cache_limit_bytes}")
         if lock_timeout_s < 0:
@@ -527,7 +529,7 @@ class ShardCache:
         self._count("misses")
         return None
 
-    def fill(self, url: str, *, size_bytes: int | None, wait: bool = True) -> CacheFill | None | Busy:
+    def fill(self, url: str, *, size_bytes: int | None, wait: bool = True) -> CacheFill | Busy | None:
         """Start downloading ``url`` into the cache, after a miss of :meth:`open`.
 
         Waits (up to ``lock_timeout_s``) while another process or thread fills the same URL;

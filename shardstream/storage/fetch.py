@@ -21,9 +21,9 @@ network speed, writing each part as it arrives (at most ``max_inflight_requests`
 memory, outside ``max_buffer_bytes``); the consumer reads the file as it grows, and the fill
 commits the entry when complete. A reader that wants only a byte range (a shard cut at a rank
 or worker boundary) fills the whole shard too, starting at its range and wrapping around to
-the head, which the reader of the other range will find in the cache. When another process holds the shard's lock, the producer
-waits for its entry at most ``FetchConfig.cache_wait_s`` and then reads the shard from S3
-without caching it (counted in ``stats().cache_waits`` / ``cache_bypasses``). Why this
+the head, which the reader of the other range will find in the cache. When another process
+holds the shard's lock, the producer waits for its entry at most ``FetchConfig.cache_wait_s``
+and then reads the shard from S3 without caching it (counted in ``stats().cache_waits`` / ``cache_bypasses``). Why this
 cannot deadlock is argued in :mod:`shardstream.storage.cache`.
 """
 
@@ -47,8 +47,8 @@ from . import loop as io_loop
 from .base import Counters, is_s3_url, split_url
 from .cache import BUSY
 from .local import LocalStore
-from .schemes import open_store
 from .s3 import pool_state
+from .schemes import open_store
 
 __all__ = ["iter_shard_streams"]
 
@@ -171,7 +171,7 @@ class _Producer:
                 await self._schedule(shard)
             except asyncio.CancelledError:
                 raise
-            except BaseException as exc:  # handed to the consumer, raised there
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
                 shard.items.put(_Failure(exc))
                 return
 
@@ -201,7 +201,9 @@ class _Producer:
             raise ValueError(f"{shard.url}: byte range {first}-{last} is outside its {shard.size_bytes} bytes")
         ramp = shard is self.shards[0]
         for start, end in _part_ranges(first, last, self.fetch.part_bytes, ramp=ramp):
-            shard.waiting_on = "read-ahead room: parts fetched before it are not consumed yet (FetchConfig.max_buffer_bytes)"
+            shard.waiting_on = (
+                "read-ahead room: parts fetched before it are not consumed yet (FetchConfig.max_buffer_bytes)"
+            )
             await self.budget.acquire(end - start)
             self._gauge()
             shard.waiting_on = "a free request slot of this reader (FetchConfig.max_inflight_requests)"
@@ -438,9 +440,7 @@ class _PartStream(_SlicedStream):
     """``read(n)`` over a shard's parts as they arrive, each the pieces aiohttp received
     (sliced in place: one copy per payload)."""
 
-    def __init__(
-        self, shard: _Shard, producer: _Producer, stats: Counters | None, wait_s: float, first: Any
-    ) -> None:
+    def __init__(self, shard: _Shard, producer: _Producer, stats: Counters | None, wait_s: float, first: Any) -> None:
         self._shard = shard
         self._pending = first
         self._producer = producer
@@ -493,8 +493,9 @@ class _GrowingStream(_SlicedStream):
     is filling (:class:`_Growing`), read as they arrive; if the fill cannot write any more, the
     rest comes from S3."""
 
-    def __init__(self, shard: _Shard, growing: _Growing, stats: Counters | None, wait_s: float,
-                 chunk_bytes: int) -> None:
+    def __init__(
+        self, shard: _Shard, growing: _Growing, stats: Counters | None, wait_s: float, chunk_bytes: int
+    ) -> None:
         self._shard, self._growing, self._stats = shard, growing, stats
         self._wait_s, self._chunk_bytes = wait_s, chunk_bytes
         self._chunk = b""
@@ -514,11 +515,15 @@ class _GrowingStream(_SlicedStream):
                     return self._refill_from_s3()
                 raise growing.error
             if not growing.wait_beyond(self._offset, self._wait_s):
-                raise _stalled(self._shard, self._wait_s, waiting_on=(
-                    f"this process's download of it into the node cache: {growing.available} of "
-                    f"{self._shard.size_bytes} bytes have come from S3 ({self._shard.store.endpoint}) so far; "
-                    f"{pool_state(self._shard.store.s3)}"
-                ))
+                raise _stalled(
+                    self._shard,
+                    self._wait_s,
+                    waiting_on=(
+                        f"this process's download of it into the node cache: {growing.available} of "
+                        f"{self._shard.size_bytes} bytes have come from S3 ({self._shard.store.endpoint}) so far; "
+                        f"{pool_state(self._shard.store.s3)}"
+                    ),
+                )
         if self._stats is not None:
             self._stats.add("stall_s", time.perf_counter() - started)
         n = min(self._chunk_bytes, growing.available - self._offset, self._end - self._offset)
@@ -602,10 +607,12 @@ def _open_local(
     actual = os.fstat(f.fileno()).st_size
     if size_bytes is not None and actual != size_bytes:
         # Raised when the stream is read, like a bad S3 part: the next shards stay readable.
-        yield _Failing(CorruptShardError(
-            f"{url}: is {actual} bytes but the index says {size_bytes}; the shard is truncated or "
-            "was replaced, or its index is stale: re-pack or re-copy the dataset"
-        ))
+        yield _Failing(
+            CorruptShardError(
+                f"{url}: is {actual} bytes but the index says {size_bytes}; the shard is truncated or "
+                "was replaced, or its index is stale: re-pack or re-copy the dataset"
+            )
+        )
         return
     if byte_range is not None and not 0 <= byte_range[0] <= byte_range[1] <= actual:
         raise ValueError(f"{url}: byte range {byte_range[0]}-{byte_range[1]} is outside its {actual} bytes")
@@ -629,7 +636,7 @@ class _Window:
     """Bytes ``start`` to ``end`` of a map, sliced to ``bytes`` like a chunk (the parser only
     takes ``len`` and slices)."""
 
-    __slots__ = ("_map", "_start", "_len")
+    __slots__ = ("_len", "_map", "_start")
 
     def __init__(self, mapped: mmap.mmap, start: int, end: int) -> None:
         self._map, self._start, self._len = mapped, start, end - start
@@ -691,7 +698,9 @@ def _stalled(shard: _Shard, wait_s: float, *, waiting_on: str | None = None) -> 
 
 
 def _get_wait(shard: _Shard, start: int, end: int) -> str:
-    return f"S3: the GET of bytes {start}-{end} from {shard.store.endpoint} has not finished; {pool_state(shard.store.s3)}"
+    return (
+        f"S3: the GET of bytes {start}-{end} from {shard.store.endpoint} has not finished; {pool_state(shard.store.s3)}"
+    )
 
 
 def iter_shard_streams(
@@ -755,9 +764,10 @@ def iter_shard_streams(
                 store, name = store_and_name(url)
                 if not isinstance(store, LocalStore):
                     raise TypeError(f"{url}: no reader for this store type")
-                with store.open_read(name, buffer_bytes=0) as f, _open_local(
-                    f, url, size, stats, fetch.chunk_bytes, byte_range
-                ) as stream:
+                with (
+                    store.open_read(name, buffer_bytes=0) as f,
+                    _open_local(f, url, size, stats, fetch.chunk_bytes, byte_range) as stream,
+                ):
                     yield url, stream
                 continue
             assert producer is not None  # internal invariant: built when any URL is remote

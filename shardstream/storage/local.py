@@ -47,8 +47,7 @@ class LocalStore:
             raise DestinationError(f"{self.root}: exists and is not a directory; pick another DEST") from exc
         except OSError as exc:
             raise DestinationError(
-                f"{self.root}: cannot write here ({exc.strerror or exc}); pick a writable DEST "
-                "or fix its permissions"
+                f"{self.root}: cannot write here ({exc.strerror or exc}); pick a writable DEST or fix its permissions"
             ) from exc
 
     def exists(self, name: str) -> bool:
@@ -149,7 +148,7 @@ class _LocalSink:
         self.path = path
         self.tmp_path = path.with_name(f".{path.name}{_PARTIAL}{os.getpid()}")
         try:
-            self._file: BinaryIO | None = open(self.tmp_path, "wb", buffering=0)
+            self._file: BinaryIO | None = open(self.tmp_path, "wb", buffering=0)  # noqa: SIM115 - closed at commit/abort
         except OSError as exc:
             raise DestinationError(f"{self.tmp_path}: cannot create ({exc.strerror or exc})") from exc
 
@@ -185,8 +184,7 @@ class _LocalSink:
 
     def _error(self, exc: OSError) -> DestinationError:
         return DestinationError(
-            f"{self.path}: cannot write ({exc.strerror or exc}); free space on the disk or pick "
-            "another DEST"
+            f"{self.path}: cannot write ({exc.strerror or exc}); free space on the disk or pick another DEST"
         )
 
     def abort(self) -> None:

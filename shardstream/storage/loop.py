@@ -86,11 +86,11 @@ def _shutdown() -> None:
         for hook in reversed(_shutdown_hooks):
             try:
                 await hook()
-            except Exception:  # closing is best effort at exit
+            except Exception:  # noqa: BLE001 - closing is best effort at exit
                 pass
 
     try:
         asyncio.run_coroutine_threadsafe(close_all(), _loop).result(10)
-    except Exception:
+    except Exception:  # noqa: BLE001 - closing is best effort at exit
         pass
     _loop.call_soon_threadsafe(_loop.stop)

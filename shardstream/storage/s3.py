@@ -29,8 +29,16 @@ from . import loop
 __all__ = ["S3Store", "open_requests", "parse_s3_url", "pool_state"]
 
 _ACCESS_CODES = frozenset(
-    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
-     "ExpiredToken", "InvalidToken", "AuthorizationHeaderMalformed"}
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AccessDenied",
+        "403",
+        "Forbidden",
+        "ExpiredToken",
+        "InvalidToken",
+        "AuthorizationHeaderMalformed",
+    }
 )
 _clients: dict[S3Config, Any] = {}
 _clients_pid: int | None = None
@@ -55,8 +63,10 @@ def pool_state(cfg: S3Config) -> str:
     """How this process's S3 requests stand against its connection pool, for stall messages."""
     open_now, pool = open_requests(), cfg.max_pool_connections
     if open_now > pool:
-        return (f"this process has {open_now} S3 requests open for {pool} pooled connections "
-                "(S3Config.max_pool_connections), so some wait for a connection other open iterators hold")
+        return (
+            f"this process has {open_now} S3 requests open for {pool} pooled connections "
+            "(S3Config.max_pool_connections), so some wait for a connection other open iterators hold"
+        )
     return f"the server stalls ({open_now} of {pool} pooled connections of this process in use)"
 
 
@@ -303,10 +313,14 @@ class S3Store:
             token: dict[str, str] = {}
             while True:
                 page = await self.call(
-                    "list_objects_v2", url=self.url, not_found=BucketNotFoundError,
-                    Bucket=self.bucket, Prefix=root + prefix, **token,
+                    "list_objects_v2",
+                    url=self.url,
+                    not_found=BucketNotFoundError,
+                    Bucket=self.bucket,
+                    Prefix=root + prefix,
+                    **token,
                 )
-                names.extend(obj["Key"][len(root):] for obj in page.get("Contents", []))
+                names.extend(obj["Key"][len(root) :] for obj in page.get("Contents", []))
                 if not page.get("IsTruncated"):
                     return sorted(names)
                 token = {"ContinuationToken": page["NextContinuationToken"]}
@@ -319,14 +333,21 @@ class S3Store:
         root = self.key_of("")
         token: dict[str, str] = {}
         while True:
-            page = loop.run(self.call(
-                "list_objects_v2", url=self.url_of(prefix), not_found=BucketNotFoundError,
-                Bucket=self.bucket, Prefix=root + prefix, Delimiter="/", **token,
-            ))
+            page = loop.run(
+                self.call(
+                    "list_objects_v2",
+                    url=self.url_of(prefix),
+                    not_found=BucketNotFoundError,
+                    Bucket=self.bucket,
+                    Prefix=root + prefix,
+                    Delimiter="/",
+                    **token,
+                )
+            )
             for common in page.get("CommonPrefixes", []):
-                yield common["Prefix"][len(root):], 0, True
+                yield common["Prefix"][len(root) :], 0, True
             for obj in page.get("Contents", []):
-                yield obj["Key"][len(root):], obj["Size"], False
+                yield obj["Key"][len(root) :], obj["Size"], False
             if not page.get("IsTruncated"):
                 return
             token = {"ContinuationToken": page["NextContinuationToken"]}
@@ -341,15 +362,21 @@ class S3Store:
 
         async def abort_all() -> int:
             page = await self.call(
-                "list_multipart_uploads", url=self.url, not_found=BucketNotFoundError,
-                Bucket=self.bucket, Prefix=root,
+                "list_multipart_uploads",
+                url=self.url,
+                not_found=BucketNotFoundError,
+                Bucket=self.bucket,
+                Prefix=root,
             )
             aborted = 0
             for upload in page.get("Uploads", []):
-                if is_mine(upload["Key"][len(root):]):
+                if is_mine(upload["Key"][len(root) :]):
                     await self.call(
-                        "abort_multipart_upload", url=self.url, Bucket=self.bucket,
-                        Key=upload["Key"], UploadId=upload["UploadId"],
+                        "abort_multipart_upload",
+                        url=self.url,
+                        Bucket=self.bucket,
+                        Key=upload["Key"],
+                        UploadId=upload["UploadId"],
                     )
                     aborted += 1
             return aborted
@@ -425,14 +452,20 @@ class S3Store:
                 raise
             etag = etag or str(response.get("ETag", ""))
             content_range = str(response.get("ContentRange", ""))
-            total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else int(response.get("ContentLength", 0))
+            total = (
+                int(content_range.rsplit("/", 1)[1]) if "/" in content_range else int(response.get("ContentLength", 0))
+            )
             try:
                 async with response["Body"] as body:
                     async for piece in _body_pieces(body):
                         pieces.append(piece)
                         received += len(piece)
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ResponseStreamingError,
-                    asyncio.TimeoutError) as exc:
+            except (
+                aiohttp.ClientPayloadError,
+                aiohttp.ClientConnectionError,
+                ResponseStreamingError,
+                asyncio.TimeoutError,
+            ) as exc:
                 if attempt == self.s3.max_attempts:
                     raise _translate(exc, url=url, endpoint=self.endpoint) from exc
                 if on_retry is not None:
@@ -483,9 +516,7 @@ class _S3Sink:
     def _send_part(self) -> None:
         store = self.store
         if self._upload_id is None:
-            response = loop.run(
-                store.call("create_multipart_upload", url=self.url, Bucket=store.bucket, Key=self.key)
-            )
+            response = loop.run(store.call("create_multipart_upload", url=self.url, Bucket=store.bucket, Key=self.key))
             self._upload_id = response["UploadId"]
         number = len(self._parts) + 1
         body = bytes(self._buffer)
@@ -493,8 +524,13 @@ class _S3Sink:
 
         async def upload() -> dict[str, Any]:
             response = await store.call(
-                "upload_part", url=self.url, Bucket=store.bucket, Key=self.key,
-                UploadId=self._upload_id, PartNumber=number, Body=body,
+                "upload_part",
+                url=self.url,
+                Bucket=store.bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
             )
             return {"ETag": response["ETag"], "PartNumber": number}
 
@@ -511,8 +547,12 @@ class _S3Sink:
         store = self.store
         loop.run(
             store.call(
-                "complete_multipart_upload", url=self.url, Bucket=store.bucket, Key=self.key,
-                UploadId=self._upload_id, MultipartUpload={"Parts": parts},
+                "complete_multipart_upload",
+                url=self.url,
+                Bucket=store.bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": parts},
             )
         )
         self._closed = True
@@ -529,9 +569,12 @@ class _S3Sink:
             try:
                 loop.run(
                     store.call(
-                        "abort_multipart_upload", url=self.url, Bucket=store.bucket,
-                        Key=self.key, UploadId=self._upload_id,
+                        "abort_multipart_upload",
+                        url=self.url,
+                        Bucket=store.bucket,
+                        Key=self.key,
+                        UploadId=self._upload_id,
                     )
                 )
-            except Exception:  # the upload expires server-side; the original error matters more
+            except Exception:  # noqa: BLE001 - the upload expires server-side; the original error matters more
                 pass

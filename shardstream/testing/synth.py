@@ -17,8 +17,18 @@ from PIL import Image, ImageChops, ImageFilter
 
 __all__ = ["CLASS_NAMES", "make_image_dataset"]
 
-CLASS_NAMES: tuple[str, ...] = ("sunset", "forest", "ocean", "desert", "snow",
-                                "night_city", "meadow", "canyon", "lake", "storm")
+CLASS_NAMES: tuple[str, ...] = (
+    "sunset",
+    "forest",
+    "ocean",
+    "desert",
+    "snow",
+    "night_city",
+    "meadow",
+    "canyon",
+    "lake",
+    "storm",
+)
 _DOWN = 4  # the composition canvas is this many times smaller than the output image
 _GRAIN = (0, 1, 0, 1, 0, 2, 0, 1, 1, 2)  # sensor grain level per class (night and storm are noisier)
 _F = np.float32
@@ -48,8 +58,8 @@ def _ridge(rng, x, base, amp, octaves=5, f0=1.5, rough=0.5):
     """Height (y grows downwards) of a random 1-D landscape profile evaluated at ``x``."""
     h = np.zeros_like(x)
     for k in range(octaves):
-        f = f0 * 2 ** k * rng.uniform(0.8, 1.25)
-        h += _F(rough ** k * rng.uniform(0.5, 1)) * np.sin(_F(2 * np.pi * f) * x + _F(rng.uniform(0, 6.3)))
+        f = f0 * 2**k * rng.uniform(0.8, 1.25)
+        h += _F(rough**k * rng.uniform(0.5, 1)) * np.sin(_F(2 * np.pi * f) * x + _F(rng.uniform(0, 6.3)))
     return _F(base) - _F(amp / (2 - rough)) * h
 
 
@@ -57,7 +67,7 @@ def _ridge(rng, x, base, amp, octaves=5, f0=1.5, rough=0.5):
 def _upsampler(n, size):
     """(size, n) matrix that resamples n grid values to size points with a cubic B-spline."""
     t = np.abs(np.linspace(0, n - 1, size)[:, None] - np.arange(n))
-    k = np.where(t < 1, (4 - 6 * t ** 2 + 3 * t ** 3) / 6, np.maximum(2 - t, 0) ** 3 / 6)
+    k = np.where(t < 1, (4 - 6 * t**2 + 3 * t**3) / 6, np.maximum(2 - t, 0) ** 3 / 6)
     return (k / k.sum(1, keepdims=True)).astype(_F)
 
 
@@ -65,9 +75,9 @@ def _fbm(rng, shape, cells=4, octaves=3):
     """Smooth value noise in [0, 1] (mean 0.5): octaves of random grids, B-spline upsampled."""
     out = _F(0)
     for k in range(octaves):
-        n = cells * 2 ** k + 1
-        out = out + _F(0.5 ** k) * (_upsampler(n, shape[0]) @ rng.random((n, n), dtype=_F) @ _upsampler(n, shape[1]).T)
-    return np.clip((out - _F(1 - 0.5 ** octaves)) * _F(1.5 / (2 - 0.5 ** (octaves - 1))) + _F(0.5), 0, 1)
+        n = cells * 2**k + 1
+        out = out + _F(0.5**k) * (_upsampler(n, shape[0]) @ rng.random((n, n), dtype=_F) @ _upsampler(n, shape[1]).T)
+    return np.clip((out - _F(1 - 0.5**octaves)) * _F(1.5 / (2 - 0.5 ** (octaves - 1))) + _F(0.5), 0, 1)
 
 
 def _glow(x, y, cx, cy, r, ar):
@@ -78,21 +88,44 @@ def _scene(cls, rng, x, y, ar):
     """Composes class ``cls`` in [0, 1] RGB; ``x`` is a (1, w) row, ``y`` an (h, 1) column."""
     shape, u = (y.shape[0], x.shape[1]), rng.uniform
     tex = _fbm(rng, shape, 8, 2)  # ground/rock texture
-    hz = u(*((0.55, 0.72), (0.55, 0.8), (0.35, 0.5), (0.35, 0.5), (0.5, 0.7), (0.6, 0.8),
-             (0.4, 0.55), (0.6, 0.6), (0.5, 0.62), (0.6, 0.8))[cls])
-    sky = ((45, 30, 95), (250, 140, 55)), ((80, 140, 215), (200, 222, 238)), ((50, 110, 200), (190, 215, 235)), \
-        ((85, 140, 215), (225, 225, 215)), ((55, 110, 200), (190, 215, 240)), ((4, 6, 22), (70, 45, 60)), \
-        ((60, 130, 225), (185, 215, 240)), ((70, 130, 215), (175, 200, 225)), ((90, 150, 220), (200, 222, 238)), \
-        ((40, 45, 55), (110, 115, 115))
-    a = np.zeros((3,) + shape, _F) + _grad(y / hz, _col(rng, sky[cls][0]), _col(rng, sky[cls][1]), u(0.7, 1.6))
+    hz = u(
+        *(
+            (0.55, 0.72),
+            (0.55, 0.8),
+            (0.35, 0.5),
+            (0.35, 0.5),
+            (0.5, 0.7),
+            (0.6, 0.8),
+            (0.4, 0.55),
+            (0.6, 0.6),
+            (0.5, 0.62),
+            (0.6, 0.8),
+        )[cls]
+    )
+    sky = (
+        ((45, 30, 95), (250, 140, 55)),
+        ((80, 140, 215), (200, 222, 238)),
+        ((50, 110, 200), (190, 215, 235)),
+        ((85, 140, 215), (225, 225, 215)),
+        ((55, 110, 200), (190, 215, 240)),
+        ((4, 6, 22), (70, 45, 60)),
+        ((60, 130, 225), (185, 215, 240)),
+        ((70, 130, 215), (175, 200, 225)),
+        ((90, 150, 220), (200, 222, 238)),
+        ((40, 45, 55), (110, 115, 115)),
+    )
+    a = np.zeros((3, *shape), _F) + _grad(y / hz, _col(rng, sky[cls][0]), _col(rng, sky[cls][1]), u(0.7, 1.6))
     if cls in (2, 4, 6, 8):  # soft cumulus clouds
         _paint(a, _soft(_fbm(rng, shape, 3, 4) - u(0.45, 0.6), 0.2) * (y < hz) * 0.85, _col(rng, (245, 245, 248)))
     if cls == 0:  # sunset: low sun with glow, streaky clouds, dark hill silhouettes
         cx, cy, r = u(0.2, 0.8), hz - u(0.0, 0.12), u(0.04, 0.07)
         a += _glow(x, y, cx, cy, r * 5, ar) * _col(rng, (150, 70, 20))
         _paint(a, _soft(r - np.sqrt(((x - cx) * ar) ** 2 + (y - cy) ** 2)), _col(rng, (255, 235, 170)))
-        _paint(a, 0.5 * _soft(_fbm(rng, shape, 2, 3) * np.sin(y * _F(u(12, 25))) ** 2 - 0.45, 0.3) * (y < hz),
-               _col(rng, (120, 50, 80)))
+        _paint(
+            a,
+            0.5 * _soft(_fbm(rng, shape, 2, 3) * np.sin(y * _F(u(12, 25))) ** 2 - 0.45, 0.3) * (y < hz),
+            _col(rng, (120, 50, 80)),
+        )
         _paint(a, _soft(y - _ridge(rng, x, hz, u(0.03, 0.1))), _col(rng, (30, 18, 30)))
     elif cls in (1, 4, 8):  # forest of conifers / snowy mountains / mountain lake
         if cls != 1:  # mountains with lit and shaded flanks
@@ -102,8 +135,11 @@ def _scene(cls, rng, x, y, ar):
             rock = _grad(light, _col(rng, dark), _col(rng, lit)) * (0.75 + 0.45 * tex)
             _paint(rock, 0.7 * _soft(tex - u(0.62, 0.72), 0.05) * (cls == 4), _col(rng, (110, 115, 125)))  # bare rock
             _paint(a, _soft(y - big - _ridge(rng, x, 0, 0.04, 4, 6)), rock)
-        layers = ((0.5, (110, 150, 125)), (0.75, (50, 95, 55)), (1.0, (20, 55, 30))) if cls == 1 else \
-            (((1.0, (25, 60, 40)),) if cls == 8 else ())
+        layers = (
+            ((0.5, (110, 150, 125)), (0.75, (50, 95, 55)), (1.0, (20, 55, 30)))
+            if cls == 1
+            else (((1.0, (25, 60, 40)),) if cls == 8 else ())
+        )
         for depth, color in layers:
             base = hz + (1 - hz) * (depth - 0.5) * 0.6 if cls == 1 else hz
             n = int(12 * ar / depth)
@@ -112,7 +148,11 @@ def _scene(cls, rng, x, y, ar):
             edge = np.minimum(_ridge(rng, x, base, 0.02, 3), edge.min(axis=0, initial=9, keepdims=True))
             _paint(a, _soft(y - edge.astype(_F)), _col(rng, color) * (0.8 + 0.4 * tex))
         if cls == 4:  # snow field
-            _paint(a, _soft(y - _ridge(rng, x, hz, 0.03, 3)), _grad(y, _col(rng, (205, 218, 238)), _col(rng, (250, 250, 255))))
+            _paint(
+                a,
+                _soft(y - _ridge(rng, x, hz, 0.03, 3)),
+                _grad(y, _col(rng, (205, 218, 238)), _col(rng, (250, 250, 255))),
+            )
         if cls == 8:  # calm water mirrors the scene above the horizon, with ripples
             rows = np.arange(shape[0])
             k = int(hz * (shape[0] - 1))
@@ -137,7 +177,9 @@ def _scene(cls, rng, x, y, ar):
             _paint(a, _soft(y - r, 0.01), tint * (0.85 + 0.3 * tex))
         if cls == 6:  # flowers, denser towards the viewer
             dots = (rng.random(shape, dtype=_F) < 0.06 * np.clip((y - hz) * 2, 0, 1)).astype(_F)
-            _paint(a, dots, np.array([(1, .9, .2), (1, 1, 1), (.9, .2, .5)], _F)[rng.integers(0, 3), :, None, None])
+            _paint(
+                a, dots, np.array([(1, 0.9, 0.2), (1, 1, 1), (0.9, 0.2, 0.5)], _F)[rng.integers(0, 3), :, None, None]
+            )
     elif cls == 5:  # night city: stars, skyline of lit windows, glow on the horizon
         _paint(a, (rng.random(shape) < 0.004) * (y < hz - 0.1) * _F(0.7), _F(1))
         iy, ix = np.indices(shape)
@@ -161,10 +203,10 @@ def _scene(cls, rng, x, y, ar):
         _paint(a, _soft(x - right), rock * _F(0.6))
         _paint(a, _soft(y - _ridge(rng, x, u(0.75, 0.9), 0.03, 3)), _col(rng, (110, 70, 45)) * rock / rock.max())
     else:  # storm: churning dark clouds, maybe lightning, rain streaks, dark land
-        a *= (0.45 + 0.9 * _fbm(rng, shape, 3, 4))
+        a *= 0.45 + 0.9 * _fbm(rng, shape, 3, 4)
         if u() < 0.6:
             path = u(0.2, 0.8) + np.cumsum(rng.normal(0, 0.01, (shape[0], 1)), axis=0).astype(_F)
-            bolt = np.exp(-(((x - path) * ar) / _F(0.012)) ** 2) * (y < hz * u(0.6, 1.0))
+            bolt = np.exp(-((((x - path) * ar) / _F(0.012)) ** 2)) * (y < hz * u(0.6, 1.0))
             a += (bolt + 0.25 * _glow(x, y, path[0, 0], 0.1, 0.3, ar)) * _col(rng, (235, 235, 255))
         _paint(a, _soft(y - _ridge(rng, x, hz, 0.04)), _col(rng, (35, 42, 30)))
         iy, ix = np.indices(shape)
@@ -172,9 +214,17 @@ def _scene(cls, rng, x, y, ar):
     return a
 
 
-def make_image_dataset(root: str | os.PathLike, *, num_images: int = 2000, num_classes: int = 10,
-                       seed: int = 0, min_side_px: int = 256, max_side_px: int = 512,
-                       jpeg_quality: int = 90, progress: bool = False) -> int:
+def make_image_dataset(
+    root: str | os.PathLike,
+    *,
+    num_images: int = 2000,
+    num_classes: int = 10,
+    seed: int = 0,
+    min_side_px: int = 256,
+    max_side_px: int = 512,
+    jpeg_quality: int = 90,
+    progress: bool = False,
+) -> int:
     """Writes a deterministic, photo-like JPEG image-classification dataset.
 
     Files are ``root/<class_name>/<index:06d>.jpg`` plus ``.cls`` (the class index as ASCII decimal, no
@@ -197,9 +247,14 @@ def make_image_dataset(root: str | os.PathLike, *, num_images: int = 2000, num_c
     Raises:
         ValueError: If an argument is out of range; the message names it.
     """
-    limits = {"num_images": (num_images, 1, None), "num_classes": (num_classes, 1, len(CLASS_NAMES)),
-              "seed": (seed, 0, None), "min_side_px": (min_side_px, 16, None),
-              "max_side_px": (max_side_px, 16, None), "jpeg_quality": (jpeg_quality, 1, 100)}
+    limits = {
+        "num_images": (num_images, 1, None),
+        "num_classes": (num_classes, 1, len(CLASS_NAMES)),
+        "seed": (seed, 0, None),
+        "min_side_px": (min_side_px, 16, None),
+        "max_side_px": (max_side_px, 16, None),
+        "jpeg_quality": (jpeg_quality, 1, 100),
+    }
     for name, (value, lo, hi) in limits.items():
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"{name} must be an int, got {value!r}")
@@ -216,10 +271,13 @@ def make_image_dataset(root: str | os.PathLike, *, num_images: int = 2000, num_c
         g = np.asarray(Image.fromarray(g).filter(ImageFilter.GaussianBlur(0.6))).astype(np.int16) - 128
         g = (np.clip(g, -_HEADROOM, _HEADROOM) & 255).astype(np.uint8)
         tile = Image.frombytes("YCbCr", g.shape[::-1], np.stack([g, 0 * g, 0 * g], -1).tobytes())
-        grains.append([tile] + [tile.transpose(t) for t in (Image.Transpose.FLIP_LEFT_RIGHT, Image.Transpose.ROTATE_180)])
+        grains.append(
+            [tile] + [tile.transpose(t) for t in (Image.Transpose.FLIP_LEFT_RIGHT, Image.Transpose.ROTATE_180)]
+        )
     indices = range(num_images)
     if progress:
         from tqdm import tqdm
+
         indices = tqdm(indices, desc="synth images", unit="img")
     total = 0
     for i in indices:
@@ -229,14 +287,17 @@ def make_image_dataset(root: str | os.PathLike, *, num_images: int = 2000, num_c
         x, y = np.linspace(0, 1, sw, dtype=_F)[None, :], np.linspace(0, 1, sh, dtype=_F)[:, None]
         a = _scene(cls, rng, x, y, _F(sw / sh))
         vignette = 1 - _F(rng.uniform(0.3, 0.8)) * ((x - 0.5) ** 2 + (y - 0.5) ** 2)
-        a = np.clip(a * vignette * (_F(rng.uniform(0.85, 1.15)) * (1 + rng.normal(0, 0.03, (3, 1, 1)))).astype(_F), 0, 1)
+        a = np.clip(
+            a * vignette * (_F(rng.uniform(0.85, 1.15)) * (1 + rng.normal(0, 0.03, (3, 1, 1)))).astype(_F), 0, 1
+        )
         # To JPEG's own full-range YCbCr; luma keeps headroom so adding grain modulo 256 (fast) never wraps.
         ycc = np.tensordot(_YCC, a, 1) + _F(128.5)
         ycc[0] = (ycc[0] - 128) * _F((255 - 2 * _HEADROOM) / 255) + _F(_HEADROOM)
         ycc = np.clip(ycc, 0, 255).astype(np.uint8).transpose(1, 2, 0)
         img = Image.frombytes("YCbCr", (sw, sh), ycc.tobytes())
         img = ImageChops.add_modulo(  # of a smaller and a larger image: result has the smaller size
-            img.resize((w, h), Image.BILINEAR), grains[_GRAIN[cls]][rng.integers(3)])
+            img.resize((w, h), Image.BILINEAR), grains[_GRAIN[cls]][rng.integers(3)]
+        )
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=jpeg_quality)
         stem = root / CLASS_NAMES[cls] / f"{i:06d}"
