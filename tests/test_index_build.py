@@ -5,6 +5,7 @@ webdataset reads them; links left out; compressed shards and an index already th
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import subprocess
 import sys
@@ -265,3 +266,14 @@ def test_a_reshard_killed_midway_resumes_to_the_same_bytes(tmp_path):
     files = {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
     assert files == {p.name: p.read_bytes() for p in clean.iterdir() if p.is_file()}
     assert ShardDataset(dest).num_samples == 1200
+
+
+def test_resampled_reads_of_an_indexed_foreign_dataset_skip_its_links(foreign):
+    """resampled=True reads whole shards by parsing them, as bare shard URLs are read: the
+    link that index build left out must be skipped there too, not refused as in packed shards."""
+    build_index([str(foreign)], workers=1)
+    keys = {s["__key__"] for s in ShardDataset(foreign, shuffle=False)}
+    dataset = ShardDataset(foreign, resampled=True, seed=1, shuffle=False)
+    drawn = [s["__key__"] for s in itertools.islice(iter(dataset), 200)]
+    assert len(drawn) == 200 and set(drawn) <= keys
+    assert len(set(drawn)) > len(keys) // 2  # shards drawn at random, with replacement

@@ -248,7 +248,7 @@ class ReadingEngine:
         streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats)
         for s, (url, stream) in zip(shards, streams):
             count = 0
-            for batch in iter_sample_batches(stream, url=url, foreign=counts is None):
+            for batch in iter_sample_batches(stream, url=url, foreign=self.shards.foreign):
                 count += len(batch)
                 yield batch
             if counts is not None and count != counts[s]:
