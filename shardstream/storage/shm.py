@@ -1,6 +1,6 @@
 """Small shared-memory files that a dataset in the training process shares with its DataLoader
-workers, forked or spawned, persistent or not: the reading metrics (:mod:`.stats`) and the
-epoch of each pass (:mod:`.epochs`).
+workers, forked or spawned, persistent or not: the reading metrics
+(:mod:`shardstream.reading.stats`) and the epoch of each pass (:mod:`shardstream.reading.epochs`).
 
 The training process creates the file (in ``/dev/shm`` when it exists, else the temporary
 directory) and removes it when the creating object is garbage-collected or the process exits.
