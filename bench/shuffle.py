@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4, help="epochs read per system; metrics are their mean")
     parser.add_argument("--skip-peers", action="store_true")
     args = parser.parse_args()
-    root, samples, tag = S.corpus_samples(args)
+    root, samples, tag = S.corpus_samples("dir" if args.dir else "photos", args)
     n = len(samples)
     print(f"{n} samples from {root}; shards of {args.shard_mib} MiB; shuffle buffer {args.shuffle_buffer}", flush=True)
     where = {image_digest(Path(root, members[S.IMAGE_EXT]).read_bytes()): i for i, (_, members) in enumerate(samples)}
