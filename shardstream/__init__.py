@@ -11,6 +11,7 @@ from .config import FetchConfig, S3Config
 from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
 from .packing import PackReport, Part, pack
+from .reading.mixture import Source
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset, loader_state_dict
@@ -49,6 +50,7 @@ __all__ = [
     "S3Config",
     "ShardDataset",
     "ShardTable",
+    "Source",
     "__version__",
     "loader_state_dict",
     "open_index",

@@ -24,9 +24,10 @@ from .config import FetchConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
 from .index import resolve_source
 from .reading.assign import WorkerSlot, current_slot, distributed_rank
-from .reading.engine import ReadingEngine, repeat_over_skips, share_buffer, shuffled
+from .reading.engine import ReadingEngine, read_mixed, repeat_over_skips, share_buffer, shuffled
 from .reading.epochs import EpochBoard, PassState, PassView
-from .reading.schedule import STATE_FORMAT, EpochSchedule
+from .reading.mixture import Source
+from .reading.schedule import STATE_FORMAT, EpochSchedule, MixtureSchedule
 from .reading.shards import BareShards, IndexedShards
 from .reading.stats import ReaderStats, StatsBoard, StatsSnapshot
 from .tarstream import Batch
@@ -36,7 +37,7 @@ __all__ = ["STATE_FORMAT", "ShardDataset", "loader_state_dict"]
 log = logging.getLogger("shardstream")
 _UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
 
-Source = str | os.PathLike[str] | Sequence[str]
+Location = str | os.PathLike[str] | Sequence[str]
 
 
 def _setting(owner: str, name: str, doc: str) -> property:
@@ -132,7 +133,7 @@ class ShardDataset(IterableDataset):
 
     def __init__(
         self,
-        source: Source,
+        source: Location | Source | Sequence[Source],
         *,
         shuffle: bool = True,
         shuffle_buffer: int = 1000,
@@ -149,6 +150,9 @@ class ShardDataset(IterableDataset):
         resampled: bool = False,
         on_error: str = "raise",
         verify_checksums: bool = False,
+        epoch_samples: int | None = None,
+        mix: str = "stratified",
+        replication: int = 1,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
@@ -165,29 +169,58 @@ class ShardDataset(IterableDataset):
             raise ValueError(f"{shuffle_buffer=} must be an int >= 0 (samples)")
         if not isinstance(seed, int):
             raise ValueError(f"{seed=} must be an int")
+        if not isinstance(replication, int) or isinstance(replication, bool) or replication < 1:
+            raise ValueError(f"{replication=} must be an int >= 1 (ranks per model-parallel group)")
         self.fetch = fetch or FetchConfig()
-        self.shard_urls, self.index = resolve_source(source, s3=s3)
         self.decode = make_decoder(decode)
         self.log_every_s = log_every_s
         self.resampled = resampled
-        shards = IndexedShards(self.index) if self.index is not None else BareShards(self.shard_urls)
-        self._schedule = EpochSchedule(  # which samples each reader reads, len, checkpoints
-            shards,
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            max_open_shards=max_open_shards,
-            drop_last=drop_last,
-            batch_size=batch_size,
-        )
-        self._engine = ReadingEngine(  # reads them
-            shards,
-            s3=s3,
-            cache_dir=os.fspath(cache_dir) if cache_dir is not None else None,
-            cache_limit_bytes=cache_limit_bytes,
-            on_error=on_error,
-            verify_checksums=verify_checksums,
-        )
+        self.replication = replication
+        sources = _sources_of(source)
+        if sources is not None and len(sources) == 1 and sources[0].rule() == {"repeat": 1.0} and epoch_samples is None:
+            source, sources = sources[0].location, None  # one whole source: a plain dataset
+        self.sources = sources
+        settings = {
+            "seed": seed,
+            "shuffle": shuffle,
+            "shuffle_buffer": shuffle_buffer,
+            "max_open_shards": max_open_shards,
+            "drop_last": drop_last,
+            "batch_size": batch_size,
+        }
+        engine = {
+            "s3": s3,
+            "cache_dir": os.fspath(cache_dir) if cache_dir is not None else None,
+            "cache_limit_bytes": cache_limit_bytes,
+            "on_error": on_error,
+            "verify_checksums": verify_checksums,
+        }
+        if sources is None:
+            if epoch_samples is not None:
+                raise ValueError(
+                    f"{epoch_samples=} sets the size of a mixture's epoch; pass a list of Source(...) to mix datasets"
+                )
+            self.shard_urls, self.index = resolve_source(source, s3=s3)  # type: ignore[arg-type]
+            shards = IndexedShards(self.index) if self.index is not None else BareShards(self.shard_urls)
+            # which samples each reader reads, len, checkpoints
+            self._schedule = EpochSchedule(shards, **settings)  # type: ignore[arg-type]
+            self._engines = [ReadingEngine(shards, **engine)]  # type: ignore[arg-type]
+        else:
+            if resampled:
+                raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
+            resolved = [resolve_source(src.location, s3=s3) for src in sources]
+            self.index = None
+            self.shard_urls = [url for urls, _ in resolved for url in urls]
+            shard_sets = [IndexedShards(index) if index is not None else BareShards(urls) for urls, index in resolved]
+            self._schedule = MixtureSchedule(
+                sources,
+                shard_sets,
+                epoch_samples=epoch_samples,
+                mix=mix,
+                **settings,  # type: ignore[arg-type]
+            )
+            self._engines = [ReadingEngine(shards, **engine) for shards in shard_sets]  # type: ignore[arg-type]
+        self._engine = self._engines[0]  # its settings are every engine's
         self._epochs = EpochBoard()  # the epoch of each pass, shared with DataLoader workers
         self._set = self._epochs.set(0, [])  # (generation, state) of the latest set_epoch / load here
         self._reader_pid = -1  # the process whose passes self._pass describes
@@ -195,7 +228,7 @@ class ShardDataset(IterableDataset):
         self._loaded: PassState | None = None  # a state loaded in this worker for its next pass
         self._iter_seg: tuple[int, int] | None = None  # (segment index, samples skipped) of this iterator
         self._yielded = 0
-        self._board = StatsBoard()
+        self._board = StatsBoard(sources=tuple(self._schedule.names) if sources is not None else ())
 
     # The arguments that the schedule and the engine hold, read-only here: one copy of each.
     seed = _setting("_schedule", "seed", "Seed of shard order and sample shuffle.")
@@ -211,8 +244,9 @@ class ShardDataset(IterableDataset):
     verify_checksums = _setting("_engine", "verify_checksums", "Whether whole shards are checked by CRC-32.")
 
     def __repr__(self) -> str:
+        mixed = f"{len(self.sources)} sources, " if self.sources is not None else ""
         return (
-            f"ShardDataset({self.num_shards} shards, num_samples={self.num_samples}, "
+            f"ShardDataset({mixed}{self.num_shards} shards, num_samples={self.num_samples}, "
             f"shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch})"
         )
 
@@ -222,8 +256,44 @@ class ShardDataset(IterableDataset):
 
     @property
     def num_samples(self) -> int | None:
-        """Samples in the whole dataset, from the index; None for bare shard URLs."""
+        """Samples in the whole dataset, from the index; of a mixture, in one epoch (all
+        sources, by their rules); None for bare shard URLs."""
+        if self.sources is not None:
+            return self._schedule.num_samples
         return self.index.num_samples if self.index is not None else None
+
+    @property
+    def samples_per_source(self) -> dict[str, int]:
+        """Of a mixture: samples each source gives one epoch, by name (empty otherwise)."""
+        if self.sources is None:
+            return {}
+        return dict(zip(self._schedule.names, self._schedule.per_epoch))  # type: ignore[attr-defined]
+
+    @property
+    def _exact(self) -> bool:
+        """Epochs planned from sample counts (an index, or a mixture), not resampled."""
+        return (self.index is not None or self.sources is not None) and not self.resampled
+
+    def _slot(self) -> WorkerSlot:
+        """Who is reading: this process's rank and DataLoader worker; with ``replication``,
+        the rank's data-parallel group (``rank // replication`` of ``world_size //
+        replication``), so the ranks of a group read the same samples in the same order.
+
+        Raises:
+            ValueError: world_size is not a multiple of ``replication``.
+        """
+        slot = current_slot(self.__dict__.get("_parent_rank"))
+        k = self.replication
+        if k == 1:
+            return slot
+        if slot.world_size % k:
+            raise ValueError(
+                f"world_size={slot.world_size} is not a multiple of replication={k}; each model-parallel group "
+                "needs all its ranks"
+            )
+        return WorkerSlot(
+            rank=slot.rank // k, world_size=slot.world_size // k, worker_id=slot.worker_id, num_workers=slot.num_workers
+        )
 
     def stats(self) -> StatsSnapshot:
         """Reading metrics summed over this process and its DataLoader workers, since each
@@ -259,11 +329,11 @@ class ShardDataset(IterableDataset):
         pending = view.latest if not view.started else None
         keep = pending is not None and pending.epoch == epoch and pending.segments
         self._set = self._epochs.set(epoch, pending.segments if keep else [])  # type: ignore[union-attr,arg-type]
-        if self.index is not None and not self.resampled:
+        if self._exact:
             self._schedule.shard_order(epoch)  # now, so DataLoader workers forked next inherit it
 
     def _view(self, num_workers: int | None = None) -> PassView:
-        slot = current_slot(self.__dict__.get("_parent_rank"))
+        slot = self._slot()
         return self._epochs.view(rank=slot.rank, num_workers=num_workers)
 
     def __len__(self) -> int:
@@ -276,9 +346,9 @@ class ShardDataset(IterableDataset):
         Raises:
             TypeError: no index (bare shard URLs) or ``resampled``: the count is unknown.
         """
-        if self.index is None or self.resampled:
+        if not self._exact:
             raise TypeError("len() needs a dataset with an index (written by shardstream pack) and resampled=False")
-        slot = current_slot(self.__dict__.get("_parent_rank"))
+        slot = self._slot()
         return self._schedule.rank_count(self._epochs.view(rank=slot.rank).upcoming, slot)
 
     def state_dict(
@@ -303,11 +373,11 @@ class ShardDataset(IterableDataset):
             TypeError: no index, or ``resampled``.
             ValueError: a bad ``samples_consumed``, or a mix of the two kinds within an epoch.
         """
-        if self.index is None or self.resampled:
+        if not self._exact:
             raise TypeError(
                 "state_dict() needs a dataset with an index (written by shardstream pack) and resampled=False"
             )
-        slot = current_slot(self.__dict__.get("_parent_rank"))
+        slot = self._slot()
         if samples_consumed is None:  # a reader's own count (StatefulDataLoader)
             state = self._pass or self._loaded or self._view().upcoming
             position = self._iter_seg if self._pass is not None and self._iter_seg else None
@@ -340,7 +410,14 @@ class ShardDataset(IterableDataset):
             self._set = self._epochs.set(loaded.epoch, loaded.segments or [])
 
     def shards_for(self, slot: WorkerSlot) -> list[str]:
-        """The shard URLs ``slot`` reads in :attr:`epoch`, in reading order."""
+        """The shard URLs ``slot`` reads in :attr:`epoch`, in reading order (bare shard URLs
+        and single datasets; not a mixture).
+
+        Raises:
+            TypeError: a mixture (its readers read parts of every source).
+        """
+        if self.sources is not None:
+            raise TypeError("shards_for() answers for one dataset; a mixture's readers read parts of every source")
         return [self.shard_urls[i] for i in self._schedule.shard_ids(slot, self.epoch)]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -362,7 +439,7 @@ class ShardDataset(IterableDataset):
         worker does at the start of each DataLoader iterator), so ``state_dict()`` describes
         it before the first sample. Errors of that set-up are raised by the first ``next``."""
         try:
-            slot = current_slot(self.__dict__.get("_parent_rank"))
+            slot = self._slot()
             in_worker = _in_worker()
             worker_id = slot.worker_id if in_worker else None
             first_here = in_worker and self._reader_pid != os.getpid()  # a worker process's first pass
@@ -395,7 +472,7 @@ class ShardDataset(IterableDataset):
         fetch = share_buffer(self.fetch, slot.num_workers if in_worker else 1)  # the rank's budget, shared
         self._yielded = 0
         self._iter_seg = None
-        if self.index is not None and not self.resampled:
+        if self._exact:
             plan = self._schedule.plan(state)
             try:
                 mine, seg = self._schedule.worker_plan(plan, slot)
@@ -412,7 +489,17 @@ class ShardDataset(IterableDataset):
                     slot.num_workers,
                     slot.num_workers - 1,
                 )
-            samples = self._engine.read_plan(mine, fetch=fetch, stats=stats)
+            if self.sources is not None:
+                samples = read_mixed(
+                    self._engines,
+                    self._schedule.real_plans(mine, state.epoch),  # type: ignore[attr-defined]
+                    mine,  # type: ignore[arg-type]
+                    names=self._schedule.names,  # type: ignore[attr-defined]
+                    fetch=fetch,
+                    stats=stats,
+                )
+            else:
+                samples = self._engine.read_plan(mine, fetch=fetch, stats=stats)  # type: ignore[arg-type]
         else:
             if self.resampled:
                 samples = self._engine.read_resampled(
@@ -488,6 +575,21 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
             "give the dataset the DataLoader's batch size"
         )
     return dataset.state_dict(samples_consumed, batch_size=loader.batch_size, num_workers=loader.num_workers)
+
+
+def _sources_of(source: Any) -> list[Source] | None:
+    """The mixture ``source`` names (a Source, or a list of them), or None (one dataset).
+
+    Raises:
+        TypeError: a list mixing Source objects and shard URLs.
+    """
+    if isinstance(source, Source):
+        return [source]
+    if isinstance(source, (list, tuple)) and any(isinstance(x, Source) for x in source):
+        if not all(isinstance(x, Source) for x in source):
+            raise TypeError("a list of Source(...) mixes datasets; give every entry as Source(location, ...)")
+        return list(source)
+    return None
 
 
 def _raise(exc: BaseException) -> Iterator[Any]:

@@ -162,3 +162,25 @@ def test_a_missing_dali_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "nvidia.dali", None)
     with pytest.raises(ImportError, match=r"pip install 'shardstream\[dali\]'"):
         module._import_dali()
+
+
+def test_a_mixture_feeds_dali_with_exact_counts_per_source(images_dir, tmp_path):
+    """Two image datasets, one read whole and one 1.5 times (ids 1000+): DALI decodes the
+    mixture; each epoch holds each source's count exactly."""
+    from shardstream import Source
+
+    make_image_dataset(tmp_path / "src", num_images=20, num_classes=5, min_side_px=64, max_side_px=96)
+    for jpg in sorted((tmp_path / "src").rglob("*.jpg")):
+        jpg.with_suffix(".id").write_text(str(1000 + int(jpg.stem)))
+    pack(tmp_path / "src", tmp_path / "more", max_samples_per_shard=6, progress=False)
+    dataset = ShardDataset(
+        [Source(images_dir, name="base"), Source(tmp_path / "more", repeat=1.5, name="more")],
+        shuffle_buffer=10,
+        batch_size=5,
+    )
+    loader = DaliLoader(dataset, batch_size=5, crop_px=16, label_ext="id", device_id=None, num_workers=2)
+    assert len(loader) == (NUM_IMAGES + 30) // 5
+    ids = torch.cat([y for _, y in loader]).tolist()
+    assert sorted(i for i in ids if i < 1000) == list(range(NUM_IMAGES))
+    more = [i for i in ids if i >= 1000]
+    assert len(more) == 30 and len(set(more)) == 20  # all 20 once, 10 of them twice

@@ -4,6 +4,7 @@ resumes at other world sizes (4 -> 2 -> 3)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -287,3 +288,106 @@ def test_spawned_workers_keep_the_rank_of_their_process(tmp_path):
     rank0, rank1 = json.loads(out.read_text())
     assert len(rank0) == len(rank1) == 20 and not set(rank0) & set(rank1)
     assert sorted(rank0 + rank1) == sorted(f"{i:03d}" for i in range(40))
+
+
+@pytest.fixture(scope="module")
+def mixture_spec(tmp_path_factory, uneven_dataset) -> Path:
+    """A mixture over two stores: the uneven dataset on S3 by weight (110 of its 103: once
+    and 7 more), a local one of 40 samples read 1.5 times (60) and a local one of 200 read 30
+    at a time (sub-sampled): 200 samples an epoch."""
+    root = tmp_path_factory.mktemp("mixture")
+    for name, count in (("small", 40), ("big", 200)):
+        src = root / f"src-{name}" / name
+        src.mkdir(parents=True)
+        for i in range(count):
+            (src / f"{i:04d}.txt").write_text(f"{name} {i}")
+        pack(src.parent, root / name, max_samples_per_shard=9, progress=False)
+    spec = [
+        {"location": uneven_dataset, "weight": 1.0, "name": "web"},
+        {"location": str(root / "small"), "repeat": 1.5, "name": "small"},
+        {"location": str(root / "big"), "samples": 30, "name": "big"},
+    ]
+    path = root / "mixture.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def mixture_epoch(spec: Path, s3: S3Config, epoch: int) -> list[str]:
+    """One epoch of the mixture as a single reader reads it (the reference)."""
+    from shardstream import ShardDataset, Source
+
+    dataset = ShardDataset(
+        [Source(**x) for x in json.loads(spec.read_text())],
+        epoch_samples=200,
+        decode=lambda s: f"{s['__source__']}|{s['__key__']}",
+        shuffle_buffer=8,
+        seed=1,
+        max_open_shards=2,
+        batch_size=3,
+        s3=s3,
+    )
+    dataset.set_epoch(epoch)
+    return list(dataset)
+
+
+def test_mixture_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_server, mixture_spec):
+    """A mixture of an S3 and two local datasets, killed at world size 4, resumed by 2 (killed
+    too) and finished by 3: each source's samples of the epoch all delivered, repeats only as
+    pads; every rank the same count, each source's share per rank within one; the next epoch
+    whole, with the sub-sampled source's next part."""
+    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
+    common = [str(mixture_spec), "--epoch-samples=200", "--workers=2", "--batch-size=3"]
+    consumed: list[str] = []
+    state = None
+    for step, (world_size, stop_at, mode) in enumerate([(4, 2, ()), (2, 3, ("--persistent",))]):
+        out = tmp_path / f"run{step}"
+        out.mkdir()
+        resume = [f"--resume={state}"] if state else []
+        process = torchrun(
+            world_size, common[0], str(out), *common[1:], f"--stop-at-batch={stop_at}", *resume, *mode, env=env,
+            wait=False,
+        )  # fmt: skip
+        kill_when_ready(process, out, world_size)
+        for r in range(world_size):
+            consumed += json.loads((out / f"consumed-{r}.json").read_text())
+        state = out / "state.json"
+    final = tmp_path / "final"
+    final.mkdir()
+    torchrun(
+        3, common[0], str(final), *common[1:], "--epochs=2", f"--resume={state}", "--persistent", "--no-set-epoch",
+        env=env,
+    )  # fmt: skip
+    rest, next_epoch = json.loads((final / "epochs.json").read_text())
+    assert rest["epoch"] == 0 and next_epoch["epoch"] == 1
+    assert (
+        len({len(r["keys"]) for r in rest["ranks"]}) == 1 and len(rest["ranks"][0]["keys"]) == rest["ranks"][0]["len"]
+    )
+    s3 = s3_server.info.s3_config()
+    expected = collections.Counter(mixture_epoch(mixture_spec, s3, 0))
+    got = collections.Counter(consumed + [k for r in rest["ranks"] for k in r["keys"]])
+    assert not expected - got  # none lost
+    assert sum((got - expected).values()) <= (4 - 1) + (2 - 1) + (3 - 1)  # repeats only as pads
+    ranks = [r["keys"] for r in next_epoch["ranks"]]
+    assert [len(k) for k in ranks] == [67, 67, 67]
+    shares = {"web": 110, "small": 60, "big": 30}
+    for keys in ranks:
+        per_source = collections.Counter(k.split("|")[0] for k in keys)
+        assert all(abs(per_source[name] - 67 * n / 200) < 1 for name, n in shares.items()), per_source
+    epoch1 = collections.Counter(k for keys in ranks for k in keys)
+    assert not collections.Counter(mixture_epoch(mixture_spec, s3, 1)) - epoch1
+    big0 = {k for k in expected if k.startswith("big|")}
+    big1 = {k for k in epoch1 if k.startswith("big|")}
+    assert len(big0) == len(big1) == 30 and not big0 & big1  # the next part of its permutation
+
+
+def test_replication_groups_read_identical_samples_under_torchrun(tmp_path, s3_server, mixture_spec):
+    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
+    torchrun(
+        4, str(mixture_spec), str(tmp_path), "--epoch-samples=200", "--workers=2", "--batch-size=3", "--epochs=1",
+        "--replication=2", env=env,
+    )  # fmt: skip
+    (epoch,) = json.loads((tmp_path / "epochs.json").read_text())
+    ranks = [r["keys"] for r in epoch["ranks"]]
+    assert ranks[0] == ranks[1] and ranks[2] == ranks[3] and ranks[0] != ranks[2]
+    expected = collections.Counter(mixture_epoch(mixture_spec, s3_server.info.s3_config(), 0))
+    assert collections.Counter(ranks[0] + ranks[2]) == expected  # the two data-parallel groups: the epoch

@@ -6,6 +6,10 @@ keys it consumed (OUT_DIR/consumed-<rank>.json) and rank 0 the data state
 (OUT_DIR/state.json, from shardstream.loader_state_dict), then waits to be killed. With
 --resume STATE the run continues that epoch from the state, at whatever world size it has.
 
+SOURCE may be a JSON file holding a mixture: a list of Source keyword arguments (with
+--epoch-samples when some have a weight); keys are then "source|key". --replication K gives each
+group of K consecutive ranks the same samples.
+
 With --persistent one DataLoader with persistent workers serves every epoch (else a new one
 per epoch); with --no-set-epoch the loop never calls set_epoch, so each pass reads the next epoch.
 
@@ -22,11 +26,13 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from shardstream import ShardDataset
+from shardstream import ShardDataset, Source
 from shardstream.dataset import loader_state_dict
 
 
 def key_of(sample):
+    if "__source__" in sample:
+        return f"{sample['__source__']}|{sample['__key__']}"
     return sample["__key__"]
 
 
@@ -44,11 +50,25 @@ def main() -> None:
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--no-set-epoch", action="store_true")
+    parser.add_argument("--epoch-samples", type=int)
+    parser.add_argument("--replication", type=int, default=1)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    source = args.source
+    mixture = {}
+    if source.endswith(".json"):
+        source = [Source(**spec) for spec in json.loads(Path(source).read_text())]
+        mixture = {"epoch_samples": args.epoch_samples, "batch_size": args.batch_size}
     dataset = ShardDataset(
-        args.source, decode=key_of, shuffle_buffer=8, seed=1, max_open_shards=2, drop_last=args.drop_last
+        source,
+        decode=key_of,
+        shuffle_buffer=8,
+        seed=1,
+        max_open_shards=2,
+        drop_last=args.drop_last,
+        replication=args.replication,
+        **mixture,
     )
     first_epoch = 0
     if args.resume is not None:

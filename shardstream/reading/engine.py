@@ -46,12 +46,13 @@ from ..shuffle import shuffle_buffer
 from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Batch, Hashed, iter_sample_batches, stream_chunks
+from .mixplan import MixWorkerPlan
 from .plan import PlanRun, WorkerPlan, ramp_samples, without
 from .shards import ShardSet
 from .slicer import RunSlices, iter_sliced_batches
 from .stats import ReaderStats
 
-__all__ = ["ReadingEngine", "repeat_over_skips", "share_buffer", "shuffled"]
+__all__ = ["ReadingEngine", "read_mixed", "repeat_over_skips", "share_buffer", "shuffled"]
 
 log = logging.getLogger("shardstream")
 _OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
@@ -261,6 +262,55 @@ class ReadingEngine:
         if self.cache_dir is None:
             return None
         return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
+
+
+def read_mixed(
+    engines: Sequence[ReadingEngine],
+    plans: Sequence[WorkerPlan],
+    mix: MixWorkerPlan,
+    *,
+    names: Sequence[str],
+    fetch: FetchConfig,
+    stats: ReaderStats,
+) -> Iterator[Batch]:
+    """A worker's samples of a mixture, in batches: each source's plan ``plans[s]`` (over its
+    real shards) read by ``engines[s]`` (:meth:`ReadingEngine.read_plan`: the source's own
+    lanes and shuffle buffer; the worker's read-ahead budget shared by the sources), emitted
+    in the order of ``mix.labels()``, less the ``mix.skip`` positions delivered before a
+    resume. Each sample gets ``"__source__"``: its source's name. Counts per source go to
+    ``stats`` as they are handed on."""
+    share = share_buffer(fetch, len(engines))
+    pulled = [0]
+    streams = [
+        _flatten(engine.read_plan(plan, fetch=share, stats=stats), pulled) for engine, plan in zip(engines, plans)
+    ]
+    left = mix.skip
+    out, counted, first = Batch(), 0, True
+    per_source = np.zeros(len(engines), np.int64)
+    for chunk in mix.labels():
+        if left >= len(chunk):
+            left -= len(chunk)
+            continue
+        chunk, left = chunk[left:], 0
+        for s in chunk.tolist():
+            sample = next(streams[s])
+            if sample is not None:
+                sample["__source__"] = names[s]
+            out.append(sample)
+            per_source[s] += 1
+            if len(out) >= _OUT_BATCH or first:  # the first sample goes at once
+                out.nbytes, counted, first = pulled[0] - counted, pulled[0], False
+                stats.add_sources(per_source)
+                per_source[:] = 0
+                yield out
+                out = Batch()
+    if out:
+        out.nbytes = pulled[0] - counted
+        stats.add_sources(per_source)
+        yield out
+    for stream in streams:  # run each to its end: it checks counts, commits cache entries
+        for _ in stream:
+            raise AssertionError("internal error: a source was read beyond its plan")
 
 
 def shuffled(batches: Iterator[Batch], *, capacity_samples: int, seed: Sequence[int]) -> Iterator[Batch]:

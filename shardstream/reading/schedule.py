@@ -20,16 +20,19 @@ answers, all O(shards) or O(workers), never O(samples):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .assign import WorkerSlot, assign_shards
 from .epochs import PassState
+from .mixplan import MIX_MODES, MixturePlan, MixWorkerPlan, real_plan
+from .mixture import Coverage, CoverageBase, Selection, Source, epoch_counts, selection
 from .plan import EpochPlan, Segment, ShardOrder, WorkerPlan
 from .shards import ShardSet
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "segments_of"]
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "MixtureSchedule", "segments_of"]
 
 STATE_FORMAT = "shardstream-state"
 STATE_VERSION = 1
@@ -245,3 +248,234 @@ class EpochSchedule:
 def segments_of(state: PassState) -> tuple[Segment, ...]:
     """The checkpoint segments a pass resumes (none when unknown here: a worker's own state)."""
     return tuple(Segment.from_dict(x) for x in state.segments or ())
+
+
+class MixtureSchedule(EpochSchedule):
+    """The epoch schedule of a mixture of sources (:mod:`.mixture`, :mod:`.mixplan`): the same
+    questions as :class:`EpochSchedule`, answered per source, and checkpoints that record the
+    mixture and where each source's coverage stands.
+
+    Args:
+        sources: the mixture's sources.
+        shard_sets: each source's shards (with sample counts).
+        epoch_samples: the epoch's size (needed with ``weight=`` sources).
+        mix: ``"stratified"`` or ``"random"`` interleaving of the sources.
+        seed, shuffle, shuffle_buffer, max_open_shards, drop_last, batch_size: as
+            :class:`EpochSchedule`.
+
+    Raises:
+        ValueError: a bad mixture (:func:`~.mixture.epoch_counts`), or a source without sample
+            counts, naming the source.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        shard_sets: Sequence[ShardSet],
+        *,
+        epoch_samples: int | None,
+        mix: str,
+        seed: int,
+        shuffle: bool,
+        shuffle_buffer: int,
+        max_open_shards: int,
+        drop_last: bool,
+        batch_size: int | None,
+    ) -> None:
+        if mix not in MIX_MODES:
+            raise ValueError(f"{mix=} must be one of {', '.join(MIX_MODES)}")
+        for src, shards in zip(sources, shard_sets):
+            if shards.sample_counts is None:
+                raise ValueError(
+                    f"Source {src.label!r} has no index: a mixture needs every source's sample counts; write one with "
+                    "`shardstream index` or pack it with `shardstream pack`"
+                )
+        names = [src.label for src in sources]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(
+                f"two sources are named {', '.join(map(repr, twice))}: checkpoints and stats() tell sources by name; "
+                "give each Source its own name="
+            )
+        self.sources = list(sources)
+        self.source_counts = [np.asarray(s.sample_counts, np.int64) for s in shard_sets]
+        self.sizes = [int(c.sum()) for c in self.source_counts]
+        self.epoch_samples = epoch_samples
+        self.per_epoch = epoch_counts(self.sources, self.sizes, epoch_samples)
+        self.mix = mix
+        self.counts = None
+        self.num_shards = sum(s.num_shards for s in shard_sets)
+        self.num_samples = sum(self.per_epoch)
+        self.seed = seed
+        self.shuffle = shuffle
+        self.shuffle_buffer = shuffle_buffer
+        self.max_open_shards = max_open_shards
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self.coverage = [
+            Coverage(counts, per_epoch=n % size, seed=seed, source=i, shuffle=shuffle, base=CoverageBase())
+            for i, (counts, n, size) in enumerate(zip(self.source_counts, self.per_epoch, self.sizes))
+        ]
+        self._orders = {}
+        self._selections: dict[int, list[Selection]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_selections"] = {}
+        return state
+
+    @property
+    def names(self) -> list[str]:
+        return [src.label for src in self.sources]
+
+    def selections(self, epoch: int) -> list[Selection]:
+        """Each source's samples in ``epoch`` (kept for the two latest epochs, so DataLoader
+        workers forked after ``set_epoch`` or ``len()`` inherit them)."""
+        if epoch not in self._selections:
+            self._selections[epoch] = [
+                selection(counts, cov, copies=n // size, seed=self.seed, epoch=epoch, source=i, shuffle=self.shuffle)
+                for i, (counts, cov, n, size) in enumerate(
+                    zip(self.source_counts, self.coverage, self.per_epoch, self.sizes)
+                )
+            ]
+            while len(self._selections) > 2:
+                del self._selections[next(iter(self._selections))]
+        return self._selections[epoch]
+
+    def shard_order(self, epoch: int) -> Any:  # type: ignore[override]
+        return self.selections(epoch)
+
+    def plan(self, state: PassState) -> MixturePlan:  # type: ignore[override]
+        return MixturePlan(
+            self.selections(state.epoch),
+            seed=self.seed,
+            epoch=state.epoch,
+            shuffle=self.shuffle,
+            shuffle_buffer=self.shuffle_buffer if self.shuffle else 0,
+            max_open_shards=self.max_open_shards if self.shuffle else 1,
+            drop_last=self.drop_last,
+            segments=segments_of(state),
+            batch_size=self.batch_size,
+            mix=self.mix,
+        )
+
+    def real_plans(self, plan: MixWorkerPlan, epoch: int) -> list[WorkerPlan]:
+        """Each source's part of ``plan`` over its real shards, to read."""
+        return [
+            real_plan(p, sel, np.concatenate([[0], np.cumsum(counts)]))
+            for p, sel, counts in zip(plan.sources, self.selections(epoch), self.source_counts)
+        ]
+
+    def consumed_state(self, state: PassState, slot: WorkerSlot, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        out = super().consumed_state(state, slot, **kwargs)
+        after = PassState(state.epoch, out["segments"])
+        out["epoch_done"] = self.rank_count(after, slot) == 0
+        return out
+
+    def _mixture_dict(self, epoch: int) -> dict[str, Any]:
+        return {
+            "epoch_samples": self.epoch_samples,
+            "mix": self.mix,
+            "sources": [
+                {
+                    "name": src.label,
+                    "num_samples": size,
+                    "num_shards": len(counts),
+                    "rule": src.rule(),
+                    "samples_per_epoch": n,
+                    "coverage": CoverageBase(epoch, cov.position(epoch), cov.cuts_before(epoch)).to_dict(),
+                }
+                for src, size, counts, n, cov in zip(
+                    self.sources, self.sizes, self.source_counts, self.per_epoch, self.coverage
+                )
+            ],
+        }
+
+    def _state_dict(self, epoch: int, segments: list[Segment]) -> dict[str, Any]:
+        out = super()._state_dict(epoch, segments)
+        out["mixture"] = self._mixture_dict(epoch)
+        return out
+
+    def loaded_state(self, state: dict[str, Any]) -> PassState:
+        """The pass a mixture's checkpoint resumes. The same mixture resumes where it stopped,
+        each source's coverage where it stood; a changed one (a source added or removed, a
+        rule or a size changed) only at an epoch's start, or after the checkpoint's epoch was
+        read to its end: the new mixture applies from that epoch, and each source it kept
+        continues its coverage.
+
+        Raises:
+            ValueError: not a shardstream state, not a mixture's, other shuffle settings, or a
+                changed mixture in the middle of an epoch (each difference named).
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f'not a shardstream state (no "format": "{STATE_FORMAT}"): {str(state)[:200]}')
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
+        old = state.get("mixture")
+        if not isinstance(old, dict):
+            raise ValueError("the state was saved by a dataset of one source, not a mixture; construct the same")
+        mine = {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "max_open_shards": self.max_open_shards,
+            "drop_last": self.drop_last,
+        }
+        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if differ:
+            detail = ", ".join(f"{k}: checkpoint {a!r}, dataset {b!r}" for k, (a, b) in differ.items())
+            raise ValueError(f"the state was saved with other settings ({detail}); construct the same")
+        segments = [Segment.from_dict(x).to_dict() for x in state["segments"]]
+        epoch = int(state["epoch"])
+        changes = _mixture_changes(old, self._mixture_dict(epoch))
+        olds = {x["name"]: x for x in old["sources"]}
+        if not changes:
+            for cov, src in zip(self.coverage, self.sources):
+                cov.base = CoverageBase.from_dict(olds[src.label]["coverage"])
+                cov._cycle = None
+            self._selections.clear()
+            return PassState(epoch, segments)
+        if segments and not state.get("epoch_done"):
+            raise ValueError(
+                f"the mixture changed ({'; '.join(changes)}) in the middle of epoch {epoch}; resume epoch {epoch} "
+                "with the mixture it started with, or change the mixture from a checkpoint saved at an epoch's end"
+            )
+        start = epoch + 1 if segments else epoch
+        for cov, src, size, counts in zip(self.coverage, self.sources, self.sizes, self.source_counts):
+            was = olds.get(src.label)
+            if was is None or (was["num_samples"], was["num_shards"]) != (size, len(counts)):
+                cov.base = CoverageBase(start, 0, ())
+            else:
+                before = Coverage(
+                    counts,
+                    per_epoch=int(was["samples_per_epoch"]) % size,
+                    seed=self.seed,
+                    source=cov.source,
+                    shuffle=self.shuffle,
+                    base=CoverageBase.from_dict(was["coverage"]),
+                )
+                cov.base = CoverageBase(start, before.position(start), before.cuts_before(start))
+            cov._cycle = None
+        self._selections.clear()
+        return PassState(start, [])
+
+
+def _mixture_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two mixtures as checkpoints record them, in words."""
+    out = []
+    if old.get("epoch_samples") != new["epoch_samples"]:
+        out.append(f"epoch_samples {old.get('epoch_samples')} -> {new['epoch_samples']}")
+    if old.get("mix") != new["mix"]:
+        out.append(f"mix {old.get('mix')!r} -> {new['mix']!r}")
+    was = {x["name"]: x for x in old["sources"]}
+    now = {x["name"]: x for x in new["sources"]}
+    out += [f"source {name!r} removed" for name in was if name not in now]
+    out += [f"source {name!r} added" for name in now if name not in was]
+    for name in now.keys() & was.keys():
+        a, b = was[name], now[name]
+        for key in ("rule", "num_samples", "num_shards", "samples_per_epoch"):
+            if a.get(key) != b[key]:
+                out.append(f"source {name!r}: {key} {a.get(key)} -> {b[key]}")
+    if not out and [x["name"] for x in old["sources"]] != [x["name"] for x in new["sources"]]:
+        out.append("sources in another order")
+    return out

@@ -9,7 +9,7 @@ message passing. Updating a counter is a store into shared memory: nothing per s
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -58,6 +58,7 @@ class StatsSnapshot:
         retries: S3 requests or body reads sent again after a failure.
         bytes_in_flight: bytes held by downloads not yet consumed, now.
         skipped: samples skipped under ``on_error="skip"`` (each replaced by a repeat).
+        source_samples: of a mixture, samples yielded per source name (empty otherwise).
     """
 
     readers: int
@@ -77,6 +78,7 @@ class StatsSnapshot:
     cache_fills: int = 0
     cache_waits: int = 0
     cache_bypasses: int = 0
+    source_samples: dict[str, int] = field(default_factory=dict)
 
     def log_line(self) -> str:
         """One human-readable line of these figures."""
@@ -88,6 +90,11 @@ class StatsSnapshot:
             f"cache hits {hit} (fills {self.cache_fills}, waits {self.cache_waits}, bypasses {self.cache_bypasses}), "
             f"retries {self.retries}, skipped {self.skipped}, in flight {self.bytes_in_flight / 2**20:.0f} MiB "
             f"({self.readers} readers)"
+            + (
+                "; per source " + ", ".join(f"{name} {n}" for name, n in self.source_samples.items())
+                if self.source_samples
+                else ""
+            )
         )
 
 
@@ -99,9 +106,11 @@ class StatsBoard:
     ``worker_id + 1`` a DataLoader worker.
     """
 
-    def __init__(self, num_rows: int = 257) -> None:
+    def __init__(self, num_rows: int = 257, sources: tuple[str, ...] = ()) -> None:
         self.num_rows = num_rows
-        self._file = SharedFile("shardstream-stats", num_rows * len(FIELDS) * 8)
+        self.sources = tuple(sources)  # a mixture's source names: one more counter each
+        self.width = len(FIELDS) + len(self.sources)
+        self._file = SharedFile("shardstream-stats", num_rows * self.width * 8)
         self._table: np.ndarray | None = None
 
     @property
@@ -109,25 +118,31 @@ class StatsBoard:
         return self._file.path
 
     def __getstate__(self) -> dict[str, object]:
-        return {"num_rows": self.num_rows, "_file": self._file, "_table": None}
+        return {
+            "num_rows": self.num_rows,
+            "sources": self.sources,
+            "width": self.width,
+            "_file": self._file,
+            "_table": None,
+        }
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
 
     def table(self) -> np.ndarray | None:
-        """The mapped ``(num_rows, len(FIELDS))`` float64 array; None if the file is gone."""
+        """The mapped ``(num_rows, width)`` float64 array; None if the file is gone."""
         if self._table is None:
             mapped = self._file.buffer()
             if mapped is None:
                 return None
-            self._table = np.ndarray((self.num_rows, len(FIELDS)), dtype=np.float64, buffer=mapped)
+            self._table = np.ndarray((self.num_rows, self.width), dtype=np.float64, buffer=mapped)
         return self._table
 
     def reader(self, row: int) -> ReaderStats:
         """Counters of the reader owning ``row`` (cleared for a new iteration)."""
         table = self.table()
         if table is None or not 0 <= row < self.num_rows:
-            return ReaderStats(np.zeros(len(FIELDS)))
+            return ReaderStats(np.zeros(self.width))
         table[row] = 0.0
         table[row, _COL["first_sample_s"]] = -1.0
         return ReaderStats(table[row])
@@ -135,7 +150,7 @@ class StatsBoard:
     def snapshot(self) -> StatsSnapshot:
         """Totals over every row."""
         table = self.table()
-        rows = table[table[:, _COL["started_at"]] > 0] if table is not None else np.zeros((0, len(FIELDS)))
+        rows = table[table[:, _COL["started_at"]] > 0] if table is not None else np.zeros((0, self.width))
         col = {name: rows[:, i] for name, i in _COL.items()}
         started = float(col["started_at"].min()) if len(rows) else 0.0
         elapsed = max(time.time() - started, 1e-9) if len(rows) else 0.0
@@ -160,6 +175,7 @@ class StatsBoard:
             cache_fills=int(col["cache_fills"].sum()),
             cache_waits=int(col["cache_waits"].sum()),
             cache_bypasses=int(col["cache_bypasses"].sum()),
+            source_samples={name: int(rows[:, len(FIELDS) + i].sum()) for i, name in enumerate(self.sources)},
         )
 
 
@@ -173,6 +189,10 @@ class ReaderStats:
 
     def add(self, field: str, amount: float) -> None:
         self._row[_COL[field]] += amount
+
+    def add_sources(self, counts: np.ndarray) -> None:
+        """Samples yielded of each source of a mixture (int ``(K,)``, the board's order)."""
+        self._row[len(FIELDS) : len(FIELDS) + len(counts)] += counts
 
     def set(self, field: str, value: float) -> None:
         self._row[_COL[field]] = value
