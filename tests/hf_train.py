@@ -36,7 +36,8 @@ class TinyModel(torch.nn.Module):
 
 def hf_item(sample: dict) -> dict:
     """A sample as Trainer's default collator takes it: numbers only (the id from the key)."""
-    return {"y": float(sample["cls"]), "idx": int(sample["__key__"].rsplit("/", 1)[1])}
+    base = 100_000 * int(sample.get("__source__") == "more")  # a mixture's second source: ids from 100000
+    return {"y": float(sample["cls"]), "idx": base + int(sample["__key__"].rsplit("/", 1)[1])}
 
 
 def main() -> None:

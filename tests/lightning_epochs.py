@@ -3,6 +3,9 @@ on a ShardDataset, with no callback of ours; each rank writes, for every trainin
 trainer's epoch and the batch's keys to OUT/keys-<rank>.json (at the end of training, also when
 max_steps stops it), and the dataset's epoch at each epoch's first batch.
 
+DATASET may be a JSON file {"sources": [Source keyword arguments], "epoch_samples": N}: a mixture,
+whose keys are then "source|key".
+
 Usage: python tests/lightning_epochs.py DATASET OUT [--devices N] [--workers K] [--persistent]
        [--loader plain|stateful] [--epochs E] [--max-steps S] [--resume CKPT] [--no-dataset-batch-size]
 
@@ -21,11 +24,12 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from shardstream import ShardDataset
+from shardstream import ShardDataset, Source
 
 
 def to_item(sample: dict) -> dict:
-    return {"key": sample["__key__"], "y": float(sample["cls"])}
+    key = f"{sample['__source__']}|{sample['__key__']}" if "__source__" in sample else sample["__key__"]
+    return {"key": key, "y": float(sample["cls"])}
 
 
 class TinyModel(L.LightningModule):
@@ -65,8 +69,13 @@ def main() -> None:
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--no-dataset-batch-size", action="store_true", help="leave ShardDataset(batch_size=) unset")
     args = parser.parse_args()
+    source, mixture = args.dataset, {}
+    if source.endswith(".json"):  # a mixture: a list of Source keyword arguments, and epoch_samples
+        spec = json.loads(Path(source).read_text())
+        source, mixture = [Source(**x) for x in spec["sources"]], {"epoch_samples": spec.get("epoch_samples")}
     dataset = ShardDataset(
-        args.dataset,
+        source,
+        **mixture,
         decode=to_item,
         shuffle_buffer=10,
         seed=5,

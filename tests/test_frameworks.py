@@ -214,3 +214,88 @@ def test_hugging_face_trainer_on_two_ranks_reads_each_epoch_once(tmp_path, datas
     for e in range(2):
         ids = [i for batches in ranks for batch in batches[e * steps : (e + 1) * steps] for i in batch]
         assert sorted(ids) == list(range(NUM_SAMPLES))
+
+
+@pytest.fixture(scope="module")
+def mixture_json(tmp_path_factory, dataset_dir) -> Path:
+    """The framework dataset read whole, and a second one of 40 samples read 1.5 times (60),
+    keyed apart by source: 256 samples an epoch."""
+    root = tmp_path_factory.mktemp("frameworks-mixture")
+    more, _ = make_dataset(root, num_samples=40, per_shard=6)
+    spec = {
+        "sources": [
+            {"location": str(dataset_dir[0]), "name": "base"},
+            {"location": str(more), "repeat": 1.5, "name": "more"},
+        ]
+    }
+    path = root / "mixture.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def mixture_epoch(spec: Path, epoch: int) -> collections.Counter:
+    from shardstream import Source
+
+    data = json.loads(spec.read_text())
+    dataset = ShardDataset(
+        [Source(**x) for x in data["sources"]],
+        decode=lambda s: f"{s['__source__']}|{s['__key__']}",
+        shuffle_buffer=10,
+        seed=5,
+        batch_size=4,
+    )
+    dataset.set_epoch(epoch)
+    return collections.Counter(dataset)
+
+
+def test_lightning_resumes_a_mixture_mid_epoch_on_two_ranks(tmp_path, mixture_json):
+    """A mixture under Lightning's DDP (2 ranks, 2 persistent workers, StatefulDataLoader),
+    stopped mid-epoch 1 and resumed from Lightning's checkpoint: every epoch holds each
+    source's count exactly, nothing of it lost or repeated beyond its own repeats."""
+    per_rank = 256 // 2
+    stop = per_rank // 4 + 5
+    mode = ["--devices=2", "--workers=2", "--persistent"]
+    first = lightning(mixture_json, tmp_path / "first", *mode, f"--max-steps={stop}")
+    second = lightning(mixture_json, tmp_path / "second", *mode, f"--resume={tmp_path / 'first' / 'last.ckpt'}")
+    epochs = per_epoch(first, second)
+    assert sorted(epochs) == [0, 1, 2]
+    for epoch, by_rank in epochs.items():
+        assert [len(k) for k in by_rank] == [per_rank, per_rank], epoch
+        assert collections.Counter(k for rank in by_rank for k in rank) == mixture_epoch(mixture_json, epoch), epoch
+        for keys in by_rank:  # each rank its share of each source
+            assert abs(sum(k.startswith("more|") for k in keys) - per_rank * 60 / 256) < 1
+
+
+def test_hugging_face_trainer_reads_a_mixture_exactly(tmp_path, mixture_json):
+    from transformers import Trainer, TrainingArguments
+
+    from shardstream import Source
+
+    data = json.loads(mixture_json.read_text())
+    dataset = ShardDataset(
+        [Source(**x) for x in data["sources"]], decode=hf_item, shuffle_buffer=10, seed=5, batch_size=4
+    )
+    model = TinyModel()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        dataloader_num_workers=2,
+        dataloader_persistent_workers=True,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        learning_rate=0.01,
+    )
+    Trainer(model=model, args=args, train_dataset=dataset).train()
+    steps = 256 // 4
+    assert len(model.seen) == 2 * steps
+    for e in range(2):
+        ids = [i for batch in model.seen[e * steps : (e + 1) * steps] for i in batch]
+        assert sorted(i for i in ids if i < 100_000) == list(range(NUM_SAMPLES))
+        more = [i for i in ids if i >= 100_000]
+        assert len(more) == 60 and len(set(more)) == 40
+        for batch in model.seen[e * steps : (e + 1) * steps]:  # 4 x 60/256 = 0.94: 0 or 1 a batch
+            assert sum(i >= 100_000 for i in batch) <= 1

@@ -379,3 +379,42 @@ def test_a_mixture_needs_indexed_sources_and_distinct_names(sources, tmp_path):
         ShardDataset([Source(bare, name="bare"), Source(sources["cur"])])
     with pytest.raises(TypeError, match="give every entry as Source"):
         ShardDataset([Source(sources["cur"]), str(sources["syn"])])
+
+
+def test_an_s3_source_beside_a_local_one_through_the_node_cache(sources, tmp_path, s3_config, s3_bucket):
+    """web on S3 (whole, through the node cache) and syn on disk read 0.5 times: the second
+    epoch reads web's shards from the cache; counts and samples as from disk."""
+    src = tmp_path / "src" / "web"
+    src.mkdir(parents=True)
+    for i in range(500):
+        (src / f"{i:05d}.txt").write_text(f"web {i}")
+    pack(src.parent, f"s3://{s3_bucket}/web", max_samples_per_shard=37, s3=s3_config, progress=False)
+    dataset = ShardDataset(
+        [Source(f"s3://{s3_bucket}/web", name="web"), Source(sources["syn"], repeat=0.5, name="syn")],
+        s3=s3_config,
+        cache_dir=tmp_path / "cache",
+        cache_limit_bytes=1 << 30,
+        decode=tag,
+        batch_size=10,
+    )
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        tags = read(dataset, num_workers=2)
+        assert per_source(tags) == {"web": 500, "syn": 12} == dataset.stats().source_samples
+        assert {t for t in tags if t.startswith("web|")} == {f"web|web/{i:05d}" for i in range(500)}
+    stats = dataset.stats()
+    assert stats.cache_hits > 0 and stats.cache_misses == 0  # epoch 1: every web shard from the cache
+
+
+def test_stateful_dataloader_resumes_a_mixture(sources):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(mixture(sources), batch_size=10, num_workers=2)
+    it = iter(loader)
+    before = [t for _ in range(8) for t in next(it)]
+    state = loader.state_dict()
+    del it
+    resumed = StatefulDataLoader(mixture(sources), batch_size=10, num_workers=2)
+    resumed.load_state_dict(state)
+    after = [t for batch in resumed for t in batch]
+    assert collections.Counter(before + after) == collections.Counter(read_whole_epoch(sources, 0))
