@@ -76,8 +76,11 @@ class MixWorkerPlan:
     def labels(self) -> Iterator[np.ndarray]:
         """The source of each position, in order: int16 arrays."""
         if self.mix == "stratified":
-            for counts, (a, b) in zip(self.rounds.tolist(), self.slices.tolist()):
-                yield window_labels(counts)[a:b]
+            known: dict[tuple[int, ...], np.ndarray] = {}  # rounds repeat a few patterns of counts
+            for counts, (a, b) in zip(map(tuple, self.rounds.tolist()), self.slices.tolist()):
+                if counts not in known:
+                    known[counts] = window_labels(counts)
+                yield known[counts][a:b]
             return
         remaining = np.array([p.count for p in self.sources], np.int64)
         rng = np.random.default_rng(self.stream)
