@@ -19,8 +19,14 @@ bytes, since not every format keeps the key). Two references: "no shuffle" (inde
   (ideal ~0);
 - ``lost``: samples missing or repeated in an epoch (must be 0).
 
+With ``--mixture`` the corpus is also packed as three sources (its first 60%, next 30% and
+last 10% in index order) and read as one ShardDataset mixture, each source whole once an
+epoch; each source's samples, in the order the mixture yields them, are scored against that
+source's own index order (rows ``mixture: A`` ...), to compare with shardstream reading one
+dataset: mixing sources must not shuffle any of them worse.
+
 Usage:
-    python bench/shuffle.py [--num-images 10000] [--shuffle-buffer 1000] [--skip-peers]
+    python bench/shuffle.py [--num-images 10000] [--shuffle-buffer 1000] [--skip-peers] [--mixture]
 """
 
 from __future__ import annotations
@@ -109,6 +115,56 @@ def readers(setup: S.Setup, ss_dir: str, buffer: int) -> dict[str, Callable[[int
     return {"shardstream": shardstream, "webdataset": webdataset, "mosaic": mosaic, "litdata": litdata}
 
 
+def mixture_rows(root: Path, samples: list, tmp: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Each source's shuffle metrics in a three-source mixture of the corpus (module doc)."""
+    from shardstream import ShardDataset, Source, open_index, pack
+
+    n = len(samples)
+    cuts = {"A": (0, int(0.6 * n)), "B": (int(0.6 * n), int(0.9 * n)), "C": (int(0.9 * n), n)}
+    where: dict[str, dict[bytes, int]] = {}
+    shard_of: dict[str, np.ndarray] = {}
+    paths = {}
+    for name, (a, b) in cuts.items():
+        part = samples[a:b]
+        files = Path(tmp, f"files-{name}.txt")
+        files.write_text("".join(f"{rel}\n" for _, members in part for rel in sorted(members.values())))
+        paths[name] = f"{tmp}/mixture-{name}"
+        pack(root, paths[name], max_shard_bytes=args.shard_mib << 20, files_from=files, progress=False)
+        index = open_index(paths[name])
+        shard_of[name] = np.repeat(np.arange(index.num_shards), index.manifest.shard_samples)
+        where[name] = {
+            image_digest(Path(root, members[S.IMAGE_EXT]).read_bytes()): i for i, (_, members) in enumerate(part)
+        }
+    dataset = ShardDataset(
+        [Source(paths[name], name=name) for name in cuts], shuffle_buffer=args.shuffle_buffer, seed=0, batch_size=64
+    )
+    started = time.perf_counter()
+    orders: dict[str, list[tuple[np.ndarray, int]]] = {name: [] for name in cuts}
+    for epoch in range(args.epochs):
+        dataset.set_epoch(epoch)
+        read = list(dataset)
+        for name in cuts:
+            mine = [x for x in read if x["__source__"] == name]
+            orders[name].append(positions(mine, where[name], lambda x: x[S.IMAGE_EXT]))
+    print(f"mixture: {args.epochs} epochs in {time.perf_counter() - started:.1f} s", flush=True)
+    rows = {}
+    rng = np.random.default_rng(1)
+    for name, (a, b) in cuts.items():
+        rows[f"ideal for {name} ({shard_of[name][-1] + 1} shards)"] = {
+            **metrics(rng.permutation(b - a), shard_of[name]),
+            "epoch overlap": float(np.mean(rng.permutation(b - a) == rng.permutation(b - a))),
+            "lost": 0,
+        }
+        per_epoch = [metrics(order, shard_of[name]) for order, _ in orders[name]]
+        first, second = orders[name][0][0], orders[name][1][0]
+        rows[f"mixture: {name} ({100 * (b - a) // n}%)"] = {
+            **{k: float(np.mean([m[k] for m in per_epoch])) for k in per_epoch[0]},
+            "epoch overlap": float(np.mean(first == second)) if len(first) == len(second) else float("nan"),
+            "lost": max((b - a) - len(order) + bad for order, bad in orders[name]),
+        }
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-images", type=int, default=10000)
@@ -117,6 +173,7 @@ def main() -> None:
     parser.add_argument("--shard-mib", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=4, help="epochs read per system; metrics are their mean")
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--mixture", action="store_true", help="also score each source of a three-source mixture")
     args = parser.parse_args()
     root, samples, tag = S.corpus_samples("dir" if args.dir else "photos", args)
     n = len(samples)
@@ -179,11 +236,18 @@ def main() -> None:
                 "lost": max(n - len(order) + bad for order, bad in orders),
             }
             print(f"{name}: {args.epochs} epochs in {time.perf_counter() - started:.1f} s", flush=True)
+        if args.mixture:
+            rows.update(mixture_rows(root, samples, tmp, args))
     columns = ["|spearman|", "mean gap", "same shard", "shards/100", "first 1% span", "epoch overlap", "lost"]
     print(f"\n{'system':30s}" + "".join(f"{c:>15s}" for c in columns))
     for name, row in rows.items():
         print(f"{name:30s}" + "".join(f"{row[c]:15.0f}" if c == "lost" else f"{row[c]:15.3f}" for c in columns))
-    peers = [r for r in rows if r not in ("shardstream", "no shuffle (index order)", "ideal (uniform permutation)")]
+    peers = [
+        r
+        for r in rows
+        if r not in ("shardstream", "no shuffle (index order)", "ideal (uniform permutation)")
+        and not r.startswith(("mixture", "ideal for"))
+    ]
     if "shardstream" in rows and peers:
         ss = rows["shardstream"]
         print(
