@@ -336,10 +336,11 @@ class _SourceQueue:
             if batch is None:
                 raise AssertionError(f"internal error: source {self.name!r} ended before its plan")
             self.pulled[0] += batch.nbytes
-            for sample in batch:
+            samples = list(batch)  # a Batch, or a slicer's samples, built as iterated (once)
+            for sample in samples:
                 if sample is not None:
                     sample["__source__"] = self.name
-            self.held = self.held[self.at :] + batch
+            self.held = self.held[self.at :] + samples
             self.at = 0
         self.at += n
         return self.held[self.at - n : self.at]

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -191,6 +191,45 @@ def buffer_order(count: int, capacity: int, rng: np.random.Generator) -> np.ndar
     return np.fromiter(iter_buffer_order(count, capacity, rng), dtype=np.int64, count=count)
 
 
+def buffer_state(count: int, capacity: int, rng: np.random.Generator, emitted: int) -> tuple[int, np.ndarray]:
+    """Where the shuffle buffer of :func:`iter_buffer_order` (fed ``0..count-1``, draws from
+    ``rng``) stands after ``emitted`` emissions: how many arrivals it has taken in, and the
+    arrival indices it still holds (int64, unordered). Every arrival below the first number
+    and not held was emitted. Vectorised: O(emitted) numpy work, no step per sample in Python.
+    """
+    if emitted >= count:
+        return count, np.empty(0, np.int64)
+    if capacity <= 1 or count <= 1:
+        return emitted, np.empty(0, np.int64)
+    ramp = min(ramp_samples(capacity), count)
+    grow = max(0, min(capacity - ramp, (count - ramp) // 2))  # steps that also append an arrival
+
+    def arrived_before(step: int) -> int:  # arrivals taken in before step ``step`` of the first phase
+        return ramp + 2 * step if step <= grow else ramp + grow + step
+
+    if ramp >= count:
+        steps = 0
+    elif ramp + 2 * grow >= count:
+        steps = -(-(count - ramp) // 2)
+    else:
+        steps = count - ramp - grow
+    done = min(emitted, steps)
+    j = np.arange(done, dtype=np.int64)
+    length = ramp + np.minimum(j, grow)  # the buffer's size at each step
+    slot = (rng.random(done) * length).astype(np.int64)  # as int(draw * len(buf))
+    replaced_by = np.where(j < grow, ramp + 2 * j, ramp + grow + j)
+    size = ramp + min(done, grow)
+    held = np.arange(size, dtype=np.int64)
+    held[ramp:] = ramp + 2 * np.arange(size - ramp, dtype=np.int64) + 1  # appended while growing
+    if done:
+        last = done - 1 - np.unique(slot[::-1], return_index=True)[1]  # each slot's latest step
+        held[slot[last]] = replaced_by[last]
+    if emitted <= steps:
+        return arrived_before(done), held
+    rng.random(count - done)  # the rest of the stream, as iter_buffer_order draws it
+    return count, rng.permutation(held)[emitted - steps :]
+
+
 def consumed_per_worker(lengths: Sequence[int], batch_size: int | None, samples_consumed: int) -> list[int]:
     """How many samples each DataLoader worker had delivered when the rank had consumed
     ``samples_consumed``: batches come in order, round-robin over the workers that still have
@@ -269,6 +308,66 @@ def without(runs: Sequence[PlanRun], positions: np.ndarray) -> list[PlanRun]:
             out.append(PlanRun(run.shard, int(keep[0]), int(keep[-1]), keep))
         base, k = end, stop
     return out
+
+
+def _run_of(shard: int, index: np.ndarray) -> PlanRun:
+    """A run of ``shard``'s samples at ``index`` (int64, going up)."""
+    lo, hi = int(index[0]), int(index[-1])
+    return PlanRun(shard, lo, hi, None if hi - lo + 1 == len(index) else index)
+
+
+def slice_runs(runs: Sequence[PlanRun], start: int, stop: int) -> list[PlanRun]:
+    """Samples ``start..stop-1`` of ``runs`` taken in order, as runs (O(runs))."""
+    out, base = [], 0
+    for run in runs:
+        end = base + run.count
+        if end > start and base < stop:
+            a, b = max(start, base) - base, min(stop, end) - base
+            if a == 0 and b == run.count:
+                out.append(run)
+            elif run.index is None:
+                out.append(PlanRun(run.shard, run.lo + a, run.lo + b - 1))
+            else:
+                out.append(_run_of(run.shard, run.index[a:b]))
+        base = end
+        if base >= stop:
+            break
+    return out
+
+
+class Todo:
+    """What an elastic resume still owes of an epoch, in epoch order: parts of known size
+    (one per worker of a closed segment: its samples not delivered), each worked out only when
+    a reader of the new job needs samples from it. So a rank pays for the old workers whose
+    remainders it reads, not for the epoch."""
+
+    def __init__(self, parts: list[tuple[int, Callable[[], list[PlanRun]]]]) -> None:
+        self.sizes = [n for n, _ in parts]
+        self.makers = [make for _, make in parts]
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)])
+        self._runs: dict[int, list[PlanRun]] = {}
+
+    @property
+    def total(self) -> int:
+        return int(self.starts[-1])
+
+    def runs(self, start: int, stop: int) -> list[PlanRun]:
+        """Samples ``start..stop-1`` (within ``0..total-1``) as runs."""
+        if stop <= start:
+            return []
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        out: list[PlanRun] = []
+        for part in range(first, len(self.sizes)):
+            base = int(self.starts[part])
+            if base >= stop:
+                break
+            if part not in self._runs:
+                self._runs[part] = self.makers[part]()
+                got = sum(run.count for run in self._runs[part])
+                if got != self.sizes[part]:
+                    raise AssertionError(f"internal error: part {part} holds {got} samples, not {self.sizes[part]}")
+            out += slice_runs(self._runs[part], max(start, base) - base, min(stop, base + self.sizes[part]) - base)
+        return out
 
 
 def _draw_counts(rng: np.random.Generator, remaining: np.ndarray, n: int) -> np.ndarray:
@@ -359,6 +458,49 @@ class WorkerPlan:
     def num_samples(self) -> int:
         """Samples this worker still yields."""
         return self.count - self.skip
+
+    def remaining(self, delivered: int) -> list[PlanRun]:
+        """The runs (epoch order) less the first ``delivered`` emissions: each lane's samples
+        from where its arrivals stopped, and those that had arrived but were still in the
+        shuffle buffer. O(delivered) vectorised work; O(runs + shuffle buffer) out."""
+        if delivered <= 0:
+            return list(self.runs)
+        if delivered >= self.count:
+            return []
+        if self.capacity > 1:
+            arrived, held = buffer_state(self.count, self.capacity, np.random.default_rng(self.stream), delivered)
+        else:
+            arrived, held = delivered, np.empty(0, np.int64)
+        chunks, have = [], 0
+        for chunk in self.labels():
+            if have >= arrived:
+                break
+            chunks.append(chunk)
+            have += len(chunk)
+        labels = np.concatenate([np.empty(0, np.int8), *chunks])[:arrived]
+        per_lane = np.bincount(labels, minlength=self.lanes)
+        held_lane = labels[held]
+        held_at = [np.empty(0, np.int64)] * self.lanes  # per lane: places in the lane of held arrivals
+        for lane in np.unique(held_lane).tolist():
+            mine = held[held_lane == lane]
+            held_at[lane] = np.sort(np.searchsorted(np.flatnonzero(labels == lane), mine))
+        out, offset = [], [0] * self.lanes
+        for r, run in enumerate(self.runs):
+            lane = r % self.lanes
+            base = offset[lane]
+            offset[lane] += run.count
+            cut = int(per_lane[lane]) - base  # the run's samples before ``cut`` had arrived
+            if cut <= 0:
+                out.append(run)
+                continue
+            places = held_at[lane]
+            a, b = np.searchsorted(places, [base, base + min(cut, run.count)]).tolist()
+            keep = places[a:b] - base
+            if cut < run.count:
+                keep = np.concatenate([keep, np.arange(cut, run.count, dtype=np.int64)])
+            if len(keep):
+                out.append(_run_of(run.shard, run.indices()[keep]))
+        return out
 
 
 @dataclass(frozen=True)
@@ -469,7 +611,7 @@ class EpochPlan:
 
     def piece_runs(
         self,
-        todo: np.ndarray | None,
+        todo: Todo | None,
         *,
         world_size: int,
         rank: int,
@@ -477,20 +619,18 @@ class EpochPlan:
         worker_id: int,
         batch_size: int | None,
     ) -> list[PlanRun]:
-        """One worker's piece as runs: ``todo`` (ids in epoch order; None: the whole epoch,
-        never listed) cut into ``world_size`` equal contiguous parts (the last padded by
-        wrapping to the start), each cut into ``num_workers`` pieces (:func:`split_workers`)."""
-        total = self.num_samples if todo is None else len(todo)
+        """One worker's piece as runs: ``todo`` (what a resume still owes; None: the whole
+        epoch) cut into ``world_size`` equal contiguous parts (the last padded by wrapping to
+        the start), each cut into ``num_workers`` pieces (:func:`split_workers`)."""
+        total = self.num_samples if todo is None else todo.total
         if total == 0:
             return []
         per_rank = self.per_rank(total, world_size)
         sizes = split_workers(per_rank, num_workers, batch_size)
         start = rank * per_rank + sum(sizes[:worker_id])
         stop = start + sizes[worker_id]
-        if todo is None:  # contiguous positions, wrapping to the start where a pad does
-            return [run for a, b in _wrapped(start, stop, total) for run in self._runs_in(a, b)]
-        ids = todo[np.arange(start, stop, dtype=np.int64) % total]  # a pad wraps
-        return _runs_of(*self.shard_of(ids))
+        runs_in = self._runs_in if todo is None else todo.runs
+        return [run for a, b in _wrapped(start, stop, total) for run in runs_in(a, b)]
 
     def worker_plan(self, runs: list[PlanRun], *, seg: int, rank: int, worker_id: int) -> WorkerPlan:
         """The plan of worker ``worker_id`` of ``rank`` whose piece is ``runs`` (epoch order)."""
@@ -506,49 +646,16 @@ class EpochPlan:
             interleave=(*streams, 1),
         )
 
-    def segment_plans(self, todo: np.ndarray, seg: int, segment: Segment) -> list[list[WorkerPlan]]:
-        """Every worker's plan of a segment: ``[rank][worker_id]``."""
-        return [
-            [
-                self.worker_plan(
-                    self.piece_runs(
-                        todo,
-                        world_size=segment.world_size,
-                        rank=r,
-                        num_workers=segment.num_workers,
-                        worker_id=w,
-                        batch_size=segment.split_batch_size,
-                    ),
-                    seg=seg,
-                    rank=r,
-                    worker_id=w,
-                )
-                for w in range(segment.num_workers)
-            ]
-            for r in range(segment.world_size)
-        ]
-
-    def delivered(self, plans: list[list[WorkerPlan]], segment: Segment) -> np.ndarray:
-        """Ids delivered in a closed segment (every rank consumed ``samples_consumed``)."""
-        if segment.samples_consumed is None:
-            raise ValueError(
-                "this checkpoint was saved by DataLoader workers (StatefulDataLoader) and holds no "
-                "per-rank sample count; resume it with the same world_size and num_workers, or save "
-                "with shardstream.loader_state_dict(loader, samples_consumed) for an elastic resume"
-            )
-        out = []
-        for workers in plans:
-            counts = consumed_per_worker([p.count for p in workers], segment.batch_size, segment.samples_consumed)
-            out.extend(p.ids[p.order[:d]] for p, d in zip(workers, counts))
-        return np.concatenate(out) if out else np.empty(0, np.int64)
-
-    def current(self, *, world_size: int, num_workers: int) -> tuple[int, np.ndarray | None, Segment | None]:
+    def current(self, *, world_size: int, num_workers: int) -> tuple[int, Todo | None, Segment | None]:
         """Replay the checkpoint's segments for a job of this shape: the index of the segment
-        to run now, the ids it splits (epoch order; None: the whole epoch, never built), and the
-        segment it continues (same shape, workers' pieces cut by the same batch size: skip what
-        each worker delivered) or None (a new segment). Closed segments (an elastic resume) are
-        replayed over the whole sequence: a cost per sample of the epoch, once per resume."""
-        todo: np.ndarray | None = None
+        to run now, what it splits (None: the whole epoch), and the segment it continues (same
+        shape, workers' pieces cut by the same batch size: skip what each worker delivered) or
+        None (a new segment). A closed segment (an elastic resume) leaves a :class:`Todo`: each
+        of its workers' remainders, of a size known from the counts alone (its piece less what
+        it delivered), worked out only when a reader needs it. A pad's samples stay in the
+        remainder where they were not delivered, so each padded sample is read once more at
+        most, as the pad meant."""
+        todo: Todo | None = None
         segments = list(self.segments)
         for i, segment in enumerate(segments):
             last = i == len(segments) - 1
@@ -558,13 +665,39 @@ class EpochPlan:
                 self.batch_size,
             ):
                 return i, todo, segment
-            if todo is None:
-                todo = self.sequence()
-            plans = self.segment_plans(todo, i, segment)
-            assigned = np.unique(np.concatenate([p.ids for workers in plans for p in workers] or [todo[:0]]))
-            done = self.delivered(plans, segment)
-            todo = todo[np.isin(todo, assigned) & ~np.isin(todo, done)]
+            if segment.samples_consumed is None:
+                raise ValueError(
+                    "this checkpoint was saved by DataLoader workers (StatefulDataLoader) and holds no "
+                    "per-rank sample count; resume it with the same world_size and num_workers, or save "
+                    "with shardstream.loader_state_dict(loader, samples_consumed) for an elastic resume"
+                )
+            total = self.num_samples if todo is None else todo.total
+            sizes = split_workers(
+                self.per_rank(total, segment.world_size), segment.num_workers, segment.split_batch_size
+            )
+            done = consumed_per_worker(sizes, segment.batch_size, segment.samples_consumed) if total else sizes
+            parts = [
+                (sizes[w] - done[w], functools.partial(self._remainder, todo, i, segment, r, w, done[w]))
+                for r in range(segment.world_size)
+                for w in range(segment.num_workers)
+                if sizes[w] > done[w]
+            ]
+            todo = Todo(parts)
         return len(segments), todo, None
+
+    def _remainder(
+        self, todo: Todo | None, seg: int, segment: Segment, rank: int, worker_id: int, delivered: int
+    ) -> list[PlanRun]:
+        """What worker ``worker_id`` of ``rank`` had not delivered when segment ``seg`` closed."""
+        runs = self.piece_runs(
+            todo,
+            world_size=segment.world_size,
+            rank=rank,
+            num_workers=segment.num_workers,
+            worker_id=worker_id,
+            batch_size=segment.split_batch_size,
+        )
+        return self.worker_plan(runs, seg=seg, rank=rank, worker_id=worker_id).remaining(delivered)
 
     def for_worker(self, *, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[WorkerPlan, int]:
         """This worker's plan now (resumed where the checkpoint says) and the segment index."""
@@ -583,7 +716,7 @@ class EpochPlan:
             if worker_id in yielded:
                 plan.skip = yielded[worker_id]
             elif continued.samples_consumed is not None:
-                total = self.num_samples if todo is None else len(todo)
+                total = self.num_samples if todo is None else todo.total
                 lengths = split_workers(self.per_rank(total, world_size), num_workers, self.batch_size)
                 plan.skip = consumed_per_worker(lengths, continued.batch_size, continued.samples_consumed)[worker_id]
             if plan.skip > plan.count:
@@ -596,7 +729,7 @@ class EpochPlan:
         StatefulDataLoader's checkpoint), the segment's whole count, since such loaders (and
         Lightning) count batches from the epoch's start."""
         _, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
-        part = self.per_rank(self.num_samples if todo is None else len(todo), world_size)
+        part = self.per_rank(self.num_samples if todo is None else todo.total, world_size)
         if continued is None or continued.worker_yielded or continued.samples_consumed is None:
             return part
         return part - continued.samples_consumed
