@@ -28,22 +28,24 @@ does) and splits what is left, interleaved by what is left of each source.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from .mixture import Selection, apportion, window_labels
+from .mixture import Selection, apportion, apportion_prefix, window_labels
 from .plan import (
     _DRAW_CHUNK,
     PlanRun,
     Segment,
+    Todo,
     WorkerPlan,
     _draw_counts,
-    _runs_of,
     _wrapped,
     consumed_per_worker,
-    split_evenly,
+    split_workers,
 )
 
 __all__ = ["MIX_MODES", "MixWorkerPlan", "MixturePlan"]
@@ -155,126 +157,96 @@ class MixturePlan:
 
     def _rank_layout(
         self, sizes: tuple[int, ...], world_size: int, rank: int, num_workers: int, batch_size: int | None
-    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        """Per worker of ``rank``: its windows (rounds' counts ``(m, K)`` and slices ``(m,
-        2)``) and, per source, the start and length of its chunk among the source's positions
-        (which wrap modulo the source's size). O(ranks + batches of the rank), kept per shape."""
+    ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The counts per source of ``rank`` and of its workers, and their pieces' sizes: ranks
+        are rounds of ``per_rank`` shared out among the sources' ``sizes``, a rank's workers are
+        rounds of their pieces shared out among the rank's counts (:func:`~.mixture.apportion`).
+        Returns ``(start, workers, pieces)``: each source's first position of the rank, ``(NW,
+        K)`` counts of each worker (a worker's chunk of a source follows the chunks of the
+        workers before it), and each worker's piece size. O(ranks + workers), kept per shape."""
         key = (sizes, world_size, rank, num_workers, batch_size)
         if key not in self._layouts:
-            self._layouts[key] = self._make_layout(*key)
+            per_rank = self.per_rank(sum(sizes), world_size)
+            ranks = apportion([per_rank] * world_size, sizes)
+            pieces = split_workers(per_rank, num_workers, batch_size)
+            self._layouts[key] = (ranks[:rank].sum(axis=0), apportion(pieces, ranks[rank].tolist()), pieces)
         return self._layouts[key]
 
-    def _make_layout(
-        self, sizes: tuple[int, ...], world_size: int, rank: int, num_workers: int, batch_size: int | None
-    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-        k = len(sizes)
-        per_rank = self.per_rank(sum(sizes), world_size)
-        ranks = apportion([per_rank] * world_size, sizes)
-        start = ranks[:rank].sum(axis=0)
+    def _rounds(self, counts: np.ndarray, piece: int, batch_size: int | None) -> np.ndarray:
+        """A worker's rounds (its batches; rounds of 64 without a batch size) shared out among
+        its counts: ``(rounds, K)``."""
         unit = batch_size or _ROUND
-        lengths = [unit] * (per_rank // unit) + ([per_rank % unit] if per_rank % unit else [])
-        rounds = apportion(lengths, ranks[rank].tolist())
-        ends = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-        out = []
-        for w in range(num_workers):
-            if batch_size:  # batch j to worker j mod num_workers, as the DataLoader deals them
-                picked = np.arange(w, len(lengths), num_workers)
-                slices = np.stack([np.zeros(len(picked), np.int64), ends[picked + 1] - ends[picked]], axis=1)
-            else:  # contiguous pieces, cut out of the rounds
-                bounds = np.cumsum([0, *split_evenly(per_rank, num_workers)])
-                p0, p1 = int(bounds[w]), int(bounds[w + 1])
-                picked = np.arange(p0 // unit, -(-p1 // unit)) if p1 > p0 else np.arange(0)
-                slices = np.stack(
-                    [np.maximum(p0, ends[picked]) - ends[picked], np.minimum(p1, ends[picked + 1]) - ends[picked]],
-                    axis=1,
-                )
-            mine = rounds[picked].reshape(len(picked), k)
-            taken = np.zeros(k, np.int64)
-            for counts, (a, b) in zip(mine.tolist(), slices.tolist()):
-                if a == 0 and b == sum(counts):
-                    taken += counts
-                else:
-                    taken += np.bincount(window_labels(counts)[a:b], minlength=k)
-            out.append((mine, slices.reshape(len(picked), 2), start.copy(), taken))
-            start = start + taken
-        return out
+        lengths = [unit] * (piece // unit) + ([piece % unit] if piece % unit else [])
+        return apportion(lengths, counts.tolist())
 
-    def _source_runs(self, s: int, todo: np.ndarray | None, start: int, count: int) -> list[PlanRun]:
+    def _source_runs(self, s: int, todo: Todo | None, start: int, count: int) -> list[PlanRun]:
         """Runs (virtual shards of source ``s``'s selection) of its positions
-        ``start..start+count-1``, wrapping modulo what the source has (``todo``: its virtual ids
-        left, in order; None: the whole selection)."""
+        ``start..start+count-1``, wrapping modulo what the source has (``todo``: what it still
+        owes; None: the whole selection)."""
         sel = self.selections[s]
-        total = sel.total if todo is None else len(todo)
+        total = sel.total if todo is None else todo.total
         if count <= 0 or total == 0:
             return []
-        if todo is None:
-            runs = []
-            for a, b in _wrapped(start, start + count, total):
-                first, last = (np.searchsorted(sel.starts, [a, b - 1], side="right") - 1).tolist()
-                begins = sel.starts[first : last + 2]
-                lo = np.maximum(begins[:-1], a) - begins[:-1]
-                hi = np.minimum(begins[1:], b) - 1 - begins[:-1]
-                runs += [
-                    PlanRun(v, x, y) for v, x, y in zip(range(first, last + 1), lo.tolist(), hi.tolist()) if y >= x
-                ]
-            return runs
-        ids = todo[np.arange(start, start + count, dtype=np.int64) % total]
-        shard = np.searchsorted(sel.starts, ids, side="right") - 1
-        return _runs_of(shard, ids - sel.starts[shard])
+        runs = []
+        for a, b in _wrapped(start, start + count, total):
+            if todo is not None:
+                runs += todo.runs(a, b)
+                continue
+            first, last = (np.searchsorted(sel.starts, [a, b - 1], side="right") - 1).tolist()
+            begins = sel.starts[first : last + 2]
+            lo = np.maximum(begins[:-1], a) - begins[:-1]
+            hi = np.minimum(begins[1:], b) - 1 - begins[:-1]
+            runs += [PlanRun(v, x, y) for v, x, y in zip(range(first, last + 1), lo.tolist(), hi.tolist()) if y >= x]
+        return runs
 
     def worker_plan(
-        self, todo: list[np.ndarray] | None, *, seg: int, world_size: int, rank: int, num_workers: int, worker_id: int,
+        self, todo: list[Todo] | None, *, seg: int, world_size: int, rank: int, num_workers: int, worker_id: int,
         batch_size: int | None,
     ) -> MixWorkerPlan:  # fmt: skip
-        """The plan of one worker of one segment (``todo``: each source's virtual ids left)."""
-        sizes = tuple(s.total for s in self.selections) if todo is None else tuple(len(t) for t in todo)
+        """The plan of one worker of one segment (``todo``: what each source still owes)."""
+        sizes = tuple(s.total for s in self.selections) if todo is None else tuple(t.total for t in todo)
         k = len(sizes)
         if sum(sizes) == 0:
             empty = [WorkerPlan([], s.starts) for s in self.selections]
             return MixWorkerPlan(empty, np.zeros((0, k), np.int64), np.zeros((0, 2), np.int64), self.mix)
-        rounds, slices, start, taken = self._rank_layout(sizes, world_size, rank, num_workers, batch_size)[worker_id]
-        plans = []
-        total = sum(sizes)
-        for s, sel in enumerate(self.selections):
-            runs = self._source_runs(s, None if todo is None else todo[s], int(start[s]), int(taken[s]))
-            streams = (self.seed, self.epoch, seg, rank, worker_id, s)
-            if not self.shuffle:
-                plans.append(WorkerPlan(runs, sel.starts))
-                continue
-            plans.append(
-                WorkerPlan(
-                    runs,
-                    sel.starts,
-                    lanes=max(1, min(self.max_open_shards, len(runs))),
-                    capacity=max(1, round(self.shuffle_buffer * sizes[s] / total)) if self.shuffle_buffer > 1 else 0,
-                    stream=(*streams, 2),
-                    interleave=(*streams, 1),
-                )
-            )
+        start, workers, pieces = self._rank_layout(sizes, world_size, rank, num_workers, batch_size)
+        start = start + workers[:worker_id].sum(axis=0)
+        plans = [
+            self._source_plan(todo, sizes, s, int(start[s]), int(workers[worker_id, s]), seg, rank, worker_id)
+            for s in range(k)
+        ]
+        rounds = self._rounds(workers[worker_id], pieces[worker_id], batch_size)
+        slices = np.stack([np.zeros(len(rounds), np.int64), rounds.sum(axis=1)], axis=1)
         return MixWorkerPlan(plans, rounds, slices, self.mix, stream=(self.seed, self.epoch, seg, rank, worker_id, 9))
 
-    def segment_plans(self, todo: list[np.ndarray], seg: int, segment: Segment) -> list[list[MixWorkerPlan]]:
-        """Every worker's plan of a segment: ``[rank][worker_id]``."""
-        return [
-            [
-                self.worker_plan(
-                    todo,
-                    seg=seg,
-                    world_size=segment.world_size,
-                    rank=r,
-                    num_workers=segment.num_workers,
-                    worker_id=w,
-                    batch_size=segment.split_batch_size,
-                )
-                for w in range(segment.num_workers)
-            ]
-            for r in range(segment.world_size)
-        ]
+    def _source_plan(
+        self, todo: list[Todo] | None, sizes: tuple[int, ...], s: int, start: int, count: int, seg: int, rank: int,
+        worker_id: int,
+    ) -> WorkerPlan:  # fmt: skip
+        """A worker's plan of source ``s``: its chunk ``start .. start+count-1`` of the source."""
+        sel = self.selections[s]
+        runs = self._source_runs(s, None if todo is None else todo[s], start, count)
+        if not self.shuffle:
+            return WorkerPlan(runs, sel.starts)
+        streams = (self.seed, self.epoch, seg, rank, worker_id, s)
+        return WorkerPlan(
+            runs,
+            sel.starts,
+            lanes=max(1, min(self.max_open_shards, len(runs))),
+            capacity=max(1, round(self.shuffle_buffer * sizes[s] / sum(sizes))) if self.shuffle_buffer > 1 else 0,
+            stream=(*streams, 2),
+            interleave=(*streams, 1),
+        )
 
-    def current(self, *, world_size: int, num_workers: int) -> tuple[int, list[np.ndarray] | None, Segment | None]:
-        """As :meth:`.plan.EpochPlan.current`, per source: the segment to run now, each source's
-        virtual ids left (None: the whole epoch), and the segment it continues or None."""
-        todo: list[np.ndarray] | None = None
+    def current(self, *, world_size: int, num_workers: int) -> tuple[int, list[Todo] | None, Segment | None]:
+        """As :meth:`.plan.EpochPlan.current`, per source: the segment to run now, what each
+        source still owes (None: the whole epoch), and the segment it continues or None. A
+        closed segment leaves, per source, a :class:`~.plan.Todo` of its old workers'
+        remainders, their sizes from the counts alone: every old rank's and worker's counts per
+        source (O(ranks x workers)), and what each had delivered of each source, the rounds of
+        all old workers replayed together (:func:`~.mixture.apportion_prefix`, O(batches of a
+        worker) numpy steps)."""
+        todo: list[Todo] | None = None
         segments = list(self.segments)
         for i, segment in enumerate(segments):
             if i == len(segments) - 1 and (segment.world_size, segment.num_workers, segment.split_batch_size) == (
@@ -289,23 +261,54 @@ class MixturePlan:
                     "sample count; resume it with the same world_size and num_workers, or save with "
                     "shardstream.loader_state_dict(loader, samples_consumed) for an elastic resume"
                 )
-            if todo is None:
-                todo = [np.arange(s.total, dtype=np.int64) for s in self.selections]
-            plans = self.segment_plans(todo, i, segment)
-            assigned: list[list[np.ndarray]] = [[] for _ in self.selections]
-            done: list[list[np.ndarray]] = [[] for _ in self.selections]
-            for workers in plans:
-                counts = consumed_per_worker([p.count for p in workers], segment.batch_size, segment.samples_consumed)
-                for plan, d in zip(workers, counts):
-                    took = plan.source_counts(d).tolist()
-                    for s, sp in enumerate(plan.sources):
-                        assigned[s].append(sp.ids)
-                        done[s].append(sp.ids[sp.order[: took[s]]])
-            todo = [
-                t[np.isin(t, np.concatenate([t[:0], *a])) & ~np.isin(t, np.concatenate([t[:0], *d]))]
-                for t, a, d in zip(todo, assigned, done)
-            ]
+            todo = self._remainders(todo, i, segment)
         return len(segments), todo, None
+
+    def _remainders(self, todo: list[Todo] | None, seg: int, segment: Segment) -> list[Todo]:
+        """What each source still owes after the closed segment ``seg``."""
+        sizes = tuple(s.total for s in self.selections) if todo is None else tuple(t.total for t in todo)
+        k, ranks, workers = len(sizes), segment.world_size, segment.num_workers
+        unit = segment.split_batch_size or _ROUND
+        if sum(sizes) == 0:
+            return [Todo([]) for _ in range(k)]
+        per_rank = self.per_rank(sum(sizes), ranks)
+        pieces = split_workers(per_rank, workers, segment.split_batch_size)
+        done = consumed_per_worker(pieces, segment.batch_size, segment.samples_consumed)
+        counts = np.concatenate(  # (ranks * workers, K): each old worker's count of each source
+            [apportion(pieces, row) for row in apportion([per_rank] * ranks, sizes).tolist()]
+        )
+        totals = np.tile(np.asarray(pieces, np.int64), ranks)
+        full = np.tile(np.asarray(done, np.int64), ranks) // unit
+        before, current = apportion_prefix(unit, totals, counts, full)
+        partial = np.tile(np.asarray(done, np.int64), ranks) - full * unit
+        delivered = before.copy()
+        for row in np.flatnonzero(partial).tolist():  # a worker stopped inside a batch
+            labels = window_labels(current[row].tolist())[: partial[row]]
+            delivered[row] += np.bincount(labels, minlength=k)
+        parts: list[list[tuple[int, Any]]] = [[] for _ in range(k)]
+        for r in range(ranks):
+            for w in range(workers):
+                row = r * workers + w
+                for s in range(k):
+                    left = int(counts[row, s] - delivered[row, s])
+                    if left > 0:
+                        maker = functools.partial(
+                            self._source_remainder, todo, sizes, segment, seg, r, w, s, int(delivered[row, s])
+                        )
+                        parts[s].append((left, maker))
+        return [Todo(p) for p in parts]
+
+    def _source_remainder(
+        self, todo: list[Todo] | None, sizes: tuple[int, ...], segment: Segment, seg: int, rank: int, worker_id: int,
+        s: int, delivered: int,
+    ) -> list[PlanRun]:  # fmt: skip
+        """What an old worker had not delivered of source ``s`` when segment ``seg`` closed."""
+        start, workers, _ = self._rank_layout(
+            sizes, segment.world_size, rank, segment.num_workers, segment.split_batch_size
+        )
+        first = int(start[s] + workers[:worker_id, s].sum())
+        plan = self._source_plan(todo, sizes, s, first, int(workers[worker_id, s]), seg, rank, worker_id)
+        return plan.remaining(delivered)
 
     def for_worker(self, *, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[MixWorkerPlan, int]:
         """This worker's plan now (resumed where the checkpoint says) and the segment index."""
@@ -325,9 +328,8 @@ class MixturePlan:
             if worker_id in yielded:
                 skip = yielded[worker_id]
             elif continued.samples_consumed is not None:
-                sizes = tuple(s.total for s in self.selections) if todo is None else tuple(len(t) for t in todo)
-                layout = self._rank_layout(sizes, world_size, rank, num_workers, self.batch_size)
-                lengths = [int(taken.sum()) for _, _, _, taken in layout]
+                sizes = tuple(s.total for s in self.selections) if todo is None else tuple(t.total for t in todo)
+                lengths = self._rank_layout(sizes, world_size, rank, num_workers, self.batch_size)[2]
                 skip = consumed_per_worker(lengths, continued.batch_size, continued.samples_consumed)[worker_id]
             if skip > plan.count:
                 raise ValueError(f"checkpoint says worker {worker_id} yielded {skip} samples; it has {plan.count}")
@@ -337,7 +339,7 @@ class MixturePlan:
     def rank_count(self, *, world_size: int, num_workers: int, rank: int = 0) -> int:
         """As :meth:`.plan.EpochPlan.rank_count`."""
         _, todo, continued = self.current(world_size=world_size, num_workers=num_workers)
-        total = self.num_samples if todo is None else sum(len(t) for t in todo)
+        total = self.num_samples if todo is None else sum(t.total for t in todo)
         part = self.per_rank(total, world_size)
         if continued is None or continued.worker_yielded or continued.samples_consumed is None:
             return part

@@ -36,6 +36,7 @@ __all__ = [
     "Selection",
     "Source",
     "apportion",
+    "apportion_prefix",
     "epoch_counts",
     "selection",
     "window_labels",
@@ -360,6 +361,49 @@ def apportion(lengths: Sequence[int], quotas: Sequence[int]) -> np.ndarray:
         taken = [t + a for t, a in zip(taken, row)]
         out[j] = row
     return out
+
+
+def apportion_prefix(
+    round_length: int, totals: np.ndarray, quotas: np.ndarray, rounds: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`apportion` for many rows at once, up to a round of each: row ``i`` shares out
+    ``totals[i]`` positions in rounds of ``round_length`` (the last one shorter) by
+    ``quotas[i]`` (summing to ``totals[i]``); returns, per row, the counts of its first
+    ``rounds[i]`` rounds together and those of round ``rounds[i]`` itself (zeros past its last
+    round), both ``(M, K)`` int64. The same numbers :func:`apportion` gives, computed a round
+    at a time for all rows together: O(max(rounds)) numpy steps.
+    """
+    quotas = np.asarray(quotas, np.int64)
+    totals = np.asarray(totals, np.int64)
+    rounds = np.asarray(rounds, np.int64)
+    m, k = quotas.shape
+    big = int(totals.max(initial=0)) ** 2 >= 1 << 62
+    dtype: Any = object if big else np.int64  # exact past int64's range (one rank of 3 x 10^9 samples)
+    quotas, totals_ = quotas.astype(dtype), totals.astype(dtype)
+    taken = np.zeros((m, k), dtype)
+    done = np.zeros(m, dtype)
+    nrounds = -(-totals // round_length)
+    source = np.broadcast_to(np.arange(k), (m, k))
+    out_taken = np.zeros((m, k), np.int64)
+    out_next = np.zeros((m, k), np.int64)
+    for j in range(int(rounds.max(initial=-1)) + 1):
+        length = np.minimum(round_length, totals - j * round_length).clip(0).astype(dtype)
+        done = done + length
+        safe = np.where(totals_ > 0, totals_, 1)
+        row = length[:, None] * quotas // safe[:, None]
+        owed = done[:, None] * quotas - (taken + row) * safe[:, None]
+        order = np.lexsort((source, -owed.astype(float) if big else -owed), axis=-1)
+        place = np.empty_like(order)
+        np.put_along_axis(place, order, np.broadcast_to(np.arange(k), (m, k)), axis=-1)
+        extra = (length - row.sum(axis=1)).astype(np.int64)
+        row = row + (place < extra[:, None])
+        closing = (j == nrounds - 1) & (done == totals_)
+        row = np.where(closing[:, None], quotas - taken, row)
+        row = np.where((j < nrounds)[:, None], row, 0)
+        out_next = np.where((rounds == j)[:, None], row.astype(np.int64), out_next)
+        taken = taken + row
+        out_taken = np.where((rounds == j + 1)[:, None], taken.astype(np.int64), out_taken)
+    return out_taken, out_next
 
 
 def window_labels(counts: Sequence[int]) -> np.ndarray:
