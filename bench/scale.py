@@ -10,10 +10,16 @@
    100,000 files into 16 shards (the reference): the same figures for one rank, and the RSS
    of the ``DataLoader(num_workers=2)`` process tree while it reads.
 
-Each figure is taken in a fresh process. Targets (issue 15) are checked and printed.
+3. **Elastic resume at 10^10 samples** (``--elastic``, on the synthetic manifest): a job of
+   1,024 ranks x 8 workers (DataLoader batch size 256) checkpointed half-way through epoch 0
+   resumes at 512 ranks x 8; for rank 0 it measures the time and RSS to plan worker 0's piece
+   of the rest, and to draw its first 10 emissions. Once for the dataset, once for a mixture of
+   three sources over the same manifest (weights 0.6 / 0.3 / 0.1 of 10^10 samples).
+
+Each figure is taken in a fresh process. Targets (issues 15 and 24) are checked and printed.
 
 Usage:
-    python bench/scale.py [--files 1000000] [--workdir DIR] [--skip-synthetic] [--skip-real]
+    python bench/scale.py [--files 1000000] [--workdir DIR] [--skip-synthetic] [--skip-real] [--elastic]
 """
 
 from __future__ import annotations
@@ -133,6 +139,45 @@ def measure(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
     }
 
 
+def elastic(dest: str, kind: str) -> dict[str, float]:
+    """In this (fresh) process: rank 0 of 512 x 8 resumes epoch 0 of ``dest`` (``kind``:
+    "dataset" or "mixture") after 1,024 x 8 ranks consumed half of it in batches of 256."""
+    from shardstream import ShardDataset, Source
+    from shardstream.reading.epochs import PassState
+    from shardstream.reading.plan import Segment
+
+    if kind == "dataset":
+        dataset = ShardDataset(dest, shuffle_buffer=1000, seed=0, batch_size=256)
+    else:
+        dataset = ShardDataset(
+            [
+                Source(dest, weight=0.6, name="a"),
+                Source(dest, weight=0.3, name="b"),
+                Source(dest, weight=0.1, name="c"),
+            ],
+            epoch_samples=10**10,
+            shuffle_buffer=1000,
+            seed=0,
+            batch_size=256,
+        )
+    schedule = dataset._schedule
+    per_rank = -(-dataset.num_samples // 1024)
+    consumed = per_rank // 2 // 256 * 256
+    closed = Segment(1024, 8, batch_size=256, samples_consumed=consumed, split_batch_size=256).to_dict()
+    base = rss_mb()
+    started = time.perf_counter()
+    plan = schedule.plan(PassState(0, [closed]))
+    mine, seg = plan.for_worker(rank=0, world_size=512, worker_id=0, num_workers=8)
+    if kind == "dataset":
+        first = list(zip(range(10), mine.emissions()))
+    else:
+        first = [list(zip(range(10), p.emissions())) for p in mine.sources] + [next(mine.labels())[:10]]
+    took = time.perf_counter() - started
+    remaining = plan.rank_count(world_size=512, num_workers=8)
+    assert seg == 1 and first and remaining == -(-(dataset.num_samples - 1024 * consumed) // 512)
+    return {"resume_s": took, "resume_rss_mb": rss_mb() - base, "rank_count": remaining, "worker_count": mine.count}
+
+
 def run_child(dest: str, world_size: int, num_workers: int) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--child", dest, str(world_size), str(num_workers)],
@@ -208,10 +253,15 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--skip-real", action="store_true")
+    parser.add_argument("--elastic", action="store_true", help="also time an elastic resume at 10^10 samples")
     parser.add_argument("--child", nargs=3, metavar=("DEST", "WORLD_SIZE", "WORKERS"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-elastic", nargs=2, metavar=("DEST", "KIND"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child[0], int(args.child[1]), int(args.child[2]))))
+        return
+    if args.child_elastic:
+        print(json.dumps(elastic(*args.child_elastic)))
         return
     work = args.workdir or Path(tempfile.mkdtemp(prefix="shardstream-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -236,6 +286,25 @@ def main() -> None:
             ("synthetic first sample <= 0.5 s (DataLoader, 8 workers)", r["first_sample_s"] <= 0.5),
             ("synthetic info < 2 s", info < 2),
         ]
+    if args.elastic:
+        dest = synthetic(work)
+        for kind in ("dataset", "mixture"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--child-elastic", dest, kind], capture_output=True, text=True, timeout=1200
+            )
+            if out.returncode != 0:
+                raise SystemExit(f"elastic resume of the {kind} failed:\n{out.stderr[-3000:]}")
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(
+                f"elastic resume, 10^10-sample {kind}, 1,024 x 8 -> 512 x 8, rank 0 worker 0: "
+                f"{r['resume_s']:.2f} s, +{r['resume_rss_mb']:.0f} MB ({r['rank_count']:,d} samples for the rank, "
+                f"{r['worker_count']:,d} for the worker)",
+                flush=True,
+            )
+            checks += [
+                (f"elastic resume of the {kind} <= 2 s", r["resume_s"] <= 2),
+                (f"elastic resume of the {kind} +RSS <= 300 MB", r["resume_rss_mb"] <= 300),
+            ]
     if not args.skip_real:
         from shardstream import pack
 

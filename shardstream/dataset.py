@@ -210,7 +210,7 @@ class ShardDataset(IterableDataset):
                 raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
             resolved = [resolve_source(src.location, s3=s3) for src in sources]
             self.index = None
-            self.shard_urls = [url for urls, _ in resolved for url in urls]
+            self.shard_urls = _Chained([urls for urls, _ in resolved])  # O(sources): never listed
             shard_sets = [IndexedShards(index) if index is not None else BareShards(urls) for urls, index in resolved]
             self._schedule = MixtureSchedule(
                 sources,
@@ -575,6 +575,27 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
             "give the dataset the DataLoader's batch size"
         )
     return dataset.state_dict(samples_consumed, batch_size=loader.batch_size, num_workers=loader.num_workers)
+
+
+class _Chained(Sequence[str]):
+    """The shard URLs of a mixture's sources, one after another, without a list of them (a
+    source's URLs are made from its index on demand)."""
+
+    def __init__(self, parts: list[Sequence[str]]) -> None:
+        self.parts = parts
+        self.starts = [0]
+        for part in parts:
+            self.starts.append(self.starts[-1] + len(part))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        part = next(k for k in range(len(self.parts)) if i < self.starts[k + 1])
+        return self.parts[part][i - self.starts[part]]
 
 
 def _sources_of(source: Any) -> list[Source] | None:

@@ -418,3 +418,23 @@ def test_stateful_dataloader_resumes_a_mixture(sources):
     resumed.load_state_dict(state)
     after = [t for batch in resumed for t in batch]
     assert collections.Counter(before + after) == collections.Counter(read_whole_epoch(sources, 0))
+
+
+def test_the_rounds_of_many_workers_replay_together_as_one_by_one():
+    from shardstream.reading.mixture import apportion_prefix
+
+    rng = random.Random(4)
+    for _ in range(200):
+        rows, k, size = rng.randint(1, 6), rng.randint(1, 5), rng.randint(1, 20)
+        totals = [rng.randint(0, 300) for _ in range(rows)]
+        quotas = [np.diff([0, *sorted(rng.randint(0, t) for _ in range(k - 1)), t]).tolist() for t in totals]
+        upto = [rng.randint(0, -(-t // size)) for t in totals]
+        twice = rng.randrange(rows)  # a row repeated, as workers of other ranks repeat each other
+        totals, quotas, upto = totals + [totals[twice]], quotas + [quotas[twice]], upto + [upto[twice]]
+        rows += 1
+        before, current = apportion_prefix(size, np.array(totals), np.array(quotas).reshape(rows, k), np.array(upto))
+        for i, total in enumerate(totals):
+            lengths = [size] * (total // size) + ([total % size] if total % size else [])
+            one = apportion(lengths, quotas[i]) if lengths else np.zeros((0, k), np.int64)
+            assert before[i].tolist() == one[: upto[i]].sum(axis=0).tolist()
+            assert current[i].tolist() == (one[upto[i]].tolist() if upto[i] < len(lengths) else [0] * k)

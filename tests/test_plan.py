@@ -220,3 +220,45 @@ def test_more_lanes_than_int8_holds():
     mine, _ = plan.for_worker(rank=0, world_size=1, worker_id=0, num_workers=1)
     assert mine.lanes == 200 and next(mine.labels()).dtype == np.int32
     assert sorted(mine.ids[mine.order].tolist()) == list(range(900))
+
+
+def test_buffer_state_says_what_the_buffer_emitted_and_holds():
+    """The vectorised replay of the shuffle buffer (an elastic resume's) against the buffer
+    itself, over sizes around the ramp, the growth and the final drain."""
+    import random
+
+    from shardstream.reading.plan import buffer_state, iter_buffer_order
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        count, capacity = rng.randint(0, 300), rng.choice([0, 1, 2, 3, 7, 10, 64, 1000])
+        emitted, seed = rng.randint(0, count), rng.randint(0, 10**6)
+        order = list(iter_buffer_order(count, capacity, np.random.default_rng(seed)))
+        arrived, held = buffer_state(count, capacity, np.random.default_rng(seed), emitted)
+        assert set(order[:emitted]) == set(range(arrived)) - set(held.tolist())
+        assert len(set(held.tolist())) == len(held) and (held < arrived).all()
+
+
+def test_a_worker_remainder_is_what_it_did_not_deliver():
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        counts = rng.integers(0, 30, size=int(rng.integers(1, 12))).tolist()
+        plan = EpochPlan(counts, seed=trial, epoch=1, shuffle_buffer=int(rng.choice([0, 5, 40])), max_open_shards=3)
+        runs = plan.piece_runs(None, world_size=1, rank=0, num_workers=1, worker_id=0, batch_size=None)
+        worker = plan.worker_plan(runs, seg=0, rank=0, worker_id=0)
+        delivered = int(rng.integers(0, worker.count + 1))
+        left = worker.remaining(delivered)
+        ids = sorted(int(plan.shard_order.starts[r.shard]) + i for r in left for i in r.indices().tolist())
+        assert ids == sorted(set(worker.ids.tolist()) - set(worker.ids[worker.order[:delivered]].tolist()))
+
+
+def test_an_elastic_resume_works_out_only_the_old_workers_a_reader_needs():
+    """64 old readers closed a segment; a reader of the new shape materialises the remainders
+    its piece overlaps (two here), not the 64."""
+    counts = [100] * 64
+    plan = EpochPlan(counts, seed=1, epoch=0, shuffle_buffer=10, segments=[Segment(16, 4, 5, 40, split_batch_size=5)])
+    seg, todo, continued = plan.current(world_size=32, num_workers=4)
+    assert seg == 1 and continued is None and todo.total == 6400 - 16 * 40 and len(todo.sizes) == 64
+    runs = plan.piece_runs(todo, world_size=32, rank=0, num_workers=4, worker_id=0, batch_size=None)
+    assert sum(run.count for run in runs) == -(-todo.total // 32) // 4
+    assert 1 <= len(todo._runs) <= 2

@@ -375,34 +375,43 @@ def apportion_prefix(
     """
     quotas = np.asarray(quotas, np.int64)
     totals = np.asarray(totals, np.int64)
-    rounds = np.asarray(rounds, np.int64)
+    rounds = np.minimum(np.asarray(rounds, np.int64), -(-totals // round_length))
     m, k = quotas.shape
-    big = int(totals.max(initial=0)) ** 2 >= 1 << 62
-    dtype: Any = object if big else np.int64  # exact past int64's range (one rank of 3 x 10^9 samples)
-    quotas, totals_ = quotas.astype(dtype), totals.astype(dtype)
-    taken = np.zeros((m, k), dtype)
-    done = np.zeros(m, dtype)
-    nrounds = -(-totals // round_length)
-    source = np.broadcast_to(np.arange(k), (m, k))
+    rows = np.column_stack([quotas, totals, rounds])
+    distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
+    if len(distinct) < m:  # workers of other ranks share counts and progress: replay each kind once
+        before, current = apportion_prefix(round_length, distinct[:, k], distinct[:, :k], distinct[:, k + 1])
+        inverse = inverse.reshape(-1)
+        return before[inverse], current[inverse]
     out_taken = np.zeros((m, k), np.int64)
     out_next = np.zeros((m, k), np.int64)
-    for j in range(int(rounds.max(initial=-1)) + 1):
-        length = np.minimum(round_length, totals - j * round_length).clip(0).astype(dtype)
-        done = done + length
-        safe = np.where(totals_ > 0, totals_, 1)
-        row = length[:, None] * quotas // safe[:, None]
-        owed = done[:, None] * quotas - (taken + row) * safe[:, None]
-        order = np.lexsort((source, -owed.astype(float) if big else -owed), axis=-1)
-        place = np.empty_like(order)
-        np.put_along_axis(place, order, np.broadcast_to(np.arange(k), (m, k)), axis=-1)
-        extra = (length - row.sum(axis=1)).astype(np.int64)
-        row = row + (place < extra[:, None])
-        closing = (j == nrounds - 1) & (done == totals_)
-        row = np.where(closing[:, None], quotas - taken, row)
-        row = np.where((j < nrounds)[:, None], row, 0)
-        out_next = np.where((rounds == j)[:, None], row.astype(np.int64), out_next)
+    whole = rounds * round_length >= totals  # every round: the counts are the quotas
+    out_taken[whole] = quotas[whole]
+    live = np.flatnonzero(~whole)  # rows replayed, the others are done
+    if not len(live):
+        return out_taken, out_next
+    big = int(totals.max()) ** 2 >= 1 << 62
+    dtype: Any = object if big else np.int64  # exact past int64's range (a worker of 3 x 10^9 samples)
+    q, n, upto = quotas[live].astype(dtype), totals[live].astype(dtype), rounds[live]
+    taken = np.zeros((len(live), k), dtype)
+    tie = np.arange(k)
+    last = -(-totals[live] // round_length) - 1
+    for j in range(int(upto.max()) + 1):
+        length = np.minimum(round_length, n - j * round_length)
+        row = length[:, None] * q // n[:, None]
+        owed = (j * round_length + length)[:, None] * q - (taken + row) * n[:, None]
+        key = -owed * k + tie  # by what is owed, ties to the earlier source (Python ints when big)
+        extra = (length - row.sum(axis=1)).astype(np.int64)  # sources that get one more: 0 .. K-1
+        cutoff = np.take_along_axis(np.sort(key, axis=1), np.maximum(extra - 1, 0)[:, None], axis=1)
+        row = row + ((key <= cutoff) & (extra > 0)[:, None])
+        closing = j == last  # the last round closes each count exactly
+        if closing.any():
+            row[closing] = q[closing] - taken[closing]
+        now = upto == j
+        if now.any():
+            out_taken[live[now]] = taken[now].astype(np.int64)
+            out_next[live[now]] = row[now].astype(np.int64)
         taken = taken + row
-        out_taken = np.where((rounds == j + 1)[:, None], taken.astype(np.int64), out_taken)
     return out_taken, out_next
 
 
