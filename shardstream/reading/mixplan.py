@@ -10,20 +10,24 @@ source, a :class:`~.mixture.Selection` of ``n_s`` samples; all sources together 
    proportion of ``R``, and the ranks together read each source's ``n_s`` exactly (where
    ``R`` divides ``n``; a pad wraps to a source's first samples, a drop leaves its last).
    Rank ``r`` reads the source's positions after those of ranks ``0 .. r-1``.
-2. **Workers.** A rank's positions fall into rounds: the DataLoader's batches when the
-   dataset knows its ``batch_size`` (else rounds of 64), shared out among the rank's
-   sources by :func:`~.mixture.apportion`, each in :func:`~.mixture.window_labels` order.
-   Batches go to workers round-robin, as the DataLoader deals them, so each batch the
-   DataLoader yields holds the floor or ceil of each source's share; without a batch size,
-   workers take contiguous pieces. A worker takes, of each source, a contiguous chunk of
-   the rank's part, as many samples as its positions want.
+2. **Workers, then batches.** A rank's workers (their pieces, :func:`~.plan.split_workers`)
+   are rounds shared out among the rank's counts the same way, and each worker's batches
+   (the DataLoader's ``batch_size``; rounds of 64 without it) among the worker's counts,
+   each batch in :func:`~.mixture.window_labels` order. So each batch the DataLoader yields
+   holds the floor or ceil of each source's share of the worker's proportion (itself within
+   one sample per piece of the rank's). A worker takes, of each source, a contiguous chunk
+   of the rank's part, after those of the workers before it.
 3. **Reading.** Each source's chunk is read as :mod:`.plan` reads a piece (runs, lanes,
    shuffle buffer sized by the source's share of ``shuffle_buffer``), and the worker emits
    the sources in its positions' order.
 
 A resume of the same shape skips, in each source, the samples the worker's delivered
-positions took; an elastic resume replays the closed segments per source (as :mod:`.plan`
-does) and splits what is left, interleaved by what is left of each source.
+positions took. An elastic resume leaves, per source, a :class:`~.plan.Todo` of the old
+workers' remainders (as :mod:`.plan` does): each old worker's count of each source comes
+from the rounds of ranks and workers (O(ranks x workers)), and what it had delivered of each
+from its first batches, replayed for every distinct kind of old worker at once
+(:func:`~.mixture.apportion_prefix`); what is left is split anew, interleaved by what is
+left of each source.
 """
 
 from __future__ import annotations

@@ -35,7 +35,11 @@ Because (4) and (5) depend on nothing but these numbers, "``d`` samples delivere
 ``num_workers`` continues each worker's order where it stopped; a resume with another shape
 (elastic) closes the segment, takes the samples not yet delivered, in epoch order, and
 splits those anew as in (2)-(5). Samples in shuffle buffers and prefetch queues at the
-checkpoint were not delivered, so they are read again: none is lost, none repeated.
+checkpoint were not delivered, so they are read again: none is lost, none repeated. What a
+closed segment leaves is a :class:`Todo`: each old worker's remainder (its lanes from where
+their arrivals stopped, and what its shuffle buffer still held: :func:`buffer_state`), whose
+size is known from the counts alone and whose runs are worked out only when a new reader's
+piece reaches it. So an elastic resume costs a rank what it reads, not the epoch.
 
 Which samples a rank delivered follows from how a ``torch.utils.data.DataLoader`` hands out
 batches: in order, round-robin over the workers that still have data, each worker's last
