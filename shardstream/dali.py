@@ -459,12 +459,12 @@ class DaliLoader:
         from nvidia.dali import fn, types
 
         gpu = self.device_id is not None
-        slot = self.dataset.__dict__.get("_parent_rank") or (0, 1)
+        rank = self.dataset._slot().rank  # data-parallel: the ranks of a replication group crop alike
         pipe = dali.Pipeline(
             batch_size=self.batch_size,
             num_threads=self.num_threads,
             device_id=self.device_id,
-            seed=self.seed * 1000 + slot[0] + 1,
+            seed=self.seed * 1000 + rank + 1,
             prefetch_queue_depth=2,
         )
         with pipe:

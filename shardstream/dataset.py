@@ -72,10 +72,20 @@ class ShardDataset(IterableDataset):
     goes to reader ``i % (world_size * num_workers)``: every sample once per epoch, counts per
     rank equal only when the shards divide evenly; no ``len`` and no resume.
 
+    With a list of :class:`~shardstream.Source` s, a mixture of datasets
+    (:mod:`shardstream.reading.mixture`, docs page "Mixtures"): each epoch reads each source's
+    count (``samples=``, ``repeat=``, ``weight=`` of ``epoch_samples``, by the largest
+    remainder), sub-sampled sources cover all their samples over successive epochs before any
+    repeats, every rank reads each source's proportion within one sample, each batch (with
+    ``batch_size``) the floor or ceil of each source's share, and every sample carries
+    ``"__source__"``: its source's name.
+
     Args:
         source: a dataset written by ``shardstream pack`` (a local directory, an
             ``s3://bucket/prefix``, or its index file), a shard URL, a brace pattern of
-            shard URLs (``"s3://b/data-{000000..000009}.tar"``), or a list of shard URLs.
+            shard URLs (``"s3://b/data-{000000..000009}.tar"``), or a list of shard URLs;
+            or a list of ``Source(location, weight= | repeat= | samples=)``: a mixture (every
+            source needs an index).
         shuffle: shuffle shard order and samples; ``False`` yields shards in index order and
             samples in shard order (split over readers as above).
         shuffle_buffer: samples held by each reader's shuffle buffer.
@@ -118,12 +128,23 @@ class ShardDataset(IterableDataset):
         resampled: an endless stream instead of epochs: each reader draws shards at random
             with replacement (weighted by sample count, seeded by ``(seed, epoch, reader)``)
             and passes their samples through the shuffle buffer. No ``len``, no resume.
+        epoch_samples: a mixture's epoch size, shared out by the ``weight=`` sources (after
+            ``samples=`` and ``repeat=`` ones); needed when a source has a weight.
+        mix: a mixture's interleaving within the epoch: ``"stratified"`` (each batch holds
+            each source's share) or ``"random"`` (a seeded random interleaving of the same
+            per-worker counts).
+        replication: ranks per model-parallel group: each group of ``replication``
+            consecutive ranks reads the same samples in the same order, and epochs are exact
+            over the ``world_size // replication`` groups.
 
     Yields:
         dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``, one entry
-        per member extension (decoded as ``decode`` says).
+        per member extension (decoded as ``decode`` says); of a mixture, also
+        ``"__source__"``: the source's name.
 
     Raises:
+        ValueError: a bad argument, or a bad mixture (each message names the source), or
+            (while iterating) a world size that is not a multiple of ``replication``.
         ShardNotFoundError: no index at a dataset location, or (while iterating) a shard URL
             that does not exist.
         IndexFormatError: the index is malformed.
