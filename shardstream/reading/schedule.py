@@ -224,13 +224,24 @@ class EpochSchedule:
             ValueError: the state is not a shardstream state, or was saved for another
                 dataset or with other shuffle settings (each named).
         """
+        epoch, segments = self._checked(
+            state, {"num_samples": self.num_samples, "num_shards": self.num_shards}, "for another dataset or settings"
+        )
+        return PassState(epoch, segments)
+
+    def _checked(self, state: dict[str, Any], mine: dict[str, Any], saved: str) -> tuple[int, list[dict[str, Any]]]:
+        """A checkpoint's epoch and segments, once its format, version, ``mine`` and the
+        settings that fix an order match this schedule's.
+
+        Raises:
+            ValueError: it does not (each difference named; ``saved`` says how it was saved).
+        """
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ValueError(f'not a shardstream state (no "format": "{STATE_FORMAT}"): {str(state)[:200]}')
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
         mine = {
-            "num_samples": self.num_samples,
-            "num_shards": self.num_shards,
+            **mine,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shuffle_buffer": self.shuffle_buffer,
@@ -240,9 +251,8 @@ class EpochSchedule:
         differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if differ:
             detail = ", ".join(f"{k}: checkpoint {a!r}, dataset {b!r}" for k, (a, b) in differ.items())
-            raise ValueError(f"the state was saved for another dataset or settings ({detail}); construct the same")
-        segments = [Segment.from_dict(x).to_dict() for x in state["segments"]]  # validates them
-        return PassState(int(state["epoch"]), segments)
+            raise ValueError(f"the state was saved {saved} ({detail}); construct the same")
+        return int(state["epoch"]), [Segment.from_dict(x).to_dict() for x in state["segments"]]  # validates them
 
 
 def segments_of(state: PassState) -> tuple[Segment, ...]:
@@ -407,26 +417,10 @@ class MixtureSchedule(EpochSchedule):
             ValueError: not a shardstream state, not a mixture's, other shuffle settings, or a
                 changed mixture in the middle of an epoch (each difference named).
         """
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f'not a shardstream state (no "format": "{STATE_FORMAT}"): {str(state)[:200]}')
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
+        epoch, segments = self._checked(state, {}, "with other settings")
         old = state.get("mixture")
         if not isinstance(old, dict):
             raise ValueError("the state was saved by a dataset of one source, not a mixture; construct the same")
-        mine = {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "shuffle_buffer": self.shuffle_buffer,
-            "max_open_shards": self.max_open_shards,
-            "drop_last": self.drop_last,
-        }
-        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
-        if differ:
-            detail = ", ".join(f"{k}: checkpoint {a!r}, dataset {b!r}" for k, (a, b) in differ.items())
-            raise ValueError(f"the state was saved with other settings ({detail}); construct the same")
-        segments = [Segment.from_dict(x).to_dict() for x in state["segments"]]
-        epoch = int(state["epoch"])
         changes = _mixture_changes(old, self._mixture_dict(epoch))
         olds = {x["name"]: x for x in old["sources"]}
         if not changes:
