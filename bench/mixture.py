@@ -102,12 +102,16 @@ def main() -> None:
 
         results: dict[str, list[float]] = {"one after another": [], "mixture (each once)": [], "weighted mixture": []}
         ways = {"one after another": one_after_another, "mixture (each once)": mixture, "weighted mixture": weighted}
-        timed(mixture, args.workers, args.batch_size)  # warm the page cache and imports
-        for _ in range(args.rounds):
-            for name, make in ways.items():
+        for make in ways.values():  # warm the page cache, imports and each way's first pass
+            timed(make, args.workers, args.batch_size)
+        for round_ in range(args.rounds):
+            names = list(ways)
+            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:  # each way goes first in turn
+                make = ways[name]
                 seconds, count = timed(make, args.workers, args.batch_size)
                 assert count == total, (name, count, total)
                 results[name].append(count / seconds)
+            print(f"round {round_}: " + ", ".join(f"{n} {r[-1]:.0f}" for n, r in results.items()), flush=True)
     print(f"\n{'way':24s}{'samples/s (median)':>20s}{'min':>10s}{'max':>10s}")
     for name, rates in results.items():
         print(f"{name:24s}{statistics.median(rates):20.0f}{min(rates):10.0f}{max(rates):10.0f}")

@@ -278,11 +278,12 @@ def read_mixed(
     lanes and shuffle buffer; the worker's read-ahead budget shared by the sources), emitted
     in the order of ``mix.labels()``, less the ``mix.skip`` positions delivered before a
     resume. Each sample gets ``"__source__"``: its source's name. Counts per source go to
-    ``stats`` as they are handed on."""
-    share = share_buffer(fetch, len(engines))
+    ``stats`` as they are handed on. Each source reads ahead within its share of ``fetch``'s
+    bounds, in proportion to its samples (:func:`_source_fetch`)."""
     pulled = [0]
+    total = max(1, sum(plan.count for plan in plans))
     sources = [
-        _SourceQueue(engine.read_plan(plan, fetch=share, stats=stats), pulled, name)
+        _SourceQueue(engine.read_plan(plan, fetch=_source_fetch(fetch, plan.count / total), stats=stats), pulled, name)
         for engine, plan, name in zip(engines, plans, names)
     ]
     left = mix.skip
@@ -323,32 +324,30 @@ def read_mixed(
 
 class _SourceQueue:
     """One source's samples of a mixture, taken ``n`` at a time, each tagged ``"__source__":
-    name``; the payload bytes of each batch read are added to ``pulled[0]``."""
+    name``; the payload bytes of each batch read are added to ``pulled[0]``. Samples are
+    built as they are taken (a slicer's batch builds them as it is iterated), so no batch of
+    payloads is held before its turn."""
 
     def __init__(self, batches: Iterator[Batch], pulled: list[int], name: str) -> None:
-        self.batches, self.pulled, self.name = batches, pulled, name
-        self.held: list[Any] = []
-        self.at = 0
+        self.name = name
+        self.samples = self._tagged(batches, pulled)
 
-    def take(self, n: int) -> list[Any]:
-        while len(self.held) - self.at < n:
-            batch = next(self.batches, None)
-            if batch is None:
-                raise AssertionError(f"internal error: source {self.name!r} ended before its plan")
-            self.pulled[0] += batch.nbytes
-            samples = list(batch)  # a Batch, or a slicer's samples, built as iterated (once)
-            for sample in samples:
+    def _tagged(self, batches: Iterator[Batch], pulled: list[int]) -> Iterator[Any]:
+        for batch in batches:
+            pulled[0] += batch.nbytes
+            for sample in batch:
                 if sample is not None:
                     sample["__source__"] = self.name
-            self.held = self.held[self.at :] + samples
-            self.at = 0
-        self.at += n
-        return self.held[self.at - n : self.at]
+                yield sample
+
+    def take(self, n: int) -> list[Any]:
+        out = list(itertools.islice(self.samples, n))
+        if len(out) < n:
+            raise AssertionError(f"internal error: source {self.name!r} ended before its plan")
+        return out
 
     def finish(self) -> None:
-        if self.at < len(self.held):
-            raise AssertionError(f"internal error: source {self.name!r} read beyond its plan")
-        for _ in self.batches:
+        for _ in self.samples:
             raise AssertionError(f"internal error: source {self.name!r} read beyond its plan")
 
 
@@ -475,6 +474,22 @@ def _in_batches(samples: Iterator[dict[str, Any]], size: int = _OUT_BATCH) -> It
     if batch:
         batch.nbytes = sum(map(_payload_bytes, batch))
         yield batch
+
+
+def _source_fetch(fetch: FetchConfig, share: float) -> FetchConfig:
+    """A mixture's source's part of a reader's read-ahead bounds: ``share`` (its share of the
+    reader's samples) of the budget and requests, at least one ranged GET of 1 MiB or more,
+    so the sources read at the pace they are consumed within about the reader's budget."""
+    if share >= 1:
+        return fetch
+    budget = int(fetch.max_buffer_bytes * share)
+    part = min(fetch.part_bytes, max(_MIN_PART_BYTES, budget // 2))
+    return dataclasses.replace(
+        fetch,
+        part_bytes=part,
+        max_buffer_bytes=max(part, budget),
+        max_inflight_requests=max(1, round(fetch.max_inflight_requests * share)),
+    )
 
 
 def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
