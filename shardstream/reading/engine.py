@@ -323,31 +323,41 @@ def read_mixed(
 
 
 class _SourceQueue:
-    """One source's samples of a mixture, taken ``n`` at a time, each tagged ``"__source__":
-    name``; the payload bytes of each batch read are added to ``pulled[0]``. Samples are
-    built as they are taken (a slicer's batch builds them as it is iterated), so no batch of
-    payloads is held before its turn."""
+    """One source's samples of a mixture, taken ``n`` at a time (slices of its batches), each
+    tagged ``"__source__": name``; the payload bytes of each batch read are added to
+    ``pulled[0]``. A slicer's batch builds its samples as it is iterated, so it is taken in
+    when its turn comes, one batch at a time."""
 
     def __init__(self, batches: Iterator[Batch], pulled: list[int], name: str) -> None:
-        self.name = name
-        self.samples = self._tagged(batches, pulled)
-
-    def _tagged(self, batches: Iterator[Batch], pulled: list[int]) -> Iterator[Any]:
-        for batch in batches:
-            pulled[0] += batch.nbytes
-            for sample in batch:
-                if sample is not None:
-                    sample["__source__"] = self.name
-                yield sample
+        self.batches, self.pulled, self.name = batches, pulled, name
+        self.held: list[Any] = []
+        self.at = 0
 
     def take(self, n: int) -> list[Any]:
-        out = list(itertools.islice(self.samples, n))
-        if len(out) < n:
-            raise AssertionError(f"internal error: source {self.name!r} ended before its plan")
+        held, at = self.held, self.at
+        if at + n <= len(held):  # the common case: within the batch at hand
+            self.at = at + n
+            return held[at : at + n]
+        out = held[at:]
+        while len(out) < n:
+            batch = next(self.batches, None)
+            if batch is None:
+                raise AssertionError(f"internal error: source {self.name!r} ended before its plan")
+            self.pulled[0] += batch.nbytes
+            held = batch if type(batch) is Batch else list(batch)
+            name = self.name
+            for sample in held:
+                if sample is not None:
+                    sample["__source__"] = name
+            want = n - len(out)
+            out += held[:want]
+            self.held, self.at = held, min(want, len(held))
         return out
 
     def finish(self) -> None:
-        for _ in self.samples:
+        if self.at < len(self.held):
+            raise AssertionError(f"internal error: source {self.name!r} read beyond its plan")
+        for _ in self.batches:
             raise AssertionError(f"internal error: source {self.name!r} read beyond its plan")
 
 
