@@ -11,6 +11,7 @@ are the epoch schedule's (:mod:`shardstream.reading.schedule`); reading is the e
 
 from __future__ import annotations
 
+import bisect
 import gc
 import logging
 import os
@@ -615,7 +616,7 @@ class _Chained(Sequence[str]):
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         i %= len(self)
-        part = next(k for k in range(len(self.parts)) if i < self.starts[k + 1])
+        part = bisect.bisect_right(self.starts, i) - 1
         return self.parts[part][i - self.starts[part]]
 
 

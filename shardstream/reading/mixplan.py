@@ -41,14 +41,15 @@ import numpy as np
 
 from .mixture import Selection, apportion, apportion_prefix, window_labels
 from .plan import (
-    _DRAW_CHUNK,
     PlanRun,
     Segment,
     Todo,
     WorkerPlan,
-    _draw_counts,
     _wrapped,
     consumed_per_worker,
+    interleaving,
+    per_rank,
+    runs_between,
     split_workers,
 )
 
@@ -62,15 +63,14 @@ _ROUND = 64  # positions per round when the DataLoader's batch size is not known
 class MixWorkerPlan:
     """What one worker reads in one segment of a mixture: per source a
     :class:`~.plan.WorkerPlan` over the source's selection (virtual ids: positions in the
-    selection), and the source of each of the worker's positions (:meth:`labels`): window
-    ``i`` is positions ``slices[i, 0] .. slices[i, 1] - 1`` of a round holding ``rounds[i]``
-    of each source, in :func:`~.mixture.window_labels` order (``stratified``), or a seeded
-    uniformly random interleaving of the same counts (``random``). ``skip`` leading positions
+    selection), and the source of each of the worker's positions (:meth:`labels`): round
+    ``i`` holds ``rounds[i]`` of each source, in :func:`~.mixture.window_labels` order
+    (``stratified``), or a seeded uniformly random interleaving of the same counts
+    (``random``). ``skip`` leading positions
     were delivered before a resume."""
 
     sources: list[WorkerPlan]
-    rounds: np.ndarray  # int64 (windows, K)
-    slices: np.ndarray  # int64 (windows, 2)
+    rounds: np.ndarray  # int64 (rounds, K): each of the worker's rounds (batches), per source
     mix: str = "stratified"
     stream: tuple[int, ...] = ()
     skip: int = 0
@@ -81,25 +81,14 @@ class MixWorkerPlan:
 
     def labels(self) -> Iterator[np.ndarray]:
         """The source of each position, in order: int16 arrays."""
-        if self.mix == "stratified":
-            known: dict[tuple[int, ...], np.ndarray] = {}  # rounds repeat a few patterns of counts
-            for counts, (a, b) in zip(map(tuple, self.rounds.tolist()), self.slices.tolist()):
-                if counts not in known:
-                    known[counts] = window_labels(counts)
-                yield known[counts][a:b]
+        if self.mix == "random":
+            yield from interleaving([p.count for p in self.sources], self.stream, np.int16)
             return
-        remaining = np.array([p.count for p in self.sources], np.int64)
-        rng = np.random.default_rng(self.stream)
-        sources = np.arange(len(self.sources), dtype=np.int16)
-        left = self.count
-        while left:
-            n = min(_DRAW_CHUNK, left)
-            counts = _draw_counts(rng, remaining, n)
-            chunk = np.repeat(sources, counts)
-            rng.shuffle(chunk)
-            remaining -= counts
-            left -= n
-            yield chunk
+        known: dict[tuple[int, ...], np.ndarray] = {}  # rounds repeat a few patterns of counts
+        for counts in map(tuple, self.rounds.tolist()):
+            if counts not in known:
+                known[counts] = window_labels(counts)
+            yield known[counts]
 
     def source_counts(self, positions: int) -> np.ndarray:
         """int64 ``(K,)``: how many of the first ``positions`` positions each source has."""
@@ -157,7 +146,7 @@ class MixturePlan:
         return sum(s.total for s in self.selections)
 
     def per_rank(self, total: int, world_size: int) -> int:
-        return total // world_size if self.drop_last else -(-total // world_size)
+        return per_rank(total, world_size, drop_last=self.drop_last)
 
     def _rank_layout(
         self, sizes: tuple[int, ...], world_size: int, rank: int, num_workers: int, batch_size: int | None
@@ -193,14 +182,7 @@ class MixturePlan:
             return []
         runs = []
         for a, b in _wrapped(start, start + count, total):
-            if todo is not None:
-                runs += todo.runs(a, b)
-                continue
-            first, last = (np.searchsorted(sel.starts, [a, b - 1], side="right") - 1).tolist()
-            begins = sel.starts[first : last + 2]
-            lo = np.maximum(begins[:-1], a) - begins[:-1]
-            hi = np.minimum(begins[1:], b) - 1 - begins[:-1]
-            runs += [PlanRun(v, x, y) for v, x, y in zip(range(first, last + 1), lo.tolist(), hi.tolist()) if y >= x]
+            runs += todo.runs(a, b) if todo is not None else runs_between(sel.starts, a, b)
         return runs
 
     def worker_plan(
@@ -212,7 +194,7 @@ class MixturePlan:
         k = len(sizes)
         if sum(sizes) == 0:
             empty = [WorkerPlan([], s.starts) for s in self.selections]
-            return MixWorkerPlan(empty, np.zeros((0, k), np.int64), np.zeros((0, 2), np.int64), self.mix)
+            return MixWorkerPlan(empty, np.zeros((0, k), np.int64), self.mix)
         start, workers, pieces = self._rank_layout(sizes, world_size, rank, num_workers, batch_size)
         start = start + workers[:worker_id].sum(axis=0)
         plans = [
@@ -220,8 +202,7 @@ class MixturePlan:
             for s in range(k)
         ]
         rounds = self._rounds(workers[worker_id], pieces[worker_id], batch_size)
-        slices = np.stack([np.zeros(len(rounds), np.int64), rounds.sum(axis=1)], axis=1)
-        return MixWorkerPlan(plans, rounds, slices, self.mix, stream=(self.seed, self.epoch, seg, rank, worker_id, 9))
+        return MixWorkerPlan(plans, rounds, self.mix, stream=(self.seed, self.epoch, seg, rank, worker_id, 9))
 
     def _source_plan(
         self, todo: list[Todo] | None, sizes: tuple[int, ...], s: int, start: int, count: int, seg: int, rank: int,

@@ -52,7 +52,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -285,17 +285,23 @@ class PlanRun(NamedTuple):
         return np.arange(self.lo, self.hi + 1, dtype=np.int64) if self.index is None else self.index
 
 
-def _runs_of(shard: np.ndarray, index: np.ndarray) -> list[PlanRun]:
-    """Cut samples (shard and index in the shard, in reading order) into runs: a run ends
-    where the shard changes or the index does not go up."""
-    if len(shard) == 0:
+def runs_between(starts: np.ndarray, start: int, stop: int, order: np.ndarray | None = None) -> list[PlanRun]:
+    """Runs of positions ``start..stop-1`` of a sequence of pieces where piece ``k`` (shard
+    ``order[k]``, or ``k`` without ``order``) begins at ``starts[k]``: one per piece met, in
+    O(pieces met); pieces without samples take no place."""
+    if stop <= start:
         return []
-    cuts = (np.flatnonzero((np.diff(shard) != 0) | (np.diff(index) <= 0)) + 1).tolist()
-    runs = []
-    for a, b in zip([0, *cuts], [*cuts, len(shard)]):
-        lo, hi = int(index[a]), int(index[b - 1])
-        runs.append(PlanRun(int(shard[a]), lo, hi, None if hi - lo + 1 == b - a else index[a:b]))
-    return runs
+    first, last = (np.searchsorted(starts, [start, stop - 1], side="right") - 1).tolist()
+    begins = starts[first : last + 2]
+    lo = np.maximum(begins[:-1], start) - begins[:-1]
+    hi = np.minimum(begins[1:], stop) - 1 - begins[:-1]
+    pieces = range(first, last + 1) if order is None else order[first : last + 1].tolist()
+    return [PlanRun(k, a, b) for k, a, b in zip(pieces, lo.tolist(), hi.tolist()) if b >= a]
+
+
+def per_rank(total: int, world_size: int, *, drop_last: bool) -> int:
+    """Samples each rank gets of ``total``: floor with ``drop_last``, else ceil (padded)."""
+    return total // world_size if drop_last else -(-total // world_size)
 
 
 def without(runs: Sequence[PlanRun], positions: np.ndarray) -> list[PlanRun]:
@@ -388,6 +394,24 @@ def _draw_counts(rng: np.random.Generator, remaining: np.ndarray, n: int) -> np.
     return counts
 
 
+def interleaving(counts: Sequence[int], seed: Sequence[int], dtype: Any) -> Iterator[np.ndarray]:
+    """A seeded uniformly random interleaving of streams holding ``counts`` items: the stream
+    of each item in turn, in ``dtype`` arrays of up to 65,536, each drawn when asked for (a
+    worker's lanes; a mixture's sources with ``mix="random"``)."""
+    remaining = np.asarray(counts, np.int64).copy()
+    rng = np.random.default_rng(list(seed))
+    streams = np.arange(len(remaining), dtype=dtype)
+    left = int(remaining.sum())
+    while left:
+        n = min(_DRAW_CHUNK, left)
+        drawn = _draw_counts(rng, remaining, n)
+        chunk = np.repeat(streams, drawn)
+        rng.shuffle(chunk)
+        remaining -= drawn
+        left -= n
+        yield chunk
+
+
 @dataclass
 class WorkerPlan:
     """What one worker reads and yields in one segment, in O(runs): samples are never listed.
@@ -426,17 +450,8 @@ class WorkerPlan:
                 yield np.zeros(n, small)
                 left -= n
             return
-        remaining = np.array([sum(run.count for run in self.lane_runs(lane)) for lane in range(self.lanes)], np.int64)
-        rng = np.random.default_rng(self.interleave)
-        lanes = np.arange(self.lanes, dtype=small)
-        while left:
-            n = min(_DRAW_CHUNK, left)
-            counts = _draw_counts(rng, remaining, n)
-            chunk = np.repeat(lanes, counts)
-            rng.shuffle(chunk)
-            remaining -= counts
-            left -= n
-            yield chunk
+        remaining = [sum(run.count for run in self.lane_runs(lane)) for lane in range(self.lanes)]
+        yield from interleaving(remaining, self.interleave, small)
 
     def emissions(self) -> Iterator[int]:
         """Arrival indices in emission order, from the start."""
@@ -578,40 +593,14 @@ class EpochPlan:
     def num_samples(self) -> int:
         return int(self._starts[-1])
 
-    def shard_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(shard, index within shard)`` of sample ids."""
-        shard = np.searchsorted(self._starts, ids, side="right") - 1
-        return shard, ids - self._starts[shard]
-
-    def sequence(self) -> np.ndarray:
-        """The epoch's sample ids in order: shards permuted by ``(seed, epoch)``. Built only to
-        replay a checkpoint's closed segments (an elastic resume); a fresh or same-shape epoch
-        maps positions with :meth:`ids_at`."""
-        return self.ids_at(np.arange(self.num_samples, dtype=np.int64))
-
-    def ids_at(self, positions: np.ndarray) -> np.ndarray:
-        """Sample ids at these positions of the epoch's sequence (O(len + log shards) each)."""
-        k = np.searchsorted(self._order_starts, positions, side="right") - 1
-        return self._starts[self._order[k]] + positions - self._order_starts[k]
-
     def _runs_in(self, start: int, stop: int) -> list[PlanRun]:
         """Runs of positions ``start..stop-1`` of the epoch's sequence: one per shard met, in
         O(shards met)."""
-        if stop <= start:
-            return []
-        first, last = (np.searchsorted(self._order_starts, [start, stop - 1], side="right") - 1).tolist()
-        begins = self._order_starts[first : last + 2]
-        lo = np.maximum(begins[:-1], start) - begins[:-1]
-        hi = np.minimum(begins[1:], stop) - 1 - begins[:-1]
-        return [
-            PlanRun(s, a, b)
-            for s, a, b in zip(self._order[first : last + 1].tolist(), lo.tolist(), hi.tolist())
-            if b >= a
-        ]  # shards without samples take no place
+        return runs_between(self._order_starts, start, stop, self._order)
 
     def per_rank(self, total: int, world_size: int) -> int:
-        """Samples each rank gets of ``total``: floor with ``drop_last``, else ceil (padded)."""
-        return total // world_size if self.drop_last else -(-total // world_size)
+        """Samples each rank gets of ``total`` (:func:`per_rank`)."""
+        return per_rank(total, world_size, drop_last=self.drop_last)
 
     def piece_runs(
         self,

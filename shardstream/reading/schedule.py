@@ -63,9 +63,33 @@ class EpochSchedule:
         drop_last: bool,
         batch_size: int | None,
     ) -> None:
-        self.counts: np.ndarray | None = shards.sample_counts
-        self.num_shards = shards.num_shards
-        self.num_samples = int(self.counts.sum()) if self.counts is not None else None
+        self._keep(
+            shards.sample_counts,
+            shards.num_shards,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            max_open_shards=max_open_shards,
+            drop_last=drop_last,
+            batch_size=batch_size,
+        )
+
+    def _keep(
+        self,
+        counts: np.ndarray | None,
+        num_shards: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        shuffle_buffer: int,
+        max_open_shards: int,
+        drop_last: bool,
+        batch_size: int | None,
+    ) -> None:
+        """Hold the sample counts and the settings that fix an epoch's order."""
+        self.counts: np.ndarray | None = counts
+        self.num_shards = num_shards
+        self.num_samples: int | None = int(counts.sum()) if counts is not None else None
         self.seed = seed
         self.shuffle = shuffle
         self.shuffle_buffer = shuffle_buffer
@@ -97,18 +121,20 @@ class EpochSchedule:
     def plan(self, state: PassState) -> EpochPlan:
         """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
         assert self.counts is not None  # internal invariant: callers check
-        return EpochPlan(
-            shard_order=self.shard_order(state.epoch),
-            counts=self.counts,
-            seed=self.seed,
-            epoch=state.epoch,
-            shuffle=self.shuffle,
-            shuffle_buffer=self.shuffle_buffer if self.shuffle else 0,
-            max_open_shards=self.max_open_shards if self.shuffle else 1,
-            drop_last=self.drop_last,
-            segments=segments_of(state),
-            batch_size=self.batch_size,
-        )
+        return EpochPlan(shard_order=self.shard_order(state.epoch), counts=self.counts, **self._plan_args(state))
+
+    def _plan_args(self, state: PassState) -> dict[str, Any]:
+        """What a plan of the pass ``state`` takes from these settings."""
+        return {
+            "seed": self.seed,
+            "epoch": state.epoch,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer if self.shuffle else 0,
+            "max_open_shards": self.max_open_shards if self.shuffle else 1,
+            "drop_last": self.drop_last,
+            "segments": segments_of(state),
+            "batch_size": self.batch_size,
+        }
 
     @staticmethod
     def worker_plan(plan: EpochPlan, slot: WorkerSlot) -> tuple[WorkerPlan, int]:
@@ -309,24 +335,26 @@ class MixtureSchedule(EpochSchedule):
             )
         self.sources = list(sources)
         self.source_counts = [np.asarray(s.sample_counts, np.int64) for s in shard_sets]
+        self.source_starts = [np.concatenate([[0], np.cumsum(c)]) for c in self.source_counts]
         self.sizes = [int(c.sum()) for c in self.source_counts]
         self.epoch_samples = epoch_samples
         self.per_epoch = epoch_counts(self.sources, self.sizes, epoch_samples)
         self.mix = mix
-        self.counts = None
-        self.num_shards = sum(s.num_shards for s in shard_sets)
+        self._keep(
+            None,
+            sum(s.num_shards for s in shard_sets),
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            max_open_shards=max_open_shards,
+            drop_last=drop_last,
+            batch_size=batch_size,
+        )
         self.num_samples = sum(self.per_epoch)
-        self.seed = seed
-        self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
-        self.max_open_shards = max_open_shards
-        self.drop_last = drop_last
-        self.batch_size = batch_size
         self.coverage = [
             Coverage(counts, per_epoch=n % size, seed=seed, source=i, shuffle=shuffle, base=CoverageBase())
             for i, (counts, n, size) in enumerate(zip(self.source_counts, self.per_epoch, self.sizes))
         ]
-        self._orders = {}
         self._selections: dict[int, list[Selection]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -356,24 +384,13 @@ class MixtureSchedule(EpochSchedule):
         return self.selections(epoch)
 
     def plan(self, state: PassState) -> MixturePlan:  # type: ignore[override]
-        return MixturePlan(
-            self.selections(state.epoch),
-            seed=self.seed,
-            epoch=state.epoch,
-            shuffle=self.shuffle,
-            shuffle_buffer=self.shuffle_buffer if self.shuffle else 0,
-            max_open_shards=self.max_open_shards if self.shuffle else 1,
-            drop_last=self.drop_last,
-            segments=segments_of(state),
-            batch_size=self.batch_size,
-            mix=self.mix,
-        )
+        return MixturePlan(self.selections(state.epoch), mix=self.mix, **self._plan_args(state))
 
     def real_plans(self, plan: MixWorkerPlan, epoch: int) -> list[WorkerPlan]:
         """Each source's part of ``plan`` over its real shards, to read."""
         return [
-            real_plan(p, sel, np.concatenate([[0], np.cumsum(counts)]))
-            for p, sel, counts in zip(plan.sources, self.selections(epoch), self.source_counts)
+            real_plan(p, sel, starts)
+            for p, sel, starts in zip(plan.sources, self.selections(epoch), self.source_starts)
         ]
 
     def consumed_state(self, state: PassState, slot: WorkerSlot, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
