@@ -109,6 +109,26 @@ def test_lightning_resumes_mid_epoch_from_its_checkpoint(tmp_path, dataset_dir, 
         assert epochs[1][0] == reference_order(dest, 1, workers=workers)  # the same order as unbroken
 
 
+def trainer_args(tmp_path: Path, *, epochs: int, persistent: bool):
+    """transformers.TrainingArguments of the in-process Trainer tests: CPU, batches of 4, 2
+    DataLoader workers, no checkpoints, logs or reports."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=4,
+        dataloader_num_workers=2,
+        dataloader_persistent_workers=persistent,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        learning_rate=0.01,
+    )
+
+
 class _SpyDataset(ShardDataset):
     """Records the set_epoch calls the framework makes."""
 
@@ -121,26 +141,13 @@ class _SpyDataset(ShardDataset):
 
 @pytest.mark.parametrize("persistent", [True, False])
 def test_hugging_face_trainer_epochs_differ_and_are_exact(tmp_path, dataset_dir, persistent):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     dest, _ = dataset_dir
     dataset = _SpyDataset(dest, decode=hf_item, shuffle_buffer=10, seed=5, batch_size=4)
     dataset.calls = []
     model = TinyModel()
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        num_train_epochs=3,
-        per_device_train_batch_size=4,
-        dataloader_num_workers=2,
-        dataloader_persistent_workers=persistent,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        learning_rate=0.01,
-    )
-    Trainer(model=model, args=args, train_dataset=dataset).train()
+    Trainer(model=model, args=trainer_args(tmp_path, epochs=3, persistent=persistent), train_dataset=dataset).train()
     steps = -(-NUM_SAMPLES // 4)
     assert len(model.seen) == 3 * steps
     epochs = [[i for batch in model.seen[e * steps : (e + 1) * steps] for i in batch] for e in range(3)]
@@ -267,7 +274,7 @@ def test_lightning_resumes_a_mixture_mid_epoch_on_two_ranks(tmp_path, mixture_js
 
 
 def test_hugging_face_trainer_reads_a_mixture_exactly(tmp_path, mixture_json):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     from shardstream import Source
 
@@ -276,20 +283,7 @@ def test_hugging_face_trainer_reads_a_mixture_exactly(tmp_path, mixture_json):
         [Source(**x) for x in data["sources"]], decode=hf_item, shuffle_buffer=10, seed=5, batch_size=4
     )
     model = TinyModel()
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        num_train_epochs=2,
-        per_device_train_batch_size=4,
-        dataloader_num_workers=2,
-        dataloader_persistent_workers=True,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        learning_rate=0.01,
-    )
-    Trainer(model=model, args=args, train_dataset=dataset).train()
+    Trainer(model=model, args=trainer_args(tmp_path, epochs=2, persistent=True), train_dataset=dataset).train()
     steps = 256 // 4
     assert len(model.seen) == 2 * steps
     for e in range(2):
