@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FetchConfig", "S3Config"]
+__all__ = ["FetchConfig", "HttpConfig", "S3Config"]
 
 AddressingStyle = Literal["auto", "path", "virtual"]
 
@@ -68,6 +68,47 @@ class S3Config:
         if self.addressing_style is not None:
             return self.addressing_style
         return "path" if self.resolved_endpoint_url() else "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpConfig:
+    """How to reach http(s) servers and the Hugging Face Hub (their own credentials come from
+    ``HF_TOKEN`` or the Hub's token file, read in :mod:`shardstream.storage.hf`; TLS trusts
+    the system's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``; proxies come from
+    ``HTTPS_PROXY`` and friends).
+
+    Attributes:
+        connect_timeout_s, read_timeout_s: socket timeouts in seconds (a read waits at most
+            ``read_timeout_s`` for each piece of a body).
+        max_attempts: total attempts per request: a 429, 5xx, refused connection or body cut
+            mid-transfer is tried again (after ``Retry-After`` where the server sends one).
+        max_retry_after_s: the longest ``Retry-After`` waited for (seconds); a longer one
+            is waited for this long.
+        max_pool_connections: HTTP connections per process and server.
+        max_redirects: redirects followed per request.
+    """
+
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+    max_attempts: int = 5
+    max_retry_after_s: float = 30.0
+    max_pool_connections: int = 32
+    max_redirects: int = 10
+
+    def __post_init__(self) -> None:
+        for field in ("max_attempts", "max_pool_connections", "max_redirects"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"HttpConfig.{field}={value!r} must be an int >= 1")
+        for field in ("connect_timeout_s", "read_timeout_s", "max_retry_after_s"):
+            value = getattr(self, field)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"HttpConfig.{field}={value!r} must be a number > 0 (seconds)")
+
+    @property
+    def request_limit_s(self) -> float:
+        """The longest one request may wait for its answer, every attempt included (seconds)."""
+        return self.max_attempts * (self.connect_timeout_s + self.read_timeout_s + self.max_retry_after_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ so callers can catch either. Messages name the file, shard, key or URL and say w
     ├── UnreadableFileError (PermissionError)  a file under SOURCE cannot be read
     ├── MemberNameError (ValueError)           a file name cannot become a tar member / sample entry
     ├── DestinationError (PermissionError)     DEST cannot be written
+    │   └── ReadOnlyStoreError                 the store is read-only here (http(s), hf://)
     ├── StorageError (OSError)                 any other failure of the storage, with its code
     │   ├── StorageNotFoundError (FileNotFoundError)
     │   │   ├── BucketNotFoundError            the S3 bucket does not exist
@@ -31,6 +32,7 @@ __all__ = [
     "IndexFormatError",
     "MemberNameError",
     "MissingDependencyError",
+    "ReadOnlyStoreError",
     "ShardNotFoundError",
     "ShardstreamError",
     "SourceError",
@@ -67,6 +69,10 @@ class DestinationError(ShardstreamError, PermissionError):
     """The pack destination cannot be written."""
 
 
+class ReadOnlyStoreError(DestinationError):
+    """The store cannot be written by shardstream (http(s) servers, the Hugging Face Hub)."""
+
+
 class StorageError(ShardstreamError, OSError):
     """The storage failed; the message names the URL, the endpoint and the storage's code."""
 
@@ -84,7 +90,7 @@ class ShardNotFoundError(StorageNotFoundError):
 
 
 class StorageAccessError(StorageError, PermissionError):
-    """The storage refused the credentials or denied access."""
+    """The storage refused the credentials or denied access (HTTP 401/403)."""
 
 
 class StorageConnectionError(StorageError, ConnectionError):

@@ -64,13 +64,19 @@ def test_bad_size_is_a_usage_error(tmp_path):
     [
         (None, ["--name", "a/b"], "shard name prefix 'a/b'"),
         ("s3://", [], "names no bucket"),
-        ("http://x/y", [], "unsupported URL scheme"),
+        ("ftp://x/y", [], "unsupported URL scheme 'ftp'"),
     ],
 )
 def test_values_the_library_refuses_are_usage_errors(stdlib_tree, tmp_path, dest, options, message):
     result = run("pack", str(stdlib_tree / "json"), dest or str(tmp_path / "out"), *options)
     assert result.returncode == 2 and message in error_line(result)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_read_only_store_as_dest_says_so(stdlib_tree, tmp_path):
+    result = run("pack", str(stdlib_tree / "json"), "https://127.0.0.1:9/out")
+    assert result.returncode == 1
+    assert error_line(result).startswith("shardstream: error: https://127.0.0.1:9/out: HTTP URLs are read-only")
 
 
 def test_unreadable_file_fails_then_skips(tmp_path):

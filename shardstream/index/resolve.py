@@ -16,7 +16,7 @@ from typing import Any, overload
 
 from ..errors import ShardNotFoundError
 from ..format import SHARD_SUFFIXES
-from ..storage import LocalStore, is_s3_url, open_store, split_url, write_pieces
+from ..storage import LocalStore, is_remote_url, open_store, pin_url, split_url, write_pieces
 from .manifest import MANIFEST_NAME, Manifest
 from .table import ShardTable
 from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
@@ -67,7 +67,7 @@ class DatasetIndex:
     @property
     def tables_local(self) -> bool:
         """The tables are local files (cheap to read: readers slice members by them)."""
-        return self._legacy_tables is not None or not is_s3_url(self.root)
+        return self._legacy_tables is not None or not is_remote_url(self.root)
 
     def has_table(self, i: int) -> bool:
         """Shard ``i``'s table is already in memory."""
@@ -169,10 +169,10 @@ def open_index(location: str | os.PathLike[str], *, s3: Any = None) -> DatasetIn
     """
     text = os.fspath(location)
     if text.endswith((".json", ".bin")):
-        root, name = split_url(text if is_s3_url(text) else os.path.abspath(text))
+        root, name = split_url(text if is_remote_url(text) else os.path.abspath(text))
         names = [name]
     else:
-        root = text.rstrip("/") if is_s3_url(text) else os.path.abspath(text)
+        root = text.rstrip("/") if is_remote_url(text) else os.path.abspath(text)
         names = [MANIFEST_NAME, INDEX_NAME]
     store = open_store(root or os.sep, s3=s3)
     for name in names:
@@ -277,10 +277,8 @@ def _join(root: str, name: str) -> str:
 
 
 def _normalize(url: str) -> str:
-    if is_s3_url(url):
-        return url
+    if is_remote_url(url):  # raises on an unsupported scheme
+        return pin_url(url)
     if url.startswith("file://"):
         url = url[len("file://") :]
-    if "://" in url:
-        raise ValueError(f"{url!r}: unsupported URL scheme; use s3://BUCKET/KEY or a local path")
     return os.path.abspath(url)

@@ -32,7 +32,7 @@ from ..config import S3Config
 from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
-from ..storage import is_s3_url, open_store, split_url, write_pieces
+from ..storage import is_remote_url, open_store, pin_url, split_url, write_pieces
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, compression_of, iter_members_at
 
@@ -68,14 +68,14 @@ def shard_urls_of(sources: Sequence[str], *, s3: S3Config | None = None) -> list
 
             urls.extend(braceexpand(text))
         elif text.endswith(SHARD_SUFFIXES):
-            urls.append(text if is_s3_url(text) else os.path.abspath(text))
+            urls.append(text if is_remote_url(text) else os.path.abspath(text))
         else:
-            store = open_store(text.rstrip("/") if is_s3_url(text) else os.path.abspath(text), s3=s3)
+            store = open_store(text.rstrip("/") if is_remote_url(text) else os.path.abspath(text), s3=s3)
             names = [n for n in store.list_names() if n.endswith(SHARD_SUFFIXES)]
             if not names:
                 raise ShardNotFoundError(f"{store.url}: holds no .tar shard to index")
             urls.extend(store.url_of(n) for n in names)
-    return [u if is_s3_url(u) else os.path.abspath(u) for u in urls]
+    return [pin_url(u) if is_remote_url(u) else os.path.abspath(u) for u in urls]
 
 
 def build_index(
@@ -122,7 +122,7 @@ def build_index(
         raise ValueError("a shard is named twice in the sources")
     root = roots.pop()
     if output is not None:
-        output = output.rstrip("/") if is_s3_url(output) else os.path.abspath(output)
+        output = output.rstrip("/") if is_remote_url(output) else os.path.abspath(output)
     store = open_store(output or root, s3=s3)
     if output is not None:
         store.check_writable()
@@ -142,7 +142,7 @@ def build_index(
         # local shards: fork (nothing imported again); S3: spawn, as this process runs the S3
         # event loop's thread, which a fork would copy mid-flight (call from under
         # ``if __name__ == "__main__":``, as spawn needs)
-        context = multiprocessing.get_context("spawn" if any(map(is_s3_url, urls)) else "fork")
+        context = multiprocessing.get_context("spawn" if any(map(is_remote_url, urls)) else "fork")
         with concurrent.futures.ProcessPoolExecutor(min(workers, len(urls)), mp_context=context) as pool:
             futures = {pool.submit(_scan, url, s3, store.url): url for url in urls}
             for future in concurrent.futures.as_completed(futures):

@@ -24,7 +24,7 @@ from ..errors import (
     SourceError,
 )
 from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
-from ..storage import LocalStore, Store, is_s3_url, open_store
+from ..storage import LocalStore, Store, is_remote_url, open_store
 from .journal import (
     REPORT_NAME,
     SPEC_NAME,
@@ -197,13 +197,13 @@ def pack(
         from .build import shard_urls_of
 
         text = os.fspath(source)
-        source_url = text.rstrip("/") if is_s3_url(text) or "{" in text else os.path.abspath(text)
+        source_url = text.rstrip("/") if is_remote_url(text) or "{" in text else os.path.abspath(text)
         if files_from is not None:
             raise ValueError("--files-from lists files; with --from-shards SOURCE names the shards")
         shard_urls_of([source_url], s3=s3)  # the shards are there (raises naming SOURCE if not)
     else:
-        source_url = os.fspath(source).rstrip("/") if is_s3_url(os.fspath(source)) else check_source(source)
-    if files_from is not None and is_s3_url(source_url):
+        source_url = os.fspath(source).rstrip("/") if is_remote_url(os.fspath(source)) else check_source(source)
+    if files_from is not None and is_remote_url(source_url):
         raise ValueError("--files-from takes a local SOURCE directory")
     store = open_store(dest, s3=s3, fetch=fetch)
     if _inside(store, source_url):
@@ -465,10 +465,10 @@ def _die_with_parent() -> None:
 def _inside(store: Store, source_url: str) -> bool:
     """Whether the destination lies inside the source (symlinks resolved)."""
     if isinstance(store, LocalStore):
-        if is_s3_url(source_url):
+        if is_remote_url(source_url):
             return False
         dest, source = store.root.resolve(), Path(source_url).resolve()
         return dest == source or source in dest.parents
-    if not is_s3_url(source_url):
+    if not is_remote_url(source_url):
         return False
     return (store.url + "/").startswith(source_url + "/")

@@ -17,7 +17,7 @@ from typing import Any
 from ..config import FetchConfig, S3Config
 from ..errors import DestinationError, MemberNameError, ShardNotFoundError, StorageError, UnreadableFileError
 from ..shuffle import shuffle_buffer
-from ..storage import Store, is_s3_url, open_store
+from ..storage import Store, is_remote_url, open_store
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_sample_batches
 from .journal import STATE_DIR, PackSpec, StreamRecord, read_stream_state, write_shard_record
@@ -211,7 +211,7 @@ def _shard_samples(job: StreamJob) -> Iterator[Any]:
 
 def _source_samples(job: StreamJob, on_problem: Callable[[Problem], None]) -> tuple[Store | None, Iterator[Sample]]:
     spec = job.spec
-    if is_s3_url(spec.source):
+    if is_remote_url(spec.source):
         source_store = open_store(spec.source, s3=job.s3)
         return source_store, iter_s3_samples(source_store, on_problem=on_problem)
     if job.list_path is not None:

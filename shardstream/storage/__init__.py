@@ -1,10 +1,13 @@
 """Where bytes live and how they move, below both halves (packing and reading).
 
-- :mod:`.base`: the :class:`Store` protocol every backend implements, URL parsing, and the
-  :class:`Counters` the fetcher reports to;
-- :mod:`.schemes`: :func:`open_store` picks the backend from the URL;
-- :mod:`.local`, :mod:`.s3` (the only aiobotocore import, loaded only for ``s3://`` URLs),
-  :mod:`.loop` (the background event loop S3 reads run on);
+- :mod:`.base`: the :class:`Store` protocol every backend implements, :class:`RemoteStore`
+  (what the fetcher reads from a server), URL parsing, and the :class:`Counters` the fetcher
+  reports to;
+- :mod:`.schemes`: :func:`open_store` picks the backend from the URL (each loaded on first
+  use), :func:`pin_url` fixes a URL's version (a Hub revision to its commit);
+- :mod:`.local`; the remote backends :mod:`.s3` (the only aiobotocore import), :mod:`.http`
+  (http(s), aiohttp), :mod:`.hf` (the Hugging Face Hub), :mod:`.gcs` (gcsfs), :mod:`.azure`
+  (adlfs); :mod:`.loop` (the background event loop remote reads run on);
 - :mod:`.fetch`: shard streams in order, S3 shards as ranged GETs running ahead in bounded
   memory, local shards in place; :mod:`.cache`: the node cache it fills and reads;
 - :mod:`.shm`: small shared-memory files for a dataset's DataLoader workers.
@@ -14,8 +17,33 @@ Nothing here imports torch, :mod:`shardstream.index`, ``packing`` or ``reading``
 
 from __future__ import annotations
 
-from .base import Counters, ShardSink, Store, is_s3_url, split_url, write_pieces
+from .base import (
+    REMOTE_SCHEMES,
+    Counters,
+    RemoteStore,
+    ShardSink,
+    Store,
+    is_remote_url,
+    is_s3_url,
+    scheme_of,
+    split_url,
+    write_pieces,
+)
 from .local import LocalStore
-from .schemes import open_store
+from .schemes import open_store, pin_url
 
-__all__ = ["Counters", "LocalStore", "ShardSink", "Store", "is_s3_url", "open_store", "split_url", "write_pieces"]
+__all__ = [
+    "REMOTE_SCHEMES",
+    "Counters",
+    "LocalStore",
+    "RemoteStore",
+    "ShardSink",
+    "Store",
+    "is_remote_url",
+    "is_s3_url",
+    "open_store",
+    "pin_url",
+    "scheme_of",
+    "split_url",
+    "write_pieces",
+]

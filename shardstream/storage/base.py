@@ -1,12 +1,33 @@
 """The storage protocol every backend implements, URL parsing, and the counters the fetcher
-reports to."""
+reports to.
+
+Two protocols: :class:`Store` (a directory of objects: names, small reads and writes, atomic
+shard writers, listing) is what every backend gives; :class:`RemoteStore` adds what the
+fetcher needs to stream shards from a server (an object's size and version, a ranged read
+pinned to that version, and the bounds of one request). Local directories are read in place
+and are not remote; every URL scheme in :data:`REMOTE_SCHEMES` names a remote store.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Counters", "ShardSink", "Store", "is_s3_url", "split_url", "write_pieces"]
+__all__ = [
+    "REMOTE_SCHEMES",
+    "Counters",
+    "RemoteStore",
+    "ShardSink",
+    "Store",
+    "is_remote_url",
+    "is_s3_url",
+    "scheme_of",
+    "split_url",
+    "write_pieces",
+]
+
+#: URL schemes of remote stores, each with the module that reads it (loaded on first use).
+REMOTE_SCHEMES = ("s3", "http", "https", "hf", "gs", "gcs", "az", "abfs", "abfss")
 
 
 class Counters(Protocol):
@@ -37,7 +58,7 @@ class ShardSink(Protocol):
 
 @runtime_checkable
 class Store(Protocol):
-    """A directory of objects: a local directory or an S3 prefix.
+    """A directory of objects: a local directory, an S3/GCS/Azure prefix, an http(s) or Hub folder.
 
     Names are plain relative names (``"data-000000.tar"``, ``"index.bin"``).
     """
@@ -74,6 +95,46 @@ class Store(Protocol):
         directory and ``folders``); returns a count."""
 
 
+@runtime_checkable
+class RemoteStore(Store, Protocol):
+    """A store on a server, read by ranged requests (S3, http(s), the Hub, GCS, Azure).
+
+    Every method raises the :mod:`shardstream.errors` tree, translated once in the backend:
+    ShardNotFoundError (404), StorageAccessError (401/403, naming the credential to check),
+    StorageConnectionError (unreachable, or still failing after ``max_attempts``; 429/503
+    are retried after their ``Retry-After``), CorruptShardError (a range past the end, or
+    the object changed between two requests), StorageError (anything else). Secrets are
+    never part of a message.
+    """
+
+    endpoint: str  # the server, named in messages ("http://127.0.0.1:8333", "AWS S3")
+    label: str  # the kind of store in messages ("S3", "HTTP", "GCS", "Azure", "the Hub")
+
+    @property
+    def request_limit_s(self) -> float:
+        """The longest one request may take, every attempt included (seconds): a reader that
+        got no data for this long reports a stall instead of hanging."""
+
+    def pool_state(self) -> str:
+        """How this process's requests stand against the connection pool (for stall messages)."""
+
+    async def head(self, name: str) -> tuple[int, str]:
+        """``(size_bytes, version)`` of object ``name``; the version (ETag, GCS generation,
+        Hub commit and ETag) is what :meth:`get_range` pins."""
+
+    async def get_range(
+        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> tuple[list[bytes], int, str]:
+        """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as pieces, with the
+        object's total size and version. A body cut mid-transfer is fetched again from its
+        first missing byte, pinned to the version of the first response (``on_retry`` is
+        told of each retry); a changed object raises CorruptShardError, never a mix."""
+
+    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
+        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
+        ``(name, size_bytes, is_dir)`` with names relative to the store's root."""
+
+
 def write_pieces(store: Store, name: str, pieces: Iterable[bytes]) -> None:
     """Write ``name`` from ``pieces`` as they come (a table or index of any size, never
     joined in memory), published whole or not at all."""
@@ -100,7 +161,43 @@ def is_s3_url(url: str) -> bool:
     return False
 
 
+def scheme_of(url: str) -> str | None:
+    """The remote scheme of ``url`` (``"s3"``, ``"https"``, ``"hf"`` ...), or None for a local
+    path or ``file://`` URL.
+
+    Raises:
+        ValueError: ``s3:`` without a bucket (see :func:`is_s3_url`), or a scheme no store
+            reads (names the schemes that are read).
+    """
+    if is_s3_url(url):
+        return "s3"
+    head, sep, rest = url.partition("://")
+    if not sep or not head.isascii() or not head.replace("+", "").isalnum():
+        return None
+    scheme = head.lower()
+    if scheme == "file":
+        return None
+    if scheme not in REMOTE_SCHEMES:
+        raise ValueError(
+            f"{url!r}: unsupported URL scheme {scheme!r}; use a local path or one of "
+            + ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
+        )
+    if not rest or rest.startswith("/"):
+        raise ValueError(f"{url!r} names no bucket, container or host after {scheme}://")
+    return scheme
+
+
+def is_remote_url(url: str) -> bool:
+    """``url`` names an object or prefix in a remote store (any scheme of
+    :data:`REMOTE_SCHEMES`); False for local paths and ``file://`` URLs.
+
+    Raises:
+        ValueError: as :func:`scheme_of`.
+    """
+    return scheme_of(url) is not None
+
+
 def split_url(url: str) -> tuple[str, str]:
-    """``"s3://b/p/x.tar"`` -> ``("s3://b/p", "x.tar")``; local paths likewise."""
+    """``"s3://b/p/x.tar"`` -> ``("s3://b/p", "x.tar")``; other URLs and local paths likewise."""
     root, _, name = url.rstrip("/").rpartition("/")
     return root, name

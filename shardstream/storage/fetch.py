@@ -1,18 +1,19 @@
-"""Shard streams in order: S3 shards as parallel ranged GETs running ahead, local shards in place.
+"""Shard streams in order: remote shards as parallel ranged GETs running ahead, local shards in place.
 
-For ``s3://`` shards one producer per iterator runs on the process's background event loop
-(:mod:`shardstream.storage.loop`, restarted after a fork, so DataLoader workers each get their
-own). It walks the shards in reading order, up to ``max_inflight_shards`` ahead of the
-consumer, and cuts each into ranges of ``part_bytes`` fetched by up to
-``max_inflight_requests`` concurrent ranged GETs. Parts are handed to the consumer in order as
-soon as each arrives, so the first sample is parsed while the rest of its shard is still on the
-wire. Every byte fetched and not yet consumed counts against ``max_buffer_bytes``; the producer
-waits when the budget is spent (backpressure), so memory stays bounded however slow the
-consumer is.
+Remote shards are those of any :class:`~shardstream.storage.base.RemoteStore` (S3, http(s), the
+Hub, GCS, Azure); "S3" below stands for any of them. For remote shards one producer per
+iterator runs on the process's background event loop (:mod:`shardstream.storage.loop`,
+restarted after a fork, so DataLoader workers each get their own). It walks the shards in
+reading order, up to ``max_inflight_shards`` ahead of the consumer, and cuts each into ranges
+of ``part_bytes`` fetched by up to ``max_inflight_requests`` concurrent ranged GETs. Parts are
+handed to the consumer in order as soon as each arrives, so the first sample is parsed while
+the rest of its shard is still on the wire. Every byte fetched and not yet consumed counts
+against ``max_buffer_bytes``; the producer waits when the budget is spent (backpressure), so
+memory stays bounded however slow the consumer is.
 
 Each part is checked against the others and the index: the same ETag (the object did not
 change mid-read) and the size the index gives. A body cut off mid-transfer is fetched again
-(:meth:`S3Store.get_range`).
+(:meth:`RemoteStore.get_range`).
 
 With a :class:`~shardstream.storage.cache.ShardCache`, a shard found in the node-local cache is read
 from local disk. A missing shard is *filled*: the producer takes the cache's per-shard lock
@@ -44,10 +45,9 @@ from ..config import FetchConfig, S3Config
 from ..errors import CorruptShardError, StorageConnectionError
 from ..tarstream import ReadStream
 from . import loop as io_loop
-from .base import Counters, is_s3_url, split_url
+from .base import Counters, is_remote_url, split_url
 from .cache import BUSY
 from .local import LocalStore
-from .s3 import pool_state
 from .schemes import open_store
 
 __all__ = ["iter_shard_streams"]
@@ -166,7 +166,7 @@ class _Producer:
     async def _run(self) -> None:
         for shard in self.shards:
             await self.slots.acquire()
-            shard.waiting_on = f"S3 ({shard.store.endpoint})"
+            shard.waiting_on = f"{shard.store.label} ({shard.store.endpoint})"
             try:
                 await self._schedule(shard)
             except asyncio.CancelledError:
@@ -212,7 +212,7 @@ class _Producer:
             item: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
             task.add_done_callback(lambda t, item=item: _copy_outcome(t, item))
             shard.items.put((item, start, end))
-        shard.waiting_on = f"S3 ({shard.store.endpoint})"
+        shard.waiting_on = f"{shard.store.label} ({shard.store.endpoint})"
         shard.items.put(_END)
 
     def _start_get(self, shard: _Shard, start: int, end: int) -> asyncio.Task[list[bytes]]:
@@ -520,8 +520,8 @@ class _GrowingStream(_SlicedStream):
                     self._wait_s,
                     waiting_on=(
                         f"this process's download of it into the node cache: {growing.available} of "
-                        f"{self._shard.size_bytes} bytes have come from S3 ({self._shard.store.endpoint}) so far; "
-                        f"{pool_state(self._shard.store.s3)}"
+                        f"{self._shard.size_bytes} bytes have come from {self._shard.store.label} "
+                        f"({self._shard.store.endpoint}) so far; {self._shard.store.pool_state()}"
                     ),
                 )
         if self._stats is not None:
@@ -699,7 +699,8 @@ def _stalled(shard: _Shard, wait_s: float, *, waiting_on: str | None = None) -> 
 
 def _get_wait(shard: _Shard, start: int, end: int) -> str:
     return (
-        f"S3: the GET of bytes {start}-{end} from {shard.store.endpoint} has not finished; {pool_state(shard.store.s3)}"
+        f"{shard.store.label}: the GET of bytes {start}-{end} from {shard.store.endpoint} has not finished; "
+        f"{shard.store.pool_state()}"
     )
 
 
@@ -716,16 +717,17 @@ def iter_shard_streams(
     """Yield ``(url, stream)`` for each shard URL in order; ``stream.read(n)`` gives its bytes.
 
     A stream is valid until the next item is requested. Local shards are read in place;
-    ``s3://`` shards are fetched ahead as the module doc says.
+    remote shards (``s3://``, ``https://``, ``hf://``, ``gs://``, ``az://`` ...) are fetched ahead
+    as the module doc says.
 
     Args:
-        urls: shard URLs (local paths or ``s3://``), in reading order.
+        urls: shard URLs (local paths or remote URLs), in reading order.
         sizes_bytes: each shard's size from the index (checked), or None to ask S3 (HEAD).
         byte_ranges: for each shard, ``(start, end)``: read only those bytes (a stream of
             them, which ends without the tar end-of-archive blocks), or None for all of it.
             A range read with a cache fills the whole shard (from the range on, then the head).
         s3, fetch: S3 endpoint and read-ahead settings.
-        cache: a :class:`~shardstream.storage.cache.ShardCache` for ``s3://`` shards, or None.
+        cache: a :class:`~shardstream.storage.cache.ShardCache` for remote shards, or None.
         stats: counters to add stall time, cache hits/misses, retries and bytes in flight to.
 
     Raises:
@@ -754,13 +756,13 @@ def iter_shard_streams(
     remote = [
         _Shard(url, *store_and_name(url), size, byte_range)
         for url, size, byte_range in zip(urls, sizes, ranges)
-        if is_s3_url(url)
+        if is_remote_url(url)
     ]
     producer = _Producer(remote, fetch, cache, stats) if remote else None
     next_remote = 0
     try:
         for url, size, byte_range in zip(urls, sizes, ranges):
-            if not is_s3_url(url):
+            if not is_remote_url(url):
                 store, name = store_and_name(url)
                 if not isinstance(store, LocalStore):
                     raise TypeError(f"{url}: no reader for this store type")
@@ -816,8 +818,7 @@ def _consume(
 def _stall_limit_s(shard: _Shard) -> float:
     """How long the consumer waits for data before calling the server stalled: one request's
     bound (all attempts), plus the wait for a free request slot."""
-    cfg = shard.store.s3
-    return cfg.max_attempts * (cfg.connect_timeout_s + cfg.read_timeout_s)
+    return float(shard.store.request_limit_s)
 
 
 def _discard(shard: _Shard) -> None:

@@ -226,8 +226,19 @@ class S3Store:
         self.fetch = fetch or FetchConfig()
         self.endpoint = self.s3.resolved_endpoint_url() or "AWS S3"
 
+    label = "S3"
+
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
+
+    @property
+    def request_limit_s(self) -> float:
+        """One request's bound, every attempt included: ``max_attempts * (connect_timeout_s + read_timeout_s)``."""
+        cfg = self.s3
+        return cfg.max_attempts * (cfg.connect_timeout_s + cfg.read_timeout_s)
+
+    def pool_state(self) -> str:
+        return pool_state(self.s3)
 
     def key_of(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

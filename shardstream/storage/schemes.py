@@ -1,28 +1,88 @@
-"""Which backend a URL names: :func:`open_store`.
+"""Which backend a URL names: :func:`open_store`, and :func:`pin_url` to fix a URL's version.
 
-The S3 backend (and so aiobotocore) is imported only when an ``s3://`` URL is used.
+Each backend is imported only when a URL of its scheme is used, so aiobotocore, gcsfs and
+adlfs load only for ``s3://``, ``gs://`` and ``az://`` URLs. A backend whose optional extra is
+missing raises :class:`~shardstream.errors.MissingDependencyError` naming the extra:
+
+========================  ===============  ===================  ==========================
+scheme                    module           extra                library
+========================  ===============  ===================  ==========================
+``s3://``                 :mod:`.s3`       (core)               aiobotocore
+``http://``, ``https://``  :mod:`.http`     (core)               aiohttp
+``hf://``                 :mod:`.hf`       (core)               aiohttp
+``gs://``, ``gcs://``     :mod:`.gcs`      ``shardstream[gcs]``  gcsfs
+``az://``, ``abfs[s]://``  :mod:`.azure`    ``shardstream[azure]`` adlfs
+========================  ===============  ===================  ==========================
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from ..config import FetchConfig, S3Config
-from .base import Store, is_s3_url
+from ..errors import MissingDependencyError
+from .base import Store, scheme_of
 from .local import LocalStore
 
-__all__ = ["open_store"]
+__all__ = ["open_store", "pin_url"]
+
+# scheme -> (module, class, extra that installs its library, the library's import name)
+_BACKENDS = {
+    "http": (".http", "HttpStore", None, "aiohttp"),
+    "https": (".http", "HttpStore", None, "aiohttp"),
+    "hf": (".hf", "HfStore", None, "aiohttp"),
+    "gs": (".gcs", "GcsStore", "gcs", "gcsfs"),
+    "gcs": (".gcs", "GcsStore", "gcs", "gcsfs"),
+    "az": (".azure", "AzureStore", "azure", "adlfs"),
+    "abfs": (".azure", "AzureStore", "azure", "adlfs"),
+    "abfss": (".azure", "AzureStore", "azure", "adlfs"),
+}
+
+
+def _backend(scheme: str) -> type:
+    module_name, class_name, extra, library = _BACKENDS[scheme]
+    try:
+        importlib.import_module(library)
+    except ImportError as exc:
+        hint = f"pip install 'shardstream[{extra}]'" if extra else f"pip install {library}"
+        raise MissingDependencyError(f"{scheme}:// URLs need the {library} package: {hint}") from exc
+    module = importlib.import_module(module_name, __package__)
+    return getattr(module, class_name)
 
 
 def open_store(url: str | os.PathLike[str], *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> Store:
-    """The store for a dataset location: ``s3://bucket/prefix``, ``file:///dir`` or a path."""
+    """The store for a dataset location: a local path or ``file:///dir``, or a URL of a
+    remote store (``s3://bucket/prefix``, ``https://host/dir``, ``hf://datasets/ORG/NAME/dir``,
+    ``gs://bucket/prefix``, ``az://container/prefix``).
+
+    Raises:
+        ValueError: an unsupported scheme or a URL without a bucket or host.
+        MissingDependencyError: the backend's optional extra is not installed (names it).
+    """
     text = os.fspath(url)
-    if is_s3_url(text):
+    scheme = scheme_of(text)
+    if scheme == "s3":
         from .s3 import S3Store
 
         return S3Store(text, s3=s3, fetch=fetch)
+    if scheme is not None:
+        return _backend(scheme)(text, fetch=fetch)
     if text.startswith("file://"):
         text = text[len("file://") :]
-    elif "://" in text:
-        raise ValueError(f"{text!r}: unsupported URL scheme; use s3://BUCKET/PREFIX or a local path")
     return LocalStore(text)
+
+
+def pin_url(url: str) -> str:
+    """``url`` fixed to the version it names now, for every process that reads it later:
+    an ``hf://`` URL's revision (a branch or tag, ``main`` by default) becomes its commit sha,
+    asked of the Hub once per process and revision; other URLs come back unchanged.
+
+    Raises:
+        as :func:`open_store`; StorageError and subclasses when the Hub cannot say.
+    """
+    if scheme_of(url) != "hf":
+        return url
+    from .hf import pin_hf_url
+
+    return pin_hf_url(url)

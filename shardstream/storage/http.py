@@ -1,0 +1,490 @@
+"""http(s) storage through aiohttp: shards read by ranged GETs from any server that honours
+``Range`` (nginx, Apache, a CDN, ``python -m http.server`` does not).
+
+What it insists on, where a generic HTTP client would not:
+
+- a ranged GET must come back ``206 Partial Content`` with a ``Content-Range`` that starts at
+  the byte asked for; a server that ignores ``Range`` (``200`` with the whole object) is an
+  error naming the URL, never a silent whole-object download for every part;
+- an object's version is its ``ETag`` (else ``Last-Modified``); every request after the first
+  of a read carries ``If-Match`` (a strong ETag), and every answer's version is compared, so a
+  replaced object is :class:`~shardstream.errors.CorruptShardError`, never a mix of two;
+- a body cut mid-transfer is fetched again from its first missing byte; 429 and 5xx answers
+  and refused connections are tried again after ``Retry-After`` (or a short backoff), at most
+  ``HttpConfig.max_attempts`` times, and every wait is bounded;
+- redirects are followed here, one hop at a time, and headers meant for one host (a token)
+  are sent to that host only (:meth:`HttpStore._headers_for`), never to the host it
+  redirects to.
+
+Servers have no listing and take no writes: :meth:`HttpStore.list_names` and every write raise
+errors that say what to do instead. One ``aiohttp.ClientSession`` per process lives on the
+process's background loop (:mod:`.loop`), made in the process that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import os
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from ..config import FetchConfig, HttpConfig
+from ..errors import (
+    CorruptShardError,
+    ReadOnlyStoreError,
+    ShardNotFoundError,
+    StorageAccessError,
+    StorageConnectionError,
+    StorageError,
+)
+from . import loop
+
+__all__ = ["HttpStore"]
+
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_sessions: dict[tuple[HttpConfig, bool], Any] = {}
+_sessions_pid: int | None = None
+_open_requests = [os.getpid(), 0]  # [pid, requests of this process in progress]
+
+
+def _count_open(delta: int) -> None:
+    if _open_requests[0] != os.getpid():  # a forked child starts from none
+        _open_requests[:] = [os.getpid(), 0]
+    _open_requests[1] += delta
+
+
+def _ssl_context() -> ssl.SSLContext:
+    """The system's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (OpenSSL's own variables)."""
+    return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE"), capath=os.environ.get("SSL_CERT_DIR"))
+
+
+async def _session_for(cfg: HttpConfig) -> Any:
+    """This process's session for ``cfg`` (sessions inherited across a fork are kept, unused)."""
+    global _sessions_pid
+    import aiohttp
+
+    if _sessions_pid != os.getpid():
+        for inherited in _sessions.values():
+            loop.keep_forked(inherited)
+        _sessions.clear()
+        _sessions_pid = os.getpid()
+    key = (cfg, True)
+    session = _sessions.get(key)
+    if session is None:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=cfg.max_pool_connections, ssl=_ssl_context()),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s),
+            trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as curl and requests
+            auto_decompress=False,  # byte ranges are of the stored bytes
+        )
+        _sessions[key] = session
+        loop.on_shutdown(session.close)
+    return session
+
+
+def _retry_after_s(value: str | None, default_s: float, limit_s: float) -> float:
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped."""
+    if value:
+        try:
+            return min(max(float(value), 0.0), limit_s)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value) if value else None
+            if when is not None:
+                return min(max(when.timestamp() - time.time(), 0.0), limit_s)
+    return min(default_s, limit_s)
+
+
+def _content_range(value: str) -> tuple[int, int, int | None]:
+    """``"bytes 10-19/100"`` -> ``(10, 20, 100)`` (end exclusive; total None for ``*``)."""
+    unit, _, spec = value.strip().partition(" ")
+    span, _, total = spec.partition("/")
+    first, _, last = span.partition("-")
+    if unit != "bytes" or not first.isdigit() or not last.isdigit():
+        raise ValueError(value)
+    return int(first), int(last) + 1, (int(total) if total.isdigit() else None)
+
+
+def _version(headers: Any) -> str:
+    """An answer's version: its ETag, else its Last-Modified, else ""."""
+    return str(headers.get("ETag") or headers.get("Last-Modified") or "")
+
+
+class HttpStore:
+    """Objects under an ``http://`` or ``https://`` URL (a "directory" on a web server), read only.
+
+    Args:
+        url: ``https://host[:port]/path`` of the dataset (or of the folder of its shards).
+        fetch: unused here (reads are cut into parts by the fetcher); accepted as by every store.
+        http: timeouts, attempts and pool size; default :class:`~shardstream.config.HttpConfig`.
+    """
+
+    label = "HTTP"
+
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None, http: HttpConfig | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{url!r} is not an http(s):// URL with a host")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{url!r}: a dataset URL takes no ?query or #fragment; give the folder's URL")
+        self.url = url.rstrip("/")
+        self.endpoint = f"{parts.scheme.lower()}://{parts.netloc}"
+        self.http = http or HttpConfig()
+        self._locations: dict[str, tuple[str, float]] = {}  # object URL -> (redirect target, expiry)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_locations": {}}
+
+    # -- names and URLs ---------------------------------------------------------------------
+
+    def url_of(self, name: str) -> str:
+        return f"{self.url}/{name}" if name else self.url
+
+    async def _object_url(self, name: str) -> str:
+        """The URL requested for ``name`` (the Hub's store maps its names to resolve URLs)."""
+        return self.url_of(name)
+
+    def _headers_for(self, url: str) -> dict[str, str]:
+        """Headers for a request to ``url``'s host; none here (the Hub's store adds its token
+        for the Hub's host only)."""
+        return {}
+
+    @property
+    def request_limit_s(self) -> float:
+        return self.http.request_limit_s
+
+    def pool_state(self) -> str:
+        open_now = _open_requests[1] if _open_requests[0] == os.getpid() else 0
+        pool = self.http.max_pool_connections
+        if open_now > pool:
+            return (
+                f"this process has {open_now} requests open for {pool} pooled connections "
+                "(HttpConfig.max_pool_connections), so some wait for a connection"
+            )
+        return f"the server stalls ({open_now} of {pool} pooled connections of this process in use)"
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: dict[str, str],
+        shown_url: str,
+        on_retry: Callable[[BaseException], None] | None = None,
+    ) -> Any:
+        """One request with its redirects and retries; the answer (status < 300, or 304, 412,
+        416) is returned unread, to be closed by the caller.
+
+        Raises:
+            ShardNotFoundError (404, 410), StorageAccessError (401, 403),
+            StorageConnectionError (unreachable, or 429/5xx after every attempt), StorageError.
+        """
+        import aiohttp
+
+        cfg = self.http
+        session = await _session_for(cfg)
+        target = self._cached_location(url) or url
+        backoff_s = 0.2
+        last = "no attempt"
+        for attempt in range(1, cfg.max_attempts + 1):
+            hops = 0
+            while True:
+                try:
+                    response = await asyncio.wait_for(
+                        session.request(
+                            method, target, headers={**headers, **self._headers_for(target)}, allow_redirects=False
+                        ),
+                        cfg.connect_timeout_s + cfg.read_timeout_s,
+                    )
+                except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+                    last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    if target != url:  # a cached or redirected location may have gone stale: start over
+                        self._locations.pop(url, None)
+                    response = None
+                    break
+                except aiohttp.ClientError as exc:
+                    raise StorageError(f"{shown_url}: request to {self.endpoint} failed: {exc}") from exc
+                if response.status in (301, 302, 303, 307, 308) and "Location" in response.headers:
+                    response.release()
+                    hops += 1
+                    if hops > cfg.max_redirects:
+                        raise StorageError(
+                            f"{shown_url}: more than {cfg.max_redirects} redirects (HttpConfig.max_redirects)"
+                        )
+                    target = urljoin(target, response.headers["Location"])
+                    if response.status in (302, 303, 307) and target != url:
+                        self._locations[url] = (target, time.monotonic() + 300.0)
+                    continue
+                break
+            if response is not None:
+                status = response.status
+                if status < 300 or status in (304, 412, 416):
+                    return response
+                retry_after = response.headers.get("Retry-After")
+                reason = response.reason or ""
+                response.release()
+                if status in (404, 410):
+                    if target != url and self._locations.pop(url, None) is not None:
+                        target = url  # a stale redirect target: ask the origin again
+                        continue
+                    raise ShardNotFoundError(
+                        f"{shown_url}: no such object at {self.endpoint} (HTTP {status}; check the URL)"
+                    )
+                if status in (401, 403):
+                    if target != url and self._locations.pop(url, None) is not None:
+                        target = url  # an expired signed redirect: ask the origin again
+                        continue
+                    raise StorageAccessError(
+                        f"{shown_url}: {self.endpoint} refused access (HTTP {status} {reason}); {self._access_hint()}"
+                    )
+                if status not in _RETRY_STATUSES:
+                    raise StorageError(f"{shown_url}: HTTP {status} {reason} from {self.endpoint}")
+                last = f"HTTP {status} {reason}".strip()
+                wait_s = _retry_after_s(retry_after, backoff_s, cfg.max_retry_after_s)
+            else:
+                wait_s = min(backoff_s, cfg.max_retry_after_s)
+            if attempt == cfg.max_attempts:
+                break
+            if on_retry is not None:
+                on_retry(StorageConnectionError(f"{shown_url}: {last}"))
+            await asyncio.sleep(wait_s)
+            backoff_s = min(backoff_s * 2, 5.0)
+            target = self._cached_location(url) or url
+        raise StorageConnectionError(
+            f"{shown_url}: no usable answer from {self.endpoint} after {cfg.max_attempts} attempts "
+            f"(last: {last}); check the server and network (HttpConfig.max_attempts)"
+        )
+
+    def _cached_location(self, url: str) -> str | None:
+        hit = self._locations.get(url)
+        if hit is None or hit[1] < time.monotonic():
+            self._locations.pop(url, None)
+            return None
+        return hit[0]
+
+    def _access_hint(self) -> str:
+        return "the server wants credentials shardstream does not send to plain http(s) URLs; make the files readable"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def head(self, name: str) -> tuple[int, str]:
+        """``(size_bytes, version)`` of ``name`` from a HEAD request (a ``bytes=0-0`` GET where
+        HEAD is refused or gives no length).
+
+        Raises:
+            ShardNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
+        """
+        url, shown = await self._object_url(name), self.url_of(name)
+        _count_open(1)
+        try:
+            response = await self._send("HEAD", url, headers={"Accept-Encoding": "identity"}, shown_url=shown)
+            response.release()
+            length = response.headers.get("Content-Length")
+            if response.status == 200 and length is not None and length.isdigit():
+                return int(length), _version(response.headers)
+            response = await self._send(
+                "GET", url, headers={"Range": "bytes=0-0", "Accept-Encoding": "identity"}, shown_url=shown
+            )
+            response.release()
+            if response.status == 206:
+                _, _, total = _content_range(response.headers.get("Content-Range", ""))
+                if total is not None:
+                    return total, _version(response.headers)
+            if response.status == 416:  # an empty object has no byte 0
+                return 0, _version(response.headers)
+            raise StorageError(
+                f"{shown}: {self.endpoint} tells neither the size of the object (HEAD gave no Content-Length) "
+                "nor a Content-Range; serve it from a server that supports byte ranges"
+            )
+        except ValueError as exc:
+            raise StorageError(f"{shown}: malformed Content-Range from {self.endpoint} ({exc})") from exc
+        finally:
+            _count_open(-1)
+
+    async def get_range(
+        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> tuple[list[bytes], int, str]:
+        """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the pieces they
+        arrived in, with the object's total size and version (module doc for the checks).
+
+        Returns:
+            ``(pieces, object_size_bytes, version)``; fewer bytes than asked only when the
+            object ends before ``end``.
+
+        Raises:
+            ShardNotFoundError: no such object; CorruptShardError: ``start`` lies beyond its
+                end, or it changed between attempts; StorageError: the server ignored
+                ``Range`` (names the URL) or answered nonsense; StorageAccessError,
+                StorageConnectionError as :meth:`_send`.
+        """
+        _count_open(1)
+        try:
+            return await self._get_range(name, start, end, on_retry)
+        finally:
+            _count_open(-1)
+
+    async def _get_range(
+        self, name: str, start: int, end: int | None, on_retry: Callable[[BaseException], None] | None
+    ) -> tuple[list[bytes], int, str]:
+        import aiohttp
+
+        url, shown = await self._object_url(name), self.url_of(name)
+        if end is not None and end <= start:
+            total, version = await self.head(name)
+            if start > total:
+                raise CorruptShardError(f"{shown}: ends at byte {total}, before byte {start} (stale index?)")
+            return [], total, version
+        pieces: list[bytes] = []
+        received = 0
+        version: str | None = None
+        total: int | None = None
+        cfg = self.http
+        for attempt in range(1, cfg.max_attempts + 1):
+            at = start + received
+            headers = {"Accept-Encoding": "identity"}
+            if version and not version.startswith("W/") and version.startswith('"'):
+                headers["If-Match"] = version
+            if at > 0 or end is not None:
+                headers["Range"] = f"bytes={at}-{'' if end is None else end - 1}"
+            response = await self._send("GET", url, headers=headers, shown_url=shown, on_retry=on_retry)
+            try:
+                if response.status == 416:
+                    raise CorruptShardError(
+                        f"{shown}: ends before byte {at}; the shard is shorter than its index says "
+                        "(stale index or truncated upload), re-pack or re-upload it"
+                    )
+                answer_version = _version(response.headers)
+                if response.status == 412 or (version is not None and answer_version != version):
+                    raise CorruptShardError(
+                        f"{shown}: changed while it was being read (version {version} "
+                        f"{'no longer matches' if response.status == 412 else 'then ' + answer_version} "
+                        f"at byte {at}); do not overwrite shards of a dataset in use"
+                    )
+                version = answer_version
+                total = self._check_span(response, at=at, end=end, shown=shown, total=total)
+                try:
+                    content = response.content
+                    while True:
+                        piece, end_of_chunk = await content.readchunk()
+                        if piece:
+                            pieces.append(piece)
+                            received += len(piece)
+                        elif not end_of_chunk:
+                            break
+                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                    if attempt == cfg.max_attempts:
+                        raise StorageConnectionError(
+                            f"{shown}: the connection to {self.endpoint} failed during the transfer "
+                            f"{cfg.max_attempts} times ({type(exc).__name__}); check the server and network"
+                        ) from exc
+                    if on_retry is not None:
+                        on_retry(exc)
+                    if end is not None and received >= end - start:
+                        break
+                    continue
+            finally:
+                response.release()
+            break
+        assert total is not None  # internal invariant: set by the answer that ended the loop
+        return pieces, total, version or ""
+
+    def _check_span(self, response: Any, *, at: int, end: int | None, shown: str, total: int | None) -> int:
+        """The object's size from an answer to a ranged GET from byte ``at``; refuses an answer
+        that is not the range asked for."""
+        if response.status == 206:
+            try:
+                first, _, size = _content_range(response.headers.get("Content-Range", ""))
+            except ValueError:
+                raise StorageError(
+                    f"{shown}: {self.endpoint} answered 206 with Content-Range "
+                    f"{response.headers.get('Content-Range')!r}, not one byte range; this server cannot be read"
+                ) from None
+            if first != at:
+                raise StorageError(f"{shown}: asked for bytes from {at}, {self.endpoint} sent them from {first}")
+            if size is None:
+                size = total if total is not None else -1
+        elif response.status == 200 and at == 0:
+            length = response.headers.get("Content-Length")
+            size = int(length) if length is not None and length.isdigit() else -1
+            if end is not None and (size < 0 or size > end):
+                raise self._ignored_range(shown)
+        else:
+            if response.status == 200:
+                raise self._ignored_range(shown)
+            raise StorageError(f"{shown}: unexpected HTTP {response.status} from {self.endpoint} to a ranged GET")
+        if size < 0:
+            raise StorageError(f"{shown}: {self.endpoint} does not tell the object's size (no total in Content-Range)")
+        if total is not None and size != total:
+            raise CorruptShardError(f"{shown}: changed while it was being read (size {total} then {size})")
+        return size
+
+    def _ignored_range(self, shown: str) -> StorageError:
+        return StorageError(
+            f"{shown}: {self.endpoint} ignored the Range header (it answered 200 with the whole object); "
+            "shardstream reads shards in ranged parts and will not download a whole object for each part: "
+            "serve the files from a server that supports byte ranges (nginx, Apache, a CDN, S3)"
+        )
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole object (an index or table)."""
+        pieces, _, _ = loop.run(self.get_range(name, 0, None))
+        return b"".join(pieces)
+
+    def exists(self, name: str) -> bool:
+        try:
+            loop.run(self.head(name))
+        except ShardNotFoundError:
+            return False
+        return True
+
+    # -- what plain servers cannot do ---------------------------------------------------------
+
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Raises StorageError: web servers have no listing (names what to pass instead)."""
+        raise StorageError(
+            f"{self.url_of(prefix)}: an {self.label} server has no listing; name the shards with a brace "
+            "pattern (https://host/ds/data-{000000..000099}.tar) or index them into a writable place "
+            "(shardstream index build URLS --output DIR) and read that index"
+        )
+
+    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
+        """Raises StorageError as :meth:`list_names`."""
+        self.list_names(prefix)
+        return iter(())
+
+    def _read_only(self, name: str) -> ReadOnlyStoreError:
+        return ReadOnlyStoreError(
+            f"{self.url_of(name)}: {self.label} URLs are read-only in shardstream; write the dataset to a local "
+            "directory, s3://, gs:// or az:// (or index shards you cannot write beside with "
+            "`shardstream index build URLS --output DIR`)"
+        )
+
+    def check_writable(self) -> None:
+        raise self._read_only("")
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        raise self._read_only(name)
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        raise self._read_only(name)
+
+    def delete(self, name: str) -> None:
+        raise self._read_only(name)
+
+    def open_writer(self, name: str) -> Any:
+        raise self._read_only(name)
+
+    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
+        """Nothing to do: nothing is written here."""
+
+    def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
+        """Nothing to do: nothing is written here."""
+        return 0
