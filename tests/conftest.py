@@ -1,4 +1,5 @@
-"""Shared fixtures: a real SeaweedFS S3 server for the session, buckets, tiny datasets."""
+"""Shared fixtures: real local servers for the session (SeaweedFS for S3, nginx for http(s), a
+fake Hugging Face Hub, the GCS emulator, Azurite), buckets, tiny datasets."""
 
 from __future__ import annotations
 
@@ -40,6 +41,57 @@ def s3_bucket(s3_server) -> str:
     name = f"test-{os.getpid()}-{next(_bucket_numbers)}"
     s3_server.create_bucket(name)
     return name
+
+
+@pytest.fixture(scope="session")
+def web_root(tmp_path_factory) -> Path:
+    """The directory the session's nginx servers serve."""
+    return tmp_path_factory.mktemp("web")
+
+
+@pytest.fixture(scope="session")
+def nginx_server(web_root):
+    """nginx serving ``web_root`` over http on 127.0.0.1."""
+    from shardstream.testing.webservers import NginxServer
+
+    with NginxServer(web_root) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def nginx_tls_server(web_root):
+    """nginx serving ``web_root`` over https with a self-signed certificate (``ca_file``)."""
+    from shardstream.testing.webservers import NginxServer
+
+    with NginxServer(web_root, https=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fake_hub():
+    """A fake Hugging Face Hub (resolve redirects to a second host, tree pages, revisions)."""
+    from shardstream.testing.webservers import FakeHub
+
+    with FakeHub() as hub:
+        yield hub
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """Google's storage JSON API (gcp-storage-emulator, in memory) on 127.0.0.1."""
+    from shardstream.testing.emulators import GcsEmulator
+
+    with GcsEmulator() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite():
+    """Azurite's blob service on 127.0.0.1 (the development account devstoreaccount1)."""
+    from shardstream.testing.emulators import Azurite
+
+    with Azurite() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

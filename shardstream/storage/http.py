@@ -46,7 +46,7 @@ from . import loop
 __all__ = ["HttpStore"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-_sessions: dict[tuple[HttpConfig, bool], Any] = {}
+_sessions: dict[tuple[HttpConfig, str | None, str | None], Any] = {}  # per config and CA settings
 _sessions_pid: int | None = None
 _open_requests = [os.getpid(), 0]  # [pid, requests of this process in progress]
 
@@ -72,7 +72,7 @@ async def _session_for(cfg: HttpConfig) -> Any:
             loop.keep_forked(inherited)
         _sessions.clear()
         _sessions_pid = os.getpid()
-    key = (cfg, True)
+    key = (cfg, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
     session = _sessions.get(key)
     if session is None:
         session = aiohttp.ClientSession(
@@ -204,6 +204,11 @@ class HttpStore:
                         ),
                         cfg.connect_timeout_s + cfg.read_timeout_s,
                     )
+                except aiohttp.ClientConnectorCertificateError as exc:
+                    raise StorageConnectionError(
+                        f"{shown_url}: the TLS certificate of {urlsplit(target).netloc} is not trusted "
+                        f"({exc.certificate_error}); point SSL_CERT_FILE at the CA bundle that signed it"
+                    ) from exc
                 except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
                     last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                     if target != url:  # a cached or redirected location may have gone stale: start over
@@ -357,6 +362,9 @@ class HttpStore:
             response = await self._send("GET", url, headers=headers, shown_url=shown, on_retry=on_retry)
             try:
                 if response.status == 416:
+                    size = response.headers.get("Content-Range", "").rpartition("/")[2]
+                    if size.isdigit() and int(size) == at:  # from the end to the end: nothing
+                        return pieces, at, version or _version(response.headers)
                     raise CorruptShardError(
                         f"{shown}: ends before byte {at}; the shard is shorter than its index says "
                         "(stale index or truncated upload), re-pack or re-upload it"

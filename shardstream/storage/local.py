@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import DestinationError, ShardNotFoundError
+from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
 
 __all__ = ["LocalStore"]
 
@@ -70,6 +70,40 @@ class LocalStore:
     def read_bytes(self, name: str) -> bytes:
         with self.open_read(name) as f:
             return f.read()
+
+    def _stat(self, name: str) -> os.stat_result:
+        try:
+            return os.stat(self.root / name)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise ShardNotFoundError(f"{self.root / name}: no such file (check the path)") from exc
+
+    async def head(self, name: str) -> tuple[int, str]:
+        """``(size_bytes, version)`` of file ``name``; the version is its modification time and
+        inode, which a replacement (a rename over it, as every writer here does) changes.
+
+        Raises:
+            ShardNotFoundError: no such file.
+        """
+        st = self._stat(name)
+        return st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}"
+
+    async def get_range(
+        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> tuple[list[bytes], int, str]:
+        """Bytes ``[start, end)`` of ``name`` as the remote stores give them (the same contract:
+        :class:`~shardstream.storage.base.RemoteStore`); readers of local shards map or read
+        the file in place instead.
+
+        Raises:
+            ShardNotFoundError: no such file; CorruptShardError: ``start`` lies beyond its end.
+        """
+        with self.open_read(name, buffer_bytes=0) as f:
+            st = os.fstat(f.fileno())
+            if start > st.st_size:
+                raise CorruptShardError(f"{self.root / name}: ends at byte {st.st_size}, before byte {start}")
+            stop = st.st_size if end is None else min(end, st.st_size)
+            data = os.pread(f.fileno(), max(stop - start, 0), start)
+        return ([data] if data else []), st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}"
 
     def write_bytes(self, name: str, data: bytes) -> None:
         sink = self.open_writer(name)

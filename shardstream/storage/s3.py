@@ -144,6 +144,23 @@ async def _client_for(cfg: S3Config) -> Any:
         return client
 
 
+def _throttled_s(exc: BaseException) -> float | None:
+    """Seconds to wait before trying again after a 429 answer (its ``Retry-After``, at most
+    30 s; 1 s without one), or None for any other error. Some S3-compatible servers throttle
+    with 429, which botocore's retry modes do not retry."""
+    from botocore.exceptions import ClientError
+
+    if not isinstance(exc, ClientError):
+        return None
+    metadata = exc.response.get("ResponseMetadata", {})
+    if metadata.get("HTTPStatusCode") != 429:
+        return None
+    try:
+        return min(max(float(metadata.get("HTTPHeaders", {}).get("retry-after", 1.0)), 0.0), 30.0)
+    except ValueError:
+        return 1.0
+
+
 def _translate(
     exc: BaseException,
     *,
@@ -227,6 +244,7 @@ class S3Store:
         self.endpoint = self.s3.resolved_endpoint_url() or "AWS S3"
 
     label = "S3"
+    list_page_size = 1000  # keys per LIST request (S3's own maximum)
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
@@ -259,7 +277,14 @@ class S3Store:
         limit_s = cfg.max_attempts * (cfg.connect_timeout_s + cfg.read_timeout_s)
         try:
             client = await _client_for(cfg)
-            return await asyncio.wait_for(getattr(client, operation)(**kwargs), limit_s)
+            for attempt in range(1, cfg.max_attempts + 1):
+                try:
+                    return await asyncio.wait_for(getattr(client, operation)(**kwargs), limit_s)
+                except Exception as exc:
+                    wait_s = _throttled_s(exc)  # botocore retries 503 SlowDown, not a bare 429
+                    if wait_s is None or attempt == cfg.max_attempts:
+                        raise
+                    await asyncio.sleep(wait_s)
         except asyncio.TimeoutError:
             raise StorageConnectionError(
                 f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {pool_state(cfg)}"
@@ -329,6 +354,7 @@ class S3Store:
                     not_found=BucketNotFoundError,
                     Bucket=self.bucket,
                     Prefix=root + prefix,
+                    MaxKeys=self.list_page_size,
                     **token,
                 )
                 names.extend(obj["Key"][len(root) :] for obj in page.get("Contents", []))
@@ -352,6 +378,7 @@ class S3Store:
                     Bucket=self.bucket,
                     Prefix=root + prefix,
                     Delimiter="/",
+                    MaxKeys=self.list_page_size,
                     **token,
                 )
             )
@@ -451,6 +478,9 @@ class S3Store:
                 )
             except StorageError as exc:
                 if "InvalidRange" in str(exc):
+                    size, version = await self.head(name)
+                    if start + received == size and (etag is None or version == etag):
+                        return pieces, size, version  # from the end to the end: nothing
                     raise CorruptShardError(
                         f"{url}: ends before byte {start + received}; the shard is shorter than its index "
                         "says (stale index or truncated upload), re-pack or re-upload it"

@@ -5,6 +5,8 @@
 request matching ``match`` it may inject one fault, drawn with a seeded RNG:
 
 - ``"slowdown"``: answer ``503 SlowDown`` (S3's throttling reply) without forwarding;
+- ``"throttle"``: answer ``throttle_status`` (429 or 503) with ``Retry-After:
+  retry_after_s`` without forwarding (how GCS, Azure, the Hub and CDNs throttle);
 - ``"reset"``: drop the connection before any response;
 - ``"cut"``: forward, then drop the connection after ``cut_after_bytes`` of the body (or half
   of a shorter body; the client sees a body shorter than its Content-Length: aiohttp's
@@ -27,7 +29,7 @@ from typing import Any
 
 __all__ = ["FAULTS", "FaultProxy"]
 
-FAULTS = ("slowdown", "reset", "cut", "delay", "trickle")
+FAULTS = ("slowdown", "throttle", "reset", "cut", "delay", "trickle")
 _HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -56,6 +58,7 @@ class FaultProxy:
         max_faults: stop injecting after this many faults (None: no bound).
         cut_after_bytes: body bytes sent before a ``cut``.
         delay_s, trickle_s: the ``delay`` and the pause between ``trickle`` pieces (seconds).
+        throttle_status, retry_after_s: the status and ``Retry-After`` (seconds) of a ``throttle``.
         on_fault: called as ``on_fault(fault, method, path)`` after a fault was injected (in
             the proxy's thread; a test can change the object there).
 
@@ -73,6 +76,8 @@ class FaultProxy:
         cut_after_bytes: int = 100_000,
         delay_s: float = 0.5,
         trickle_s: float = 0.01,
+        throttle_status: int = 429,
+        retry_after_s: float = 1.0,
         on_fault: Callable[[str, str, str], None] | None = None,
     ) -> None:
         unknown = set(rates) - set(FAULTS)
@@ -86,6 +91,7 @@ class FaultProxy:
         self.max_faults = max_faults
         self.cut_after_bytes = cut_after_bytes
         self.delay_s, self.trickle_s = delay_s, trickle_s
+        self.throttle_status, self.retry_after_s = throttle_status, retry_after_s
         self.on_fault = on_fault
         self.counts: Counter[str] = Counter()
         self.requests = 0
@@ -123,6 +129,13 @@ class FaultProxy:
         body = await request.read()
         if fault == "slowdown":
             return web.Response(status=503, body=_SLOWDOWN, content_type="application/xml")
+        if fault == "throttle":
+            return web.Response(
+                status=self.throttle_status,
+                headers={"Retry-After": f"{self.retry_after_s:g}"},
+                body=_SLOWDOWN if self.throttle_status == 503 else b"Too Many Requests",
+                content_type="application/xml" if self.throttle_status == 503 else "text/plain",
+            )
         if fault == "reset":
             request.transport.abort()
             return web.Response(status=500)  # never sent: the connection is gone

@@ -1,0 +1,757 @@
+"""Azure Blob Storage through adlfs and the async Azure SDK: ``az://CONTAINER/PREFIX``,
+``abfs://CONTAINER/PREFIX`` and ``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net/PREFIX``; the
+only module that imports adlfs and ``azure.storage.blob``.
+
+One ``adlfs.AzureBlobFileSystem`` per process and account lives on the process's background
+loop (:mod:`shardstream.storage.loop`), made there on first use (``asynchronous=True``, the
+loop given, ``skip_instance_cache=True``); filesystems inherited across a fork are kept alive
+and never used. adlfs resolves the credentials; the requests go through the
+``azure.storage.blob.aio`` clients it holds (``fs.service_client``), because adlfs's own methods
+cannot pin a version or stage blocks. The store object holds only its URL and settings, so it
+pickles cheaply into DataLoader workers.
+
+What it does:
+
+- ``head`` reads the blob's properties; an object's version is its *ETag*;
+- a ranged read (:meth:`AzureStore.get_range`) is ``download_blob(offset=, length=)``; every
+  request after the first of a call carries the first answer's ETag with ``If-Match``
+  (``MatchConditions.IfNotModified``), so a replaced blob is :class:`CorruptShardError`, never a
+  mix; a body cut mid-transfer is fetched again from its first missing byte;
+- a shard is written as a block blob (:meth:`AzureStore.open_writer`): one ``stage_block`` per
+  ``FetchConfig.upload_part_bytes``, several in flight, and ``commit_block_list`` at ``commit``;
+  staged blocks are invisible, so nothing shows under the name before, and ``abort`` just drops
+  them (Azure discards uncommitted blocks after a week, or at the blob's next commit);
+- small objects are single uploads; ``create_exclusive`` uploads with ``If-None-Match: *``.
+
+Credentials, in adlfs's order: ``AZURE_STORAGE_CONNECTION_STRING``; else the account (from an
+``abfss://CONTAINER@ACCOUNT...`` URL or ``AZURE_STORAGE_ACCOUNT_NAME``) with
+``AZURE_STORAGE_ACCOUNT_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``, or a service principal
+(``AZURE_STORAGE_CLIENT_ID`` / ``_SECRET`` / ``TENANT_ID``); else ``DefaultAzureCredential``
+(environment, managed identity, ``az login`` ...); ``AZURE_STORAGE_ANON=true`` reads public
+containers without any.
+
+Every Azure/adlfs/aiohttp error is translated once, in :func:`_translate`, into the
+:mod:`shardstream.errors` tree, naming the URL and the account, never a key, SAS token or
+connection string.
+
+What the local emulator (Azurite, see :mod:`shardstream.testing.emulators`) does not cover:
+it has no hierarchical namespace (the ADLS Gen2 directory features behind ``abfs``, unused
+here: this module speaks the Blob API, which such accounts also serve), no Azure AD tokens (only
+account keys and SAS), and a read starting past a blob's end comes back empty instead of 416
+(handled alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import email.utils
+import os
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+from ..config import FetchConfig
+from ..errors import (
+    BucketNotFoundError,
+    CorruptShardError,
+    ShardNotFoundError,
+    StorageAccessError,
+    StorageConnectionError,
+    StorageError,
+    StorageNotFoundError,
+)
+from . import loop
+
+__all__ = ["AzureStore", "parse_azure_url"]
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0  # the longest wait for each piece of an answer
+MAX_ATTEMPTS = 5  # attempts of one ranged read (cut bodies, refused connections, 429/5xx)
+MAX_RETRY_WAIT_S = 30.0  # the longest Retry-After honoured
+POOL_CONNECTIONS = 100  # the Azure SDK's aiohttp pool (aiohttp's default), per process
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_ACCESS_HINT = (
+    "check the credentials: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+    "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or an Azure AD identity (`az login`, "
+    "managed identity; DefaultAzureCredential) with a Storage Blob Data role on the container"
+)
+_SECRETS = re.compile(r"(?i)(accountkey=|sharedaccesssignature=|sig=|signature=|bearer\s+)[^\s;&'\"<]+")
+
+_filesystems: dict[tuple[str | None, str | None, str], Any] = {}
+_filesystems_pid: int | None = None
+_filesystems_lock: asyncio.Lock | None = None
+_open_requests = [os.getpid(), 0]  # [pid, ranged reads of this process in progress]
+
+
+def _count_open(delta: int) -> None:
+    if _open_requests[0] != os.getpid():  # a forked child starts from none
+        _open_requests[:] = [os.getpid(), 0]
+    _open_requests[1] += delta
+
+
+def parse_azure_url(url: str) -> tuple[str, str, str | None, str | None, str]:
+    """``"abfss://data@acct.dfs.core.windows.net/some/prefix"`` ->
+    ``("abfss", "data", "acct", "acct.blob.core.windows.net", "some/prefix")``; ``"az://data/p"``
+    -> ``("az", "data", None, None, "p")`` (the account then comes from the environment).
+
+    Raises:
+        ValueError: not an ``az://``, ``abfs://`` or ``abfss://`` URL, or no container.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("az", "abfs", "abfss"):
+        raise ValueError(f"{url!r} is not an az://, abfs:// or abfss:// URL")
+    if "?" in url or "#" in url:
+        raise ValueError(f"{url!r}: a dataset URL takes no ?query (put SAS tokens in AZURE_STORAGE_SAS_TOKEN)")
+    netloc, _, prefix = rest.partition("/")
+    container, at, host = netloc.partition("@")
+    if not container or (at and not host):
+        raise ValueError(f"{url!r} names no container; write az://CONTAINER/PREFIX or abfss://CONTAINER@ACCOUNT.dfs...")
+    account = account_host = None
+    if host:
+        account = host.split(".", 1)[0]
+        if "." in host:  # the blob endpoint of the account's cloud (the dfs one serves ADLS Gen2)
+            account_host = host.replace(".dfs.", ".blob.", 1)
+    return scheme.lower(), container, account, account_host, prefix.strip("/")
+
+
+def _connection_fields() -> dict[str, str]:
+    """The fields of ``AZURE_STORAGE_CONNECTION_STRING`` that are not secret (account name,
+    endpoints), for naming the account in messages."""
+    fields: dict[str, str] = {}
+    for part in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";"):
+        key, sep, value = part.partition("=")
+        if sep and key.strip().lower() in ("accountname", "blobendpoint"):
+            fields[key.strip().lower()] = value.strip().split("?", 1)[0].rstrip("/")
+    return fields
+
+
+def _credentials_fingerprint() -> str:
+    """A digest of the ``AZURE_STORAGE_*`` variables adlfs reads, so that a process whose
+    environment changed (a test pointing at another server) gets a client of its own."""
+    import hashlib
+
+    names = sorted(name for name in os.environ if name.startswith("AZURE_STORAGE_"))
+    text = "\0".join(f"{name}={os.environ[name]}" for name in names)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _scrub(text: str) -> str:
+    """``text`` without anything that looks like a key, a SAS signature or a token."""
+    return _SECRETS.sub(lambda m: m.group(1) + "***", text)
+
+
+def _error_code(exc: BaseException) -> str:
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or "")
+
+
+def _detach_finalizers(obj: object) -> None:
+    """Drop the ``weakref.finalize`` hooks adlfs put on ``obj`` (they close its clients with a
+    blocking ``sync()`` on the loop, which hangs at exit once the loop has stopped): this module
+    closes them on the loop at exit (:func:`loop.on_shutdown`), and a copy inherited by a forked
+    child must never be closed."""
+    import weakref
+
+    registry = getattr(weakref.finalize, "_registry", {})
+    for finalizer in list(registry):
+        info = finalizer.peek()
+        if info is not None and (info[0] is obj or any(arg is obj for arg in info[2])):
+            finalizer.detach()
+
+
+async def _filesystem(account: str | None, account_host: str | None) -> Any:
+    """This process's ``AzureBlobFileSystem`` for the account (None: the environment's), made on
+    first use."""
+    global _filesystems_pid, _filesystems_lock
+    if _filesystems_pid != os.getpid():
+        for inherited in _filesystems.values():
+            loop.keep_forked(inherited)
+        _filesystems.clear()
+        _filesystems_pid, _filesystems_lock = os.getpid(), asyncio.Lock()
+    assert _filesystems_lock is not None  # internal invariant, set just above
+    async with _filesystems_lock:
+        key = (account, account_host, _credentials_fingerprint())
+        fs = _filesystems.get(key)
+        if fs is None:
+            from adlfs import AzureBlobFileSystem
+
+            fs = AzureBlobFileSystem(
+                account_name=account,
+                account_host=account_host,
+                asynchronous=True,
+                loop=asyncio.get_running_loop(),
+                skip_instance_cache=True,
+                use_listings_cache=False,
+                connection_timeout=int(CONNECT_TIMEOUT_S),
+                read_timeout=int(READ_TIMEOUT_S),
+            )
+            _detach_finalizers(fs)
+            _filesystems[key] = fs
+
+            async def close(fs: Any = fs) -> None:
+                await fs.service_client.close()
+                if getattr(fs, "credential", None) is not None and hasattr(fs.credential, "close"):
+                    await fs.credential.close()
+
+            loop.on_shutdown(close)
+        return fs
+
+
+def _translate(
+    exc: BaseException,
+    *,
+    url: str,
+    endpoint: str,
+    not_found: type[StorageNotFoundError] = ShardNotFoundError,
+) -> BaseException:
+    """Map an Azure SDK/adlfs/aiohttp error to the shardstream error tree (others pass
+    unchanged). Only error codes and the first line of the service's message are kept."""
+    import aiohttp
+    from azure.core.exceptions import (
+        AzureError,
+        ClientAuthenticationError,
+        HttpResponseError,
+        IncompleteReadError,
+        ResourceModifiedError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
+
+    if isinstance(exc, (StorageError, CorruptShardError)):
+        return exc
+    container = url.split("://", 1)[-1].split("/", 1)[0]
+    code = _error_code(exc)
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, ClientAuthenticationError) or status in (401, 403):
+        detail = f"{type(exc).__name__}" + (f" {code}" if code else "") + (f", HTTP {status}" if status else "")
+        return StorageAccessError(
+            f"{url}: {endpoint} refused the request or no credentials work ({detail}); {_ACCESS_HINT}"
+        )
+    if status == 404 or code in ("ContainerNotFound", "BlobNotFound", "ResourceNotFound"):
+        if code == "ContainerNotFound" or not_found is BucketNotFoundError:
+            return BucketNotFoundError(
+                f"{url}: no such container {container} at {endpoint} (create it, or check the name)"
+            )
+        return not_found(f"{url}: no such blob at {endpoint} (check the URL and prefix)")
+    if isinstance(exc, ResourceModifiedError) or status == 412:
+        return CorruptShardError(
+            f"{url}: changed while it was being used (Azure {code or 'ConditionNotMet'}); do not overwrite "
+            "shards of a dataset in use"
+        )
+    if isinstance(exc, ServiceRequestError) or isinstance(exc, aiohttp.ClientConnectorError):
+        return StorageConnectionError(
+            f"{url}: cannot reach {endpoint} ({type(exc).__name__}); check the network and the account's "
+            "endpoint (AZURE_STORAGE_CONNECTION_STRING's BlobEndpoint for an emulator)"
+        )
+    if isinstance(exc, (ServiceResponseError, IncompleteReadError, aiohttp.ClientError)):
+        return StorageConnectionError(
+            f"{url}: the connection to {endpoint} failed during the transfer ({type(exc).__name__}); "
+            "retry, and check the network"
+        )
+    if isinstance(exc, HttpResponseError):
+        message = _scrub(str(getattr(exc, "message", "") or "").split("\n", 1)[0])[:300]
+        if status in _RETRY_STATUSES:
+            return StorageConnectionError(
+                f"{url}: {endpoint} still answers HTTP {status} {code} after the SDK's retries; retry later"
+            )
+        return StorageError(f"{url}: Azure error {code or '?'} (HTTP {status}) from {endpoint}: {message}")
+    if isinstance(exc, AzureError):
+        return StorageError(f"{url}: Azure request to {endpoint} failed ({type(exc).__name__})")
+    if isinstance(exc, ValueError) and ("connect to account" in str(exc) or "connection_string" in str(exc)):
+        return StorageAccessError(
+            f"{url}: cannot make an Azure client for {endpoint} (no account or unusable credentials); {_ACCESS_HINT}"
+        )
+    if isinstance(exc, TimeoutError):
+        return StorageConnectionError(f"{url}: no answer from {endpoint} in time ({type(exc).__name__})")
+    return exc
+
+
+def _retry_after_s(value: str | None, default_s: float) -> float:
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped."""
+    if value:
+        try:
+            return min(max(float(value), 0.0), MAX_RETRY_WAIT_S)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                return min(max(when.timestamp() - time.time(), 0.0), MAX_RETRY_WAIT_S)
+    return min(default_s, MAX_RETRY_WAIT_S)
+
+
+class AzureStore:
+    """Blobs under ``az://container/prefix`` (module doc).
+
+    Args:
+        url: ``az://CONTAINER[/PREFIX]``, ``abfs://CONTAINER[/PREFIX]`` or
+            ``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net[/PREFIX]``.
+        fetch: the block size of shard uploads (``upload_part_bytes``) and the blocks in flight
+            (``max_inflight_upload_parts``); reads are cut into parts by the fetcher.
+
+    Attributes:
+        list_page_size: blobs asked for per listing request (Azure's maximum is 5000).
+    """
+
+    label = "Azure"
+    list_page_size = 5000
+
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None) -> None:
+        scheme, self.container, self.account, self.account_host, self.prefix = parse_azure_url(url)
+        base, _, _ = url.partition("://")[2].partition("/")
+        self.url = f"{scheme}://{base}/{self.prefix}" if self.prefix else f"{scheme}://{base}"
+        self.fetch = fetch or FetchConfig()
+        fields = _connection_fields()
+        if fields.get("blobendpoint") and (self.account is None or self.account == fields.get("accountname")):
+            self.endpoint = fields["blobendpoint"]
+        else:
+            account = self.account or fields.get("accountname") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+            self.endpoint = f"Azure Blob Storage account {account}" if account else "Azure Blob Storage"
+        self._conflict = (
+            fields.get("accountname")
+            if self.account and fields.get("accountname") and fields["accountname"] != self.account
+            else None
+        )
+
+    def __repr__(self) -> str:
+        return f"AzureStore({self.url!r}, endpoint={self.endpoint!r})"
+
+    # -- names --------------------------------------------------------------------------------
+
+    def key_of(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def url_of(self, name: str) -> str:
+        return f"{self.url}/{name}" if name else self.url
+
+    @property
+    def request_limit_s(self) -> float:
+        """Every attempt of one request with its waits: ``5 x (10 s connect + 60 s read + 30 s
+        Retry-After)``; each request is cut off there."""
+        return MAX_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S + MAX_RETRY_WAIT_S)
+
+    def pool_state(self) -> str:
+        open_now = _open_requests[1] if _open_requests[0] == os.getpid() else 0
+        if open_now > POOL_CONNECTIONS:
+            return (
+                f"this process has {open_now} Azure reads open for the SDK's {POOL_CONNECTIONS} pooled connections, "
+                "so some wait for a connection other open iterators hold"
+            )
+        return f"the server stalls ({open_now} of {POOL_CONNECTIONS} pooled Azure connections of this process in use)"
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def _fs(self) -> Any:
+        if self._conflict is not None:
+            raise StorageAccessError(
+                f"{self.url}: the URL names account {self.account} but AZURE_STORAGE_CONNECTION_STRING is for "
+                f"account {self._conflict} (adlfs would use it); unset it, or write az://{self.container}/..."
+            )
+        return await _filesystem(self.account, self.account_host)
+
+    async def _container(self) -> Any:
+        return (await self._fs()).service_client.get_container_client(self.container)
+
+    async def _blob(self, name: str) -> Any:
+        return (await self._container()).get_blob_client(self.key_of(name))
+
+    async def _run(
+        self,
+        operation: str,
+        awaitable: Awaitable[T],
+        *,
+        url: str,
+        not_found: type[StorageNotFoundError] = ShardNotFoundError,
+    ) -> T:
+        """Await one Azure operation (the SDK retries 429/5xx and dropped connections itself),
+        bounded by :attr:`request_limit_s`, translating its errors (:func:`_translate`)."""
+        limit_s = self.request_limit_s
+        try:
+            return await asyncio.wait_for(awaitable, limit_s)
+        except asyncio.TimeoutError as exc:
+            import aiohttp
+
+            if isinstance(exc, aiohttp.ClientError):
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+            raise StorageConnectionError(
+                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {self.pool_state()}"
+            ) from None
+        except Exception as exc:
+            raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
+
+    def _timeouts(self) -> dict[str, Any]:
+        return {"connection_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S}
+
+    # -- the Store protocol ---------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """Check the container exists and the credentials are accepted (its properties).
+
+        Raises:
+            BucketNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
+        """
+
+        async def check() -> None:
+            container = await self._container()
+            await container.get_container_properties(**self._timeouts())
+
+        loop.run(self._run("get container properties", check(), url=self.url, not_found=BucketNotFoundError))
+
+    def exists(self, name: str) -> bool:
+        try:
+            loop.run(self.head(name))
+        except ShardNotFoundError:
+            return False
+        return True
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole blob; a body cut mid-transfer is resumed as :meth:`get_range` does."""
+        return b"".join(loop.run(self.get_range(name, 0, None))[0])
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a small blob (one upload, published whole or not at all)."""
+        loop.run(self._put(name, data, exclusive=False))
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Write ``name`` unless it exists (``If-None-Match: *``); False when it already did."""
+        return loop.run(self._put(name, data, exclusive=True))
+
+    async def _put(self, name: str, data: bytes, *, exclusive: bool) -> bool:
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
+
+        async def put() -> bool:
+            blob = await self._blob(name)
+            try:
+                await blob.upload_blob(bytes(data), overwrite=not exclusive, max_concurrency=1, **self._timeouts())
+            except (ResourceExistsError, ResourceModifiedError):  # 409 BlobAlreadyExists / 412
+                if exclusive:
+                    return False
+                raise
+            return True
+
+        return await self._run("upload", put(), url=self.url_of(name))
+
+    def delete(self, name: str) -> None:
+        """Delete ``name``; a missing blob is no error."""
+
+        async def delete() -> None:
+            from azure.core.exceptions import ResourceNotFoundError
+
+            blob = await self._blob(name)
+            try:
+                await blob.delete_blob(**self._timeouts())
+            except ResourceNotFoundError as exc:
+                if _error_code(exc) == "ContainerNotFound":
+                    raise
+
+        loop.run(self._run("delete", delete(), url=self.url_of(name)))
+
+    def open_writer(self, name: str) -> _AzureSink:
+        """A block-blob upload of ``name``, committed by ``commit`` (module doc)."""
+        return _AzureSink(self, name)
+
+    async def _list_page(self, prefix: str, *, delimiter: bool, token: str | None) -> tuple[list[Any], str | None]:
+        """One page of blobs (and, with ``delimiter``, folders) under ``prefix``, with the token
+        of the next page (None after the last)."""
+
+        async def page() -> tuple[list[Any], str | None]:
+            container = await self._container()
+            options = {"name_starts_with": self.key_of("") + prefix, "results_per_page": self.list_page_size}
+            if delimiter:
+                paged = container.walk_blobs(delimiter="/", **options, **self._timeouts())
+            else:
+                paged = container.list_blobs(**options, **self._timeouts())
+            pages = paged.by_page(continuation_token=token)
+            try:
+                items = [item async for item in await pages.__anext__()]
+            except StopAsyncIteration:
+                return [], None
+            return items, pages.continuation_token or None
+
+        return await self._run("list", page(), url=self.url_of(prefix), not_found=BucketNotFoundError)
+
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Sorted names of the blobs whose name starts with ``prefix``, page by page (folder
+        placeholders, names ending in ``/``, are no files and are left out)."""
+        root = self.key_of("")
+
+        async def list_all() -> list[str]:
+            names: list[str] = []
+            token: str | None = None
+            while True:
+                items, token = await self._list_page(prefix, delimiter=False, token=token)
+                names.extend(item.name[len(root) :] for item in items)
+                if not token:
+                    return sorted(name for name in names if not name.endswith("/"))
+
+        return loop.run(list_all())
+
+    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
+        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
+        ``(name, size_bytes, is_dir)`` with names relative to this store's prefix (a folder's
+        own placeholder blob is left out)."""
+        from azure.storage.blob.aio import BlobPrefix
+
+        root = self.key_of("")
+        token: str | None = None
+        while True:
+            items, token = loop.run(self._list_page(prefix, delimiter=True, token=token))
+            for item in items:
+                name = item.name[len(root) :]
+                if isinstance(item, BlobPrefix):
+                    yield name, 0, True
+                elif name != prefix:
+                    yield name, int(item.size or 0), False
+            if not token:
+                return
+
+    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
+        """Nothing to do: blob containers have no directories."""
+
+    def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
+        """Nothing to remove: a killed writer leaves only uncommitted blocks, which are no blob,
+        are not listed, and Azure discards after a week (or at the blob's next commit); returns 0."""
+        return 0
+
+    # -- the RemoteStore protocol ------------------------------------------------------------------
+
+    async def head(self, name: str) -> tuple[int, str]:
+        """``(size_bytes, etag)`` of blob ``name``.
+
+        Raises:
+            ShardNotFoundError, BucketNotFoundError, StorageAccessError, StorageConnectionError,
+            StorageError.
+        """
+
+        async def properties() -> Any:
+            blob = await self._blob(name)
+            return await blob.get_blob_properties(**self._timeouts())
+
+        props = await self._run("get blob properties", properties(), url=self.url_of(name))
+        return int(props.size), str(props.etag)
+
+    async def get_range(
+        self,
+        name: str,
+        start: int,
+        end: int | None,
+        *,
+        on_retry: Callable[[BaseException], None] | None = None,
+        version: str | None = None,
+    ) -> tuple[list[bytes], int, str]:
+        """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the chunks they
+        arrived in, with the blob's total size and ETag.
+
+        Every request after the first carries the first answer's ETag (``If-Match``;
+        ``version``, when given, pins the first one too); a body cut mid-transfer, a refused
+        connection or a 429/5xx answer is tried again (from the first byte not received, after
+        ``Retry-After``) up to 5 attempts in all, ``on_retry`` told of each.
+
+        Returns:
+            ``(pieces, blob_size_bytes, etag)``; fewer bytes than asked only when the blob ends
+            before ``end``.
+
+        Raises:
+            ShardNotFoundError / BucketNotFoundError: no such blob / container.
+            CorruptShardError: ``start`` lies beyond the blob's end, or it changed (another
+                ETag) during the call.
+            StorageAccessError, StorageConnectionError (still failing after 5 attempts),
+            StorageError.
+        """
+        _count_open(1)
+        try:
+            return await self._get_range(name, start, end, on_retry, version)
+        finally:
+            _count_open(-1)
+
+    def _changed(self, name: str, etag: str, detail: str) -> CorruptShardError:
+        return CorruptShardError(
+            f"{self.url_of(name)}: changed while it was being read (ETag {etag} {detail}); "
+            "do not overwrite shards of a dataset in use"
+        )
+
+    def _ends_before(self, name: str, at: int, total: int | None) -> CorruptShardError:
+        size = f" (it has {total} bytes)" if total is not None else ""
+        return CorruptShardError(
+            f"{self.url_of(name)}: ends before byte {at}{size}; the shard is shorter than its index says "
+            "(stale index or truncated upload), re-pack or re-upload it"
+        )
+
+    async def _get_range(
+        self,
+        name: str,
+        start: int,
+        end: int | None,
+        on_retry: Callable[[BaseException], None] | None,
+        version: str | None,
+    ) -> tuple[list[bytes], int, str]:
+        import aiohttp
+        from azure.core import MatchConditions
+        from azure.core.exceptions import (
+            HttpResponseError,
+            IncompleteReadError,
+            ResourceModifiedError,
+            ResourceNotFoundError,
+            ServiceRequestError,
+            ServiceResponseError,
+        )
+
+        url = self.url_of(name)
+        if end is not None and end <= start:
+            total, etag = await self.head(name)
+            if version is not None and etag != version:
+                raise self._changed(name, version, f"then {etag}")
+            if start > total:
+                raise self._ends_before(name, start, total)
+            return [], total, etag
+        try:
+            blob = await self._blob(name)
+        except Exception as exc:
+            raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+        transient = (
+            ServiceRequestError,
+            ServiceResponseError,
+            IncompleteReadError,
+            aiohttp.ClientError,
+            asyncio.TimeoutError,
+        )
+        pieces: list[bytes] = []
+        received = 0
+        etag = version
+        total: int | None = None
+        backoff_s = 0.2
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            at = start + received
+            options: dict[str, Any] = {"max_concurrency": 1, "retry_total": 0, **self._timeouts()}
+            if at > 0 or end is not None:
+                options["offset"] = at
+                options["length"] = None if end is None else end - at
+            if etag:
+                options.update(etag=etag, match_condition=MatchConditions.IfNotModified)
+            retry_after: str | None = None
+            try:
+                downloader = await asyncio.wait_for(
+                    blob.download_blob(**options), MAX_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S)
+                )
+                answer_etag = str(downloader.properties.etag)
+                if etag and answer_etag != etag:
+                    raise self._changed(name, etag, f"then {answer_etag}")
+                etag = answer_etag
+                size = int(str(downloader.properties.content_range).rsplit("/", 1)[1])
+                if total is not None and size != total:
+                    raise self._changed(name, etag, f"has {size} bytes, the read saw {total}")
+                total = size
+                if at >= total and not (at == 0 and end is None):  # Azurite: an empty answer, not 416
+                    raise self._ends_before(name, at, total)
+                async for chunk in downloader.chunks():
+                    if chunk:
+                        pieces.append(chunk)
+                        received += len(chunk)
+                break
+            except (CorruptShardError, StorageError):
+                raise
+            except ResourceModifiedError as exc:
+                raise self._changed(name, etag or "?", "no longer matches") from exc
+            except ResourceNotFoundError as exc:
+                if etag and _error_code(exc) != "ContainerNotFound":  # the blob read so far is gone
+                    raise self._changed(name, etag, "is gone") from exc
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+            except HttpResponseError as exc:
+                status = exc.status_code
+                if status == 416:
+                    raise self._ends_before(name, at, total) from exc
+                if status not in _RETRY_STATUSES:
+                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+                response = getattr(exc, "response", None)
+                retry_after = response.headers.get("Retry-After") if response is not None else None
+                error: BaseException = exc
+                last = f"HTTP {status} {_error_code(exc)}".strip()
+            except transient as exc:
+                error = exc
+                last = f"{type(exc).__name__} after {received} bytes"
+            except Exception as exc:
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+            if end is not None and received >= end - start:
+                break  # all bytes are here; only the end of the answer was lost
+            if attempt == MAX_ATTEMPTS:
+                raise StorageConnectionError(
+                    f"{url}: no complete answer from {self.endpoint} after {MAX_ATTEMPTS} attempts (last: {last}); "
+                    "check the network"
+                ) from error
+            if on_retry is not None:
+                on_retry(error)
+            await asyncio.sleep(_retry_after_s(retry_after, backoff_s))
+            backoff_s = min(backoff_s * 2, 5.0)
+        assert total is not None and etag is not None  # internal invariant: set by the answer that ended the loop
+        return pieces, total, etag
+
+
+class _AzureSink:
+    """A block blob in the making: blocks of ``fetch.upload_part_bytes`` are staged (up to
+    ``max_inflight_upload_parts`` at once) while the shard is written; ``commit`` commits the
+    block list, which publishes the blob whole."""
+
+    def __init__(self, store: AzureStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.url = store.url_of(name)
+        self._buffer = bytearray()
+        self._ids: list[str] = []
+        self._blocks: list[concurrent.futures.Future[None]] = []
+        self._closed = False
+        self._id_prefix = uuid.uuid4().hex  # block ids of one blob all have the same length
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._closed:
+            raise ValueError(f"{self.url}: write after commit or abort")
+        self._buffer += data
+        if len(self._buffer) >= self.store.fetch.upload_part_bytes:
+            self._stage()
+
+    def _stage(self) -> None:
+        store = self.store
+        block_id = f"{self._id_prefix}-{len(self._ids):06d}"
+        self._ids.append(block_id)
+        body = bytes(self._buffer)
+        self._buffer.clear()
+
+        async def stage() -> None:
+            blob = await store._blob(self.name)
+            await blob.stage_block(block_id, body, length=len(body), **store._timeouts())
+
+        self._blocks.append(loop.submit(store._run("stage block", stage(), url=self.url)))
+        pending = [f for f in self._blocks if not f.done()]
+        while len(pending) > store.fetch.max_inflight_upload_parts:
+            pending.pop(0).result()
+
+    def commit(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.url}: commit after commit or abort")
+        if self._buffer:
+            self._stage()
+        for block in self._blocks:
+            block.result()
+        store = self.store
+
+        async def commit() -> None:
+            blob = await store._blob(self.name)
+            await blob.commit_block_list(list(self._ids), **store._timeouts())
+
+        loop.run(store._run("commit block list", commit(), url=self.url))
+        self._closed = True
+
+    def abort(self) -> None:
+        """Drop the staged blocks (they stay uncommitted and invisible until Azure discards them)."""
+        if self._closed:
+            return
+        self._closed = True
+        for block in self._blocks:
+            block.cancel()
+        concurrent.futures.wait(self._blocks)
+        self._buffer.clear()

@@ -1,0 +1,835 @@
+"""Google Cloud Storage through gcsfs: ``gs://BUCKET/PREFIX`` (also ``gcs://``); the only module
+that imports gcsfs.
+
+One ``gcsfs.GCSFileSystem`` per process and endpoint lives on the process's background loop
+(:mod:`shardstream.storage.loop`), made there on first use (``asynchronous=True``, the loop
+given, ``skip_instance_cache=True``, no listings cache); filesystems inherited across a fork
+are kept alive and never used (fsspec filesystems are not fork-safe). Its credential lookup,
+which may block on the network, runs in a worker thread. The store object holds only its URL
+and settings, so it pickles cheaply into DataLoader workers.
+
+What it does with GCS's JSON API:
+
+- ``head`` and listings are metadata requests; an object's version is its *generation*;
+- a ranged read (:meth:`GcsStore.get_range`) is a media download on gcsfs's aiohttp session,
+  streamed piece by piece; every request after the first of a call names the generation the
+  first answer had (``generation=``: a replaced object is then 404 or that older generation,
+  never a mix), and a body cut mid-transfer is fetched again from its first missing byte;
+- a shard is written as one *resumable upload* (:meth:`GcsStore.open_writer`), in chunks of
+  ``FetchConfig.upload_part_bytes`` (rounded down to GCS's 256 KiB grain), finalised at
+  ``commit``: nothing is visible under the name before; ``abort`` cancels the session (GCS
+  drops an unfinished session after a week in any case);
+- small objects are single requests; ``create_exclusive`` sends ``ifGenerationMatch=0``.
+
+Credentials: with ``STORAGE_EMULATOR_HOST`` set (a local emulator) none are sent; otherwise
+gcsfs's chain: ``GOOGLE_APPLICATION_CREDENTIALS`` or ``gcloud auth application-default
+login`` (google.auth's default), the metadata server on Google Cloud, else anonymous access
+(public buckets only). Zonal (Rapid) buckets, which need gcsfs's gRPC path, are not handled.
+
+Every gcsfs/aiohttp/google-auth error is translated once, in :func:`_translate`, into the
+:mod:`shardstream.errors` tree, naming the URL and the endpoint, never a token.
+
+What the local emulator (``gcp-storage-emulator``, see :mod:`shardstream.testing.emulators`)
+does not cover: it is single-threaded, checks no credentials, returns every listing in one page,
+ignores ``generation=`` pins and ``ifGenerationMatch`` preconditions, and sends no
+``x-goog-generation`` header (the generation then comes from a metadata request after the body,
+as real GCS never needs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import email.utils
+import json
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from ..config import FetchConfig
+from ..errors import (
+    BucketNotFoundError,
+    CorruptShardError,
+    ShardNotFoundError,
+    StorageAccessError,
+    StorageConnectionError,
+    StorageError,
+    StorageNotFoundError,
+)
+from . import loop
+
+__all__ = ["GcsStore", "parse_gcs_url"]
+
+T = TypeVar("T")
+
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0  # the longest wait for each piece of an answer
+MAX_ATTEMPTS = 5  # attempts of one ranged read (cut bodies, refused connections, 429/5xx)
+MAX_RETRY_WAIT_S = 30.0  # the longest Retry-After honoured
+MAX_POOL_CONNECTIONS = 32  # HTTP connections per process
+_UPLOAD_GRAIN = 256 << 10  # GCS: every chunk of a resumable upload but the last is a multiple of this
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_ACCESS_HINT = (
+    "check the credentials (GOOGLE_APPLICATION_CREDENTIALS naming a service-account key file, "
+    "or `gcloud auth application-default login`, or the VM's service account) and that they may "
+    "use the bucket (roles/storage.objectAdmin to write, objectViewer to read)"
+)
+_SECRETS = re.compile(r"(?i)(bearer\s+|access_token=|token=|key=|signature=)[^\s&'\"]+")
+
+_filesystems: dict[str | None, Any] = {}
+_filesystems_pid: int | None = None
+_filesystems_lock: asyncio.Lock | None = None
+_open_requests = [os.getpid(), 0]  # [pid, ranged reads of this process in progress]
+
+
+def _count_open(delta: int) -> None:
+    if _open_requests[0] != os.getpid():  # a forked child starts from none
+        _open_requests[:] = [os.getpid(), 0]
+    _open_requests[1] += delta
+
+
+def parse_gcs_url(url: str) -> tuple[str, str, str]:
+    """``"gs://bucket/some/prefix/"`` -> ``("gs", "bucket", "some/prefix")`` (``gcs://`` likewise).
+
+    Raises:
+        ValueError: not a ``gs://`` or ``gcs://`` URL, or no bucket.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("gs", "gcs"):
+        raise ValueError(f"{url!r} is not a gs:// URL")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket; write gs://BUCKET/PREFIX")
+    if "?" in url or "#" in url:
+        raise ValueError(f"{url!r}: a dataset URL takes no ?query or #generation; give the bucket and prefix")
+    return scheme.lower(), bucket, prefix.strip("/")
+
+
+def _emulator_endpoint() -> str | None:
+    """``STORAGE_EMULATOR_HOST`` as a URL (as gcsfs and google-cloud-storage read it), or None."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if host in ("", "default"):
+        return None
+    return host if host.startswith(("http://", "https://")) else f"http://{host}"
+
+
+def _scrub(text: str) -> str:
+    """``text`` without anything that looks like a token or a signature."""
+    return _SECRETS.sub(lambda m: m.group(1) + "***", text)
+
+
+def _detach_finalizers(obj: object) -> None:
+    """Drop the ``weakref.finalize`` hooks the library put on ``obj``: this module closes it on
+    the loop at exit (:func:`loop.on_shutdown`), and a copy inherited by a forked child must never
+    be closed (the hooks would run at the child's exit, on the parent's loop)."""
+    import weakref
+
+    registry = getattr(weakref.finalize, "_registry", {})
+    for finalizer in list(registry):
+        info = finalizer.peek()
+        if info is not None and info[0] is obj:
+            finalizer.detach()
+
+
+async def _filesystem(endpoint_url: str | None) -> Any:
+    """This process's ``GCSFileSystem`` for ``endpoint_url`` (None: Google's), made on first use."""
+    global _filesystems_pid, _filesystems_lock
+    if _filesystems_pid != os.getpid():
+        for inherited in _filesystems.values():
+            loop.keep_forked(inherited)
+        _filesystems.clear()
+        _filesystems_pid, _filesystems_lock = os.getpid(), asyncio.Lock()
+    assert _filesystems_lock is not None  # internal invariant, set just above
+    async with _filesystems_lock:
+        fs = _filesystems.get(endpoint_url)
+        if fs is None:
+            import aiohttp
+            from gcsfs.core import GCSFileSystem  # the plain class: no zonal/HNS probes of each bucket
+
+            running = asyncio.get_running_loop()
+
+            def make() -> Any:  # google.auth's lookup may block on the network: not on the loop
+                return GCSFileSystem(
+                    token="anon" if endpoint_url else None,
+                    endpoint_url=endpoint_url,
+                    asynchronous=True,
+                    loop=running,
+                    skip_instance_cache=True,
+                    use_listings_cache=False,
+                    requests_timeout=aiohttp.ClientTimeout(
+                        total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
+                    ),
+                )
+
+            fs = await running.run_in_executor(None, make)
+            fs.session_kwargs = {
+                "connector": aiohttp.TCPConnector(limit=MAX_POOL_CONNECTIONS),
+                "trust_env": True,  # HTTPS_PROXY / NO_PROXY
+                "auto_decompress": False,  # byte ranges are of the stored bytes
+            }
+            session = await fs._set_session()
+            _detach_finalizers(fs)
+            _filesystems[endpoint_url] = fs
+            loop.on_shutdown(session.close)
+        return fs
+
+
+async def _fresh_credentials(fs: Any) -> None:
+    """Refresh an expiring access token in a worker thread (google.auth refreshes with blocking
+    requests, which gcsfs would otherwise do on the loop)."""
+    credentials = getattr(fs.credentials, "credentials", None)
+    if credentials is None:
+        return  # anonymous
+    expiry = getattr(credentials, "expiry", None)
+    soon = expiry is not None and expiry - datetime.now(timezone.utc).replace(tzinfo=None) < timedelta(minutes=10)
+    if soon or not getattr(credentials, "valid", True):
+        await asyncio.to_thread(fs.credentials.maybe_refresh)
+
+
+def _translate(
+    exc: BaseException,
+    *,
+    url: str,
+    endpoint: str,
+    not_found: type[StorageNotFoundError] = ShardNotFoundError,
+) -> BaseException:
+    """Map a gcsfs/aiohttp/google-auth error to the shardstream error tree (others pass
+    unchanged). gcsfs raises FileNotFoundError for 404, ``OSError("Forbidden...")`` for 403,
+    FileExistsError for 412, ``ValueError("Bad Request...")`` and ``HttpError`` for the rest."""
+    import aiohttp
+    import google.auth.exceptions
+    import requests
+    from gcsfs.retry import HttpError, NonRetryableError
+
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    if isinstance(exc, (StorageError, CorruptShardError)):
+        return exc
+    if isinstance(exc, FileNotFoundError) or (isinstance(exc, HttpError) and exc.code == 404):
+        if not_found is BucketNotFoundError:
+            return BucketNotFoundError(f"gs://{bucket}: no such bucket at {endpoint} (create it, or check the name)")
+        return not_found(f"{url}: no such object at {endpoint} (check the URL and prefix)")
+    if isinstance(exc, FileExistsError) or (isinstance(exc, HttpError) and exc.code == 412):
+        return CorruptShardError(
+            f"{url}: changed while it was being used (GCS precondition failed); do not overwrite shards of a "
+            "dataset in use"
+        )
+    if isinstance(exc, (google.auth.exceptions.GoogleAuthError, NonRetryableError)):
+        return StorageAccessError(
+            f"{url}: no usable Google credentials for {endpoint} ({type(exc).__name__}); {_ACCESS_HINT}"
+        )
+    if (isinstance(exc, HttpError) and exc.code in (401, 403)) or (
+        type(exc) is OSError and str(exc).startswith("Forbidden")
+    ):
+        code = getattr(exc, "code", None) or 403
+        return StorageAccessError(f"{url}: {endpoint} refused the request (HTTP {code}); {_ACCESS_HINT}")
+    if isinstance(exc, aiohttp.ClientConnectorError) or isinstance(exc, requests.exceptions.ProxyError):
+        return StorageConnectionError(
+            f"{url}: cannot reach {endpoint} ({type(exc).__name__}); check the network "
+            "(and STORAGE_EMULATOR_HOST where an emulator is meant)"
+        )
+    if isinstance(exc, aiohttp.ClientError):
+        return StorageConnectionError(
+            f"{url}: the connection to {endpoint} failed ({type(exc).__name__}: {_scrub(str(exc))}); "
+            "retry, and check the network"
+        )
+    if isinstance(exc, HttpError):
+        if exc.code in _RETRY_STATUSES:
+            return StorageConnectionError(
+                f"{url}: {endpoint} still answers HTTP {exc.code} after gcsfs's retries; retry later"
+            )
+        return StorageError(f"{url}: GCS error (HTTP {exc.code}) from {endpoint}: {_scrub(str(exc.message))[:300]}")
+    if isinstance(exc, ValueError) and str(exc).startswith("Bad Request"):
+        return StorageError(f"{url}: GCS refused the request as invalid (HTTP 400): {_scrub(str(exc))[:300]}")
+    if isinstance(exc, TimeoutError):
+        return StorageConnectionError(f"{url}: no answer from {endpoint} in time ({type(exc).__name__})")
+    return exc
+
+
+def _retry_after_s(value: str | None, default_s: float) -> float:
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped."""
+    if value:
+        try:
+            return min(max(float(value), 0.0), MAX_RETRY_WAIT_S)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                when = None
+            if when is not None:
+                return min(max(when.timestamp() - time.time(), 0.0), MAX_RETRY_WAIT_S)
+    return min(default_s, MAX_RETRY_WAIT_S)
+
+
+def _content_range(value: str) -> tuple[int, int | None]:
+    """``"bytes 10-19/100"`` -> ``(10, 100)`` (first byte, total or None for ``*``); the GCS
+    emulator's ``"bytes 20-4/5"`` (past the end) and ``"bytes 0--1/0"`` parse too."""
+    match = re.fullmatch(r"\s*bytes\s+(\d+)-(-?\d+)/(\d+|\*)\s*", value)
+    if match is None:
+        raise ValueError(value)
+    total = match.group(3)
+    return int(match.group(1)), (int(total) if total.isdigit() else None)
+
+
+class GcsStore:
+    """Objects under ``gs://bucket/prefix`` (module doc).
+
+    Args:
+        url: ``gs://bucket`` or ``gs://bucket/prefix`` (``gcs://`` likewise).
+        fetch: the chunk size of shard uploads (``upload_part_bytes``); reads are cut into
+            parts by the fetcher.
+
+    Attributes:
+        list_page_size: objects asked for per listing request (GCS's maximum is 1000).
+    """
+
+    label = "GCS"
+    list_page_size = 1000
+
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None) -> None:
+        scheme, self.bucket, self.prefix = parse_gcs_url(url)
+        self.url = f"{scheme}://{self.bucket}/{self.prefix}" if self.prefix else f"{scheme}://{self.bucket}"
+        self.fetch = fetch or FetchConfig()
+        self.endpoint_url = _emulator_endpoint()  # fixed here, so workers use the parent's choice
+        self.endpoint = self.endpoint_url or "Google Cloud Storage"
+
+    def __repr__(self) -> str:
+        return f"GcsStore({self.url!r}, endpoint={self.endpoint!r})"
+
+    # -- names --------------------------------------------------------------------------------
+
+    def key_of(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def url_of(self, name: str) -> str:
+        return f"{self.url}/{name}" if name else self.url
+
+    @property
+    def request_limit_s(self) -> float:
+        """Every attempt of one request with its waits: ``5 x (10 s connect + 60 s read + 30 s
+        Retry-After)``; each request is cut off there."""
+        return MAX_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S + MAX_RETRY_WAIT_S)
+
+    def pool_state(self) -> str:
+        open_now = _open_requests[1] if _open_requests[0] == os.getpid() else 0
+        if open_now > MAX_POOL_CONNECTIONS:
+            return (
+                f"this process has {open_now} GCS reads open for {MAX_POOL_CONNECTIONS} pooled connections, "
+                "so some wait for a connection other open iterators hold"
+            )
+        return f"the server stalls ({open_now} of {MAX_POOL_CONNECTIONS} pooled GCS connections of this process in use)"
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def _fs(self) -> Any:
+        return await _filesystem(self.endpoint_url)
+
+    async def _run(
+        self,
+        operation: str,
+        awaitable: Awaitable[T],
+        *,
+        url: str,
+        not_found: type[StorageNotFoundError] = ShardNotFoundError,
+    ) -> T:
+        """Await one gcsfs operation (gcsfs retries 429/5xx and dropped connections itself),
+        bounded by :attr:`request_limit_s`, translating its errors (:func:`_translate`)."""
+        limit_s = self.request_limit_s
+        try:
+            return await asyncio.wait_for(awaitable, limit_s)
+        except asyncio.TimeoutError as exc:
+            import aiohttp
+
+            if isinstance(exc, aiohttp.ClientError):
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+            raise StorageConnectionError(
+                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {self.pool_state()}"
+            ) from None
+        except Exception as exc:
+            raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
+
+    async def _call(self, method: str, path: str, *args: str, **kwargs: Any) -> Any:
+        """gcsfs's ``_call`` (its retries included) with fresh credentials."""
+        fs = await self._fs()
+        await _fresh_credentials(fs)
+        return await fs._call(method, path, *args, **kwargs)
+
+    async def _object(self, name: str) -> dict[str, Any]:
+        """The object resource of ``name`` (size, generation ...)."""
+        return await self._run(
+            "get object",
+            self._call("GET", "b/{}/o/{}", self.bucket, self.key_of(name), json_out=True),
+            url=self.url_of(name),
+        )
+
+    async def _missing(self, name: str) -> StorageNotFoundError:
+        """The error for a 404 on ``name``: BucketNotFoundError where the bucket is what is missing."""
+        try:
+            await self._run("get bucket", self._call("GET", "b/{}", self.bucket), url=self.url)
+        except ShardNotFoundError:
+            return BucketNotFoundError(
+                f"{self.url}: no such bucket gs://{self.bucket} at {self.endpoint} (create it, or check the name)"
+            )
+        return ShardNotFoundError(f"{self.url_of(name)}: no such object at {self.endpoint} (check the URL and prefix)")
+
+    # -- the Store protocol ---------------------------------------------------------------------
+
+    def check_writable(self) -> None:
+        """Check the bucket exists and the credentials may create objects in it (GCS's
+        ``testIamPermissions``, which needs no permission of its own).
+
+        Raises:
+            BucketNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
+        """
+
+        async def check() -> None:
+            answer = await self._run(
+                "test permissions",
+                self._call(
+                    "GET",
+                    "b/{}/iam/testPermissions",
+                    self.bucket,
+                    json_out=True,
+                    permissions="storage.objects.create",
+                ),
+                url=self.url,
+                not_found=BucketNotFoundError,
+            )
+            if "storage.objects.create" not in answer.get("permissions", []):
+                raise StorageAccessError(
+                    f"{self.url}: the credentials may not create objects in gs://{self.bucket} at {self.endpoint}; "
+                    + _ACCESS_HINT
+                )
+
+        loop.run(check())
+
+    def exists(self, name: str) -> bool:
+        try:
+            loop.run(self.head(name))
+        except ShardNotFoundError:
+            return False
+        return True
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole object; a body cut mid-transfer is resumed as :meth:`get_range` does."""
+        return b"".join(loop.run(self.get_range(name, 0, None))[0])
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a small object in one request (published whole or not at all)."""
+        loop.run(self._put(name, data, exclusive=False))
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Write ``name`` unless it exists (``ifGenerationMatch=0``); False when it already did."""
+
+        return loop.run(self._put(name, data, exclusive=True))
+
+    async def _put(self, name: str, data: bytes, *, exclusive: bool) -> bool:
+        async def put() -> bool:
+            fs = await self._fs()
+            await _fresh_credentials(fs)
+            try:
+                await fs._pipe_file(
+                    f"{self.bucket}/{self.key_of(name)}",
+                    bytes(data),
+                    content_type="application/octet-stream",
+                    mode="create" if exclusive else "overwrite",
+                )
+            except FileExistsError:  # gcsfs's 412: ifGenerationMatch=0 failed, the object exists
+                if exclusive:
+                    return False
+                raise
+            return True
+
+        return await self._run("upload", put(), url=self.url_of(name), not_found=BucketNotFoundError)
+
+    def delete(self, name: str) -> None:
+        """Delete ``name``; a missing object is no error."""
+
+        async def delete() -> None:
+            try:
+                await self._run(
+                    "delete", self._call("DELETE", "b/{}/o/{}", self.bucket, self.key_of(name)), url=self.url_of(name)
+                )
+            except ShardNotFoundError:
+                pass
+
+        loop.run(delete())
+
+    def open_writer(self, name: str) -> _GcsSink:
+        """A resumable upload of ``name``, finalised by ``commit`` (module doc)."""
+        return _GcsSink(self, name)
+
+    async def _list_page(self, prefix: str, *, delimiter: bool, token: str | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"prefix": self.key_of("") + prefix, "maxResults": self.list_page_size}
+        if delimiter:
+            params["delimiter"] = "/"
+        if token:
+            params["pageToken"] = token
+        return await self._run(
+            "list",
+            self._call("GET", "b/{}/o", self.bucket, json_out=True, **params),
+            url=self.url_of(prefix),
+            not_found=BucketNotFoundError,
+        )
+
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Sorted names of the objects whose name starts with ``prefix``, page by page (folder
+        placeholder objects, names ending in ``/``, are no files and are left out)."""
+        root = self.key_of("")
+
+        async def list_all() -> list[str]:
+            names: list[str] = []
+            token: str | None = None
+            while True:
+                page = await self._list_page(prefix, delimiter=False, token=token)
+                names.extend(item["name"][len(root) :] for item in page.get("items", []))
+                token = page.get("nextPageToken")
+                if not token:
+                    return sorted(name for name in names if not name.endswith("/"))
+
+        return loop.run(list_all())
+
+    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
+        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
+        ``(name, size_bytes, is_dir)`` with names relative to this store's prefix (a folder's
+        own placeholder object is left out)."""
+        root = self.key_of("")
+        token: str | None = None
+        while True:
+            page = loop.run(self._list_page(prefix, delimiter=True, token=token))
+            for folder in page.get("prefixes", []):
+                yield folder[len(root) :], 0, True
+            for item in page.get("items", []):
+                name = item["name"][len(root) :]
+                if name != prefix:
+                    yield name, int(item.get("size", 0)), False
+            token = page.get("nextPageToken")
+            if not token:
+                return
+
+    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
+        """Nothing to do: GCS has no directories."""
+
+    def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
+        """Nothing to find: an unfinished resumable upload (a killed writer's) is no object, cannot
+        be listed, and GCS drops it a week after it began; returns 0."""
+        return 0
+
+    # -- the RemoteStore protocol ------------------------------------------------------------------
+
+    async def head(self, name: str) -> tuple[int, str]:
+        """``(size_bytes, generation)`` of object ``name``.
+
+        Raises:
+            ShardNotFoundError, BucketNotFoundError, StorageAccessError, StorageConnectionError,
+            StorageError.
+        """
+        try:
+            resource = await self._object(name)
+        except ShardNotFoundError as exc:
+            raise await self._missing(name) from exc
+        return int(resource.get("size", 0)), str(resource.get("generation", ""))
+
+    async def get_range(
+        self,
+        name: str,
+        start: int,
+        end: int | None,
+        *,
+        on_retry: Callable[[BaseException], None] | None = None,
+        version: str | None = None,
+    ) -> tuple[list[bytes], int, str]:
+        """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the pieces they
+        arrived in, with the object's total size and generation.
+
+        Every request after the first names the generation of the first answer (``version``,
+        when given, pins the first one too); a body cut mid-transfer, a refused connection or a
+        429/5xx answer is tried again (from the first byte not received, after ``Retry-After``)
+        up to 5 attempts in all, ``on_retry`` told of each.
+
+        Returns:
+            ``(pieces, object_size_bytes, generation)``; fewer bytes than asked only when the
+            object ends before ``end``.
+
+        Raises:
+            ShardNotFoundError / BucketNotFoundError: no such object / bucket.
+            CorruptShardError: ``start`` lies beyond the object's end, or it changed (another
+                generation) during the call.
+            StorageAccessError, StorageConnectionError (still failing after 5 attempts),
+            StorageError.
+        """
+        _count_open(1)
+        try:
+            return await self._get_range(name, start, end, on_retry, version)
+        finally:
+            _count_open(-1)
+
+    def _changed(self, name: str, generation: str, detail: str) -> CorruptShardError:
+        return CorruptShardError(
+            f"{self.url_of(name)}: changed while it was being read (generation {generation} {detail}); "
+            "do not overwrite shards of a dataset in use"
+        )
+
+    def _ends_before(self, name: str, at: int, total: int) -> CorruptShardError:
+        return CorruptShardError(
+            f"{self.url_of(name)}: ends before byte {at} (it has {total} bytes); the shard is shorter than its "
+            "index says (stale index or truncated upload), re-pack or re-upload it"
+        )
+
+    async def _get_range(
+        self,
+        name: str,
+        start: int,
+        end: int | None,
+        on_retry: Callable[[BaseException], None] | None,
+        version: str | None,
+    ) -> tuple[list[bytes], int, str]:
+        import aiohttp
+
+        url = self.url_of(name)
+        if end is not None and end <= start:
+            total, generation = await self.head(name)
+            if version is not None and generation != version:
+                raise self._changed(name, version, f"then {generation}")
+            if start > total:
+                raise self._ends_before(name, start, total)
+            return [], total, generation
+        try:
+            fs = await self._fs()
+        except Exception as exc:
+            raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+        media = f"{fs.base.rstrip('/').rsplit('/storage/v1', 1)[0]}/download/storage/v1/b/{quote(self.bucket, safe='')}"
+        media += f"/o/{quote(self.key_of(name), safe='')}?alt=media"
+        pieces: list[bytes] = []
+        received = 0
+        generation = version
+        confirmed = False  # an answer named its generation (x-goog-generation)
+        total: int | None = None
+        backoff_s = 0.2
+        last = "no attempt"
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            at = start + received
+            headers = {"Accept-Encoding": "identity", "User-Agent": "shardstream"}
+            if at > 0 or end is not None:
+                headers["Range"] = f"bytes={at}-{'' if end is None else end - 1}"
+            target = media + (f"&generation={generation}" if generation else "")
+            retry_after: str | None = None
+            try:
+                await _fresh_credentials(fs)
+                fs.credentials.apply(headers)
+                response = await asyncio.wait_for(
+                    fs.session.get(target, headers=headers, timeout=fs.requests_timeout),
+                    CONNECT_TIMEOUT_S + READ_TIMEOUT_S,
+                )
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                last = f"{type(exc).__name__}: {_scrub(str(exc))}" if str(exc) else type(exc).__name__
+                error: BaseException = exc
+            except Exception as exc:
+                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+            else:
+                async with response:
+                    status = response.status
+                    if status in (200, 206):
+                        answer_generation = response.headers.get("x-goog-generation")
+                        if generation and answer_generation and answer_generation != generation:
+                            raise self._changed(name, generation, f"then {answer_generation}")
+                        generation = generation or answer_generation
+                        confirmed = confirmed or answer_generation is not None
+                        total = self._check_span(response, name=name, at=at, end=end, total=total)
+                        try:
+                            content = response.content
+                            while True:
+                                piece, end_of_chunk = await content.readchunk()
+                                if piece:
+                                    pieces.append(piece)
+                                    received += len(piece)
+                                elif not end_of_chunk:
+                                    break
+                        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                            last = f"{type(exc).__name__} after {received} bytes"
+                            error = exc
+                        else:
+                            break
+                    elif status == 404:
+                        if generation:  # the generation read so far is gone: the object was replaced
+                            raise self._changed(name, generation, "is gone")
+                        raise await self._missing(name)
+                    elif status == 412:
+                        raise self._changed(name, generation or "?", "no longer matches")
+                    elif status == 416:
+                        raise self._ends_before(name, at, total if total is not None else at)
+                    elif status in (401, 403):
+                        raise StorageAccessError(
+                            f"{url}: {self.endpoint} refused the request (HTTP {status}); {_ACCESS_HINT}"
+                        )
+                    elif status in _RETRY_STATUSES:
+                        last = f"HTTP {status} {response.reason or ''}".strip()
+                        retry_after = response.headers.get("Retry-After")
+                        error = StorageConnectionError(f"{url}: {last} from {self.endpoint}")
+                    else:
+                        body = _scrub((await response.read())[:300].decode(errors="replace"))
+                        raise StorageError(f"{url}: GCS error (HTTP {status}) from {self.endpoint}: {body}")
+            if end is not None and received >= end - start:
+                break  # all bytes are here; only the end of the answer was lost
+            if attempt == MAX_ATTEMPTS:
+                raise StorageConnectionError(
+                    f"{url}: no complete answer from {self.endpoint} after {MAX_ATTEMPTS} attempts (last: {last}); "
+                    "check the network"
+                ) from error
+            if on_retry is not None:
+                on_retry(error)
+            await asyncio.sleep(_retry_after_s(retry_after, backoff_s))
+            backoff_s = min(backoff_s * 2, 5.0)
+            if generation is None and received:  # pin what was read (servers without x-goog-generation)
+                total, generation = await self._pin(name, total, generation)
+        if not confirmed:  # no answer named its generation (the emulator): ask for it, and compare
+            total, generation = await self._pin(name, total, generation)
+        assert total is not None and generation is not None  # internal invariant: set by an answer or _pin
+        return pieces, total, generation
+
+    async def _pin(self, name: str, total: int | None, generation: str | None) -> tuple[int, str]:
+        """The generation of ``name`` from its metadata, checked against the generation pinned
+        and the size already seen (for servers that send no ``x-goog-generation``)."""
+        size, current = await self.head(name)
+        if generation is not None and current != generation:
+            raise self._changed(name, generation, f"then {current}")
+        if total is not None and size != total:
+            raise self._changed(name, current, f"has {size} bytes, the read saw {total}")
+        return size, current
+
+    def _check_span(self, response: Any, *, name: str, at: int, end: int | None, total: int | None) -> int:
+        """The object's size from an answer to a read from byte ``at``; refuses an answer that
+        is not the range asked for, or one starting past the end."""
+        url = self.url_of(name)
+        if response.status == 206:
+            try:
+                first, size = _content_range(response.headers.get("Content-Range", ""))
+            except ValueError:
+                raise StorageError(
+                    f"{url}: {self.endpoint} answered 206 with Content-Range "
+                    f"{response.headers.get('Content-Range')!r}, not one byte range"
+                ) from None
+            if size is None:
+                raise StorageError(f"{url}: {self.endpoint} does not tell the object's size")
+            if size <= at:
+                raise self._ends_before(name, at, size)
+            if first != at:
+                raise StorageError(f"{url}: asked for bytes from {at}, {self.endpoint} sent them from {first}")
+        else:  # 200: the whole object, asked for only from byte 0 without an end
+            length = response.headers.get("x-goog-stored-content-length") or response.headers.get("Content-Length")
+            if at != 0 or end is not None or length is None or not length.isdigit():
+                raise StorageError(f"{url}: {self.endpoint} answered 200 to a ranged read of bytes from {at}")
+            size = int(length)
+        if total is not None and size != total:
+            raise self._changed(name, "?", f"has {size} bytes, the read saw {total}")
+        return size
+
+
+class _GcsSink:
+    """A resumable upload: chunks of ``fetch.upload_part_bytes`` (whole 256 KiB grains) go up
+    one after the other while the shard is written; the last one finalises the object."""
+
+    def __init__(self, store: GcsStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.url = store.url_of(name)
+        self._buffer = bytearray()
+        self._sent = 0  # bytes handed to uploads
+        self._location: str | None = None
+        self._pending: concurrent.futures.Future[Any] | None = None
+        self._closed = False
+        self._chunk_bytes = max(_UPLOAD_GRAIN, store.fetch.upload_part_bytes // _UPLOAD_GRAIN * _UPLOAD_GRAIN)
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self._closed:
+            raise ValueError(f"{self.url}: write after commit or abort")
+        self._buffer += data
+        if len(self._buffer) >= self._chunk_bytes:
+            self._send(final=False)
+
+    def _send(self, *, final: bool) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()  # chunks of one upload go in order
+        size = len(self._buffer) if final else len(self._buffer) // _UPLOAD_GRAIN * _UPLOAD_GRAIN
+        chunk = bytes(self._buffer[:size])
+        del self._buffer[:size]
+        offset = self._sent
+        self._sent += size
+        self._pending = loop.submit(
+            self.store._run(
+                "upload",
+                self._upload(chunk, offset, self._sent if final else None),
+                url=self.url,
+                not_found=BucketNotFoundError,
+            )
+        )
+
+    async def _upload(self, chunk: bytes, offset: int, total: int | None) -> Any:
+        """PUT ``chunk`` at ``offset`` (``total``: the object's size, for the last chunk),
+        sending again what GCS did not keep (it answers 308 with the range it persisted)."""
+        store = self.store
+        fs = await store._fs()
+        await _fresh_credentials(fs)
+        if self._location is None:
+            from gcsfs.core import initiate_upload
+
+            self._location = await initiate_upload(
+                fs, store.bucket, store.key_of(self.name), "application/octet-stream"
+            )
+        view = memoryview(chunk)
+        for _ in range(10):  # each round sends again what GCS had not kept
+            size = "*" if total is None else str(total)
+            span = f"bytes {offset}-{offset + len(view) - 1}/{size}" if len(view) else f"bytes */{size}"
+            await _fresh_credentials(fs)
+            headers, contents = await fs._call(
+                "PUT", self._location, headers={"Content-Range": span, "Content-Length": str(len(view))}, data=view
+            )
+            kept = headers.get("Range")
+            persisted = int(kept.rsplit("-", 1)[1]) + 1 if kept else (offset + len(view) if contents else 0)
+            if persisted >= offset + len(view):
+                return json.loads(contents) if total is not None and contents else None
+            view = view[max(persisted - offset, 0) :]
+            offset = max(persisted, offset)
+        raise StorageError(f"{self.url}: {store.endpoint} keeps refusing the bytes of a resumable upload")
+
+    def commit(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.url}: commit after commit or abort")
+        self._send(final=True)
+        assert self._pending is not None  # internal invariant: _send just submitted the last chunk
+        pending, self._pending = self._pending, None
+        resource = pending.result()
+        if isinstance(resource, dict) and "size" in resource and int(resource["size"]) != self._sent:
+            raise StorageError(f"{self.url}: GCS stored {resource['size']} bytes of the {self._sent} sent")
+        self._closed = True
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pending is not None:
+            self._pending.cancel()
+            concurrent.futures.wait([self._pending])
+            self._pending = None
+        location, self._location = self._location, None
+        if location is not None:
+
+            async def cancel() -> None:  # one DELETE of the session (GCS answers 499), without gcsfs's retries
+                import aiohttp
+
+                fs = await self.store._fs()
+                await _fresh_credentials(fs)
+                headers = {"Content-Length": "0"}
+                fs.credentials.apply(headers)
+                timeout = aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)
+                async with fs.session.delete(location, headers=headers, timeout=timeout):
+                    pass
+
+            try:
+                loop.run(cancel())
+            except Exception:  # noqa: BLE001 - GCS drops the session within a week; the original error matters more
+                pass
