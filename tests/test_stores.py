@@ -155,7 +155,7 @@ def _store_putter(url: str, s3: S3Config | None = None) -> Callable[[str, bytes]
         def write() -> None:
             try:
                 store.write_bytes(name, data)
-            except BaseException as exc:  # handed to the caller
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 errors.append(exc)
 
         thread = threading.Thread(target=write)
@@ -242,7 +242,9 @@ def _http(request, tmp_path, monkeypatch, proxies) -> Backend:
         proxy.rates = {"throttle": 1.0}
         return open_store(f"{proxy.endpoint_url}/{folder}")
 
-    return Backend("http", f"{proxy.endpoint_url}/{folder}", put=_file_putter(root / folder), proxy=proxy, denied=denied)
+    return Backend(
+        "http", f"{proxy.endpoint_url}/{folder}", put=_file_putter(root / folder), proxy=proxy, denied=denied
+    )
 
 
 def _https(request, tmp_path, monkeypatch, proxies) -> Backend:
