@@ -16,7 +16,7 @@ from typing import Any, overload
 
 from ..errors import ShardNotFoundError
 from ..format import SHARD_SUFFIXES
-from ..storage import LocalStore, is_remote_url, open_store, pin_url, split_url, write_pieces
+from ..storage import LocalStore, is_remote_url, open_store, pin_urls, split_url, write_pieces
 from .manifest import MANIFEST_NAME, Manifest
 from .table import ShardTable
 from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
@@ -237,7 +237,7 @@ def resolve_source(source: Any, *, s3: Any = None) -> tuple[Sequence[str], Datas
     """Shard URLs (and the index, when there is one) of a ``ShardDataset`` source: a dataset
     location (see :func:`open_index`), a shard URL, a brace pattern, or a list of shard URLs."""
     if isinstance(source, (list, tuple)):
-        urls = [_normalize(os.fspath(u)) for u in source]
+        urls = pin_urls([_normalize(os.fspath(u)) for u in source])
         if not urls:
             raise ValueError("source is an empty list of shard URLs")
         return urls, None
@@ -245,9 +245,9 @@ def resolve_source(source: Any, *, s3: Any = None) -> tuple[Sequence[str], Datas
     if "{" in text:
         from braceexpand import braceexpand
 
-        return [_normalize(u) for u in braceexpand(text)], None
+        return pin_urls([_normalize(u) for u in braceexpand(text)]), None
     if text.endswith(SHARD_SUFFIXES):
-        return [_normalize(text)], None
+        return pin_urls([_normalize(text)]), None
     index = open_index(_normalize(text), s3=s3)
     return ShardUrls(index), index
 
@@ -278,7 +278,7 @@ def _join(root: str, name: str) -> str:
 
 def _normalize(url: str) -> str:
     if is_remote_url(url):  # raises on an unsupported scheme
-        return pin_url(url)
+        return url
     if url.startswith("file://"):
         url = url[len("file://") :]
     return os.path.abspath(url)

@@ -32,7 +32,7 @@ from ..config import S3Config
 from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
-from ..storage import is_remote_url, open_store, pin_url, split_url, write_pieces
+from ..storage import is_remote_url, open_store, pin_urls, split_url, write_pieces
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, compression_of, iter_members_at
 
@@ -75,7 +75,7 @@ def shard_urls_of(sources: Sequence[str], *, s3: S3Config | None = None) -> list
             if not names:
                 raise ShardNotFoundError(f"{store.url}: holds no .tar shard to index")
             urls.extend(store.url_of(n) for n in names)
-    return [pin_url(u) if is_remote_url(u) else os.path.abspath(u) for u in urls]
+    return pin_urls([u if is_remote_url(u) else os.path.abspath(u) for u in urls])
 
 
 def build_index(

@@ -4,7 +4,7 @@
   (what the fetcher reads from a server), URL parsing, and the :class:`Counters` the fetcher
   reports to;
 - :mod:`.schemes`: :func:`open_store` picks the backend from the URL (each loaded on first
-  use), :func:`pin_url` fixes a URL's version (a Hub revision to its commit);
+  use), :func:`pin_urls` fixes URLs' versions (a Hub revision to its commit);
 - :mod:`.local`; the remote backends :mod:`.s3` (the only aiobotocore import), :mod:`.http`
   (http(s), aiohttp), :mod:`.hf` (the Hugging Face Hub), :mod:`.gcs` (gcsfs), :mod:`.azure`
   (adlfs); :mod:`.loop` (the background event loop remote reads run on);
@@ -30,7 +30,7 @@ from .base import (
     write_pieces,
 )
 from .local import LocalStore
-from .schemes import open_store, pin_url
+from .schemes import open_store, pin_urls
 
 __all__ = [
     "REMOTE_SCHEMES",
@@ -42,7 +42,7 @@ __all__ = [
     "is_remote_url",
     "is_s3_url",
     "open_store",
-    "pin_url",
+    "pin_urls",
     "scheme_of",
     "split_url",
     "write_pieces",

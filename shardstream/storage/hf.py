@@ -38,10 +38,9 @@ from ..errors import ShardNotFoundError, StorageError
 from . import loop
 from .http import HttpStore
 
-__all__ = ["HfStore", "hf_endpoint", "hf_token", "pin_hf_url"]
+__all__ = ["HfStore", "hf_endpoint", "hf_token", "parse_hf_url", "pin_hf_urls"]
 
 _SHA = re.compile(r"[0-9a-f]{40}")
-_pinned: dict[tuple[str, str, str], str] = {}  # (endpoint, repo, revision) -> sha, per process
 
 
 def hf_endpoint() -> str:
@@ -120,10 +119,7 @@ class HfStore(HttpStore):
         return f"HfStore({self.url!r}, endpoint={self.endpoint!r})"
 
     def _pin(self, revision: str) -> str:
-        key = (self.endpoint, self.repo, revision)
-        if key not in _pinned:
-            _pinned[key] = loop.run(self._commit_of(revision), self.http.request_limit_s)
-        return _pinned[key]
+        return loop.run(self._commit_of(revision), self.http.request_limit_s)
 
     async def _commit_of(self, revision: str) -> str:
         api = f"{self.endpoint}/api/datasets/{self.repo}/revision/{quote(revision, safe='')}"
@@ -218,8 +214,14 @@ class HfStore(HttpStore):
                 yield name, int(entry.get("size") or 0), False
 
 
-def pin_hf_url(url: str) -> str:
-    """``url`` with its revision replaced by the commit sha it names now (asked once per process)."""
-    repo, _, path = parse_hf_url(url)
-    store = HfStore(_revision_url(repo, parse_hf_url(url)[1], ""))
-    return _revision_url(repo, store.revision, path)
+def pin_hf_urls(urls: list[str]) -> list[str]:
+    """``urls`` with each revision replaced by the commit sha it names now, asking the Hub once
+    per dataset and revision (a brace pattern of 10^5 shards asks once)."""
+    shas: dict[tuple[str, str], str] = {}
+    pinned = []
+    for url in urls:
+        repo, revision, path = parse_hf_url(url)
+        if (repo, revision) not in shas:
+            shas[repo, revision] = HfStore(_revision_url(repo, revision, "")).revision
+        pinned.append(_revision_url(repo, shas[repo, revision], path))
+    return pinned

@@ -1,4 +1,4 @@
-"""Which backend a URL names: :func:`open_store`, and :func:`pin_url` to fix a URL's version.
+"""Which backend a URL names: :func:`open_store`, and :func:`pin_urls` to fix URLs' versions.
 
 Each backend is imported only when a URL of its scheme is used, so aiobotocore, gcsfs and
 adlfs load only for ``s3://``, ``gs://`` and ``az://`` URLs. A backend whose optional extra is
@@ -25,7 +25,7 @@ from ..errors import MissingDependencyError
 from .base import Store, scheme_of
 from .local import LocalStore
 
-__all__ = ["open_store", "pin_url"]
+__all__ = ["open_store", "pin_urls"]
 
 # scheme -> (module, class, extra that installs its library, the library's import name)
 _BACKENDS = {
@@ -73,16 +73,20 @@ def open_store(url: str | os.PathLike[str], *, s3: S3Config | None = None, fetch
     return LocalStore(text)
 
 
-def pin_url(url: str) -> str:
-    """``url`` fixed to the version it names now, for every process that reads it later:
+def pin_urls(urls: list[str]) -> list[str]:
+    """``urls`` fixed to the versions they name now, for every process that reads them later:
     an ``hf://`` URL's revision (a branch or tag, ``main`` by default) becomes its commit sha,
-    asked of the Hub once per process and revision; other URLs come back unchanged.
+    asked of the Hub once per dataset and revision; other URLs come back unchanged.
 
     Raises:
         as :func:`open_store`; StorageError and subclasses when the Hub cannot say.
     """
-    if scheme_of(url) != "hf":
-        return url
-    from .hf import pin_hf_url
+    if not any(scheme_of(url) == "hf" for url in urls):
+        return list(urls)
+    from .hf import pin_hf_urls
 
-    return pin_hf_url(url)
+    hf = [i for i, url in enumerate(urls) if scheme_of(url) == "hf"]
+    pinned = list(urls)
+    for i, url in zip(hf, pin_hf_urls([urls[i] for i in hf])):
+        pinned[i] = url
+    return pinned
