@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors as _errors
 from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
-from .config import FetchConfig, S3Config
+from .config import FetchConfig, HttpConfig, S3Config
 from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
-from .packing import PackReport, Part, pack
+from .packing import PackReport, Part, build_index, pack
 from .reading.mixture import Source
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ __all__ = [
     "CpuDecoder",
     "DatasetIndex",
     "FetchConfig",
+    "HttpConfig",
     "Index",
     "Manifest",
     "PackReport",
@@ -52,6 +53,7 @@ __all__ = [
     "ShardTable",
     "Source",
     "__version__",
+    "build_index",
     "loader_state_dict",
     "open_index",
     "pack",

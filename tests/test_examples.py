@@ -99,3 +99,17 @@ def test_train_lightning_resumes_from_its_checkpoint_with_two_devices(tmp_path):
     # the dataset reached with no set_epoch call
     assert "epoch 0: 440 samples on 2 ranks in this run (dataset epoch 0)" in out, out[-3000:]
     assert "epoch 1: 600 samples on 2 ranks in this run (dataset epoch 1)" in out, out[-3000:]
+
+
+def test_train_from_hub_indexes_a_hub_webdataset_in_place_and_trains_exact_epochs():
+    script = Path(__file__).parents[1] / "examples" / "train_from_hub.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--epochs=2", "--num-images=300"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "indexed 3 shards, 300 samples of hf://datasets/demo/webdataset-images/train" in done.stdout
+    assert "epoch 0: 300 samples" in done.stdout and "epoch 1: 300 samples" in done.stdout

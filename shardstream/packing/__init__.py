@@ -13,7 +13,8 @@ Nothing here imports torch or :mod:`shardstream.reading`; both halves share only
 below them (:mod:`shardstream.index`, :mod:`shardstream.storage`, the tar format).
 """
 
+from .build import build_index
 from .pack import OnError, PackReport, pack
 from .parts import Part, part_from_env
 
-__all__ = ["OnError", "PackReport", "Part", "pack", "part_from_env"]
+__all__ = ["OnError", "PackReport", "Part", "build_index", "pack", "part_from_env"]
