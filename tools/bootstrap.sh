@@ -8,6 +8,9 @@
 #   SHARDSTREAM_EXTRAS      the extras to install (default test: everything the tests use,
 #                           DALI included; tools/demo sets demo: the S3 server only)
 #   PYTHON                  interpreter to create it with (default python3)
+# With the test extra it also installs the servers the tests start that are not Python
+# packages: nginx (Debian package nginx-light, via apt-get as root) for the http(s) stores, and
+# Azurite 3.35.0 (npm, into .cache/azurite; the last release that runs on Node 20) for az://.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${SHARDSTREAM_VENV:-.venv}
@@ -20,3 +23,21 @@ if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 "$venv/bin/python" -m pip install -q -e ".[${SHARDSTREAM_EXTRAS:-test}]" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
 "$venv/bin/python" -c "import shardstream, torch, webdataset, aiobotocore" 
+if [ "${SHARDSTREAM_EXTRAS:-test}" = test ]; then
+  if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "bootstrap: installing nginx-light (apt-get) for the http(s) store tests" >&2
+      apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >&2
+    else
+      echo "bootstrap: the tests need nginx: install it (apt-get install nginx-light) and run again" >&2
+      exit 1
+    fi
+  fi
+  if [ ! -x .cache/azurite/node_modules/.bin/azurite-blob ]; then
+    if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >&2
+    fi
+    echo "bootstrap: installing Azurite 3.35.0 (npm) into .cache/azurite for the az:// store tests" >&2
+    npm install --prefix .cache/azurite --no-audit --no-fund --loglevel=error azurite@3.35.0 >&2
+  fi
+fi

@@ -3,9 +3,10 @@
 only module that imports adlfs and ``azure.storage.blob``.
 
 One ``adlfs.AzureBlobFileSystem`` per process and account lives on the process's background
-loop (:mod:`shardstream.storage.loop`), made there on first use (``asynchronous=True``, the
-loop given, ``skip_instance_cache=True``); filesystems inherited across a fork are kept alive
-and never used. adlfs resolves the credentials; the requests go through the
+loop (:mod:`shardstream.storage.loop`), made for it on first use (``asynchronous=True``, the
+loop given, ``skip_instance_cache=True``; built in a worker thread, as importing the SDK and
+making credentials take a while); filesystems inherited across a fork are kept alive and never
+used. adlfs resolves the credentials; the requests go through the
 ``azure.storage.blob.aio`` clients it holds (``fs.service_client``), because adlfs's own methods
 cannot pin a version or stage blocks. The store object holds only its URL and settings, so it
 pickles cheaply into DataLoader workers.
@@ -15,8 +16,11 @@ What it does:
 - ``head`` reads the blob's properties; an object's version is its *ETag*;
 - a ranged read (:meth:`AzureStore.get_range`) is ``download_blob(offset=, length=)``; every
   request after the first of a call carries the first answer's ETag with ``If-Match``
-  (``MatchConditions.IfNotModified``), so a replaced blob is :class:`CorruptShardError`, never a
-  mix; a body cut mid-transfer is fetched again from its first missing byte;
+  (``MatchConditions.IfNotModified``), and the ETag of every answer is recorded
+  (``raw_response_hook``: the SDK re-sends a first request whose body was cut without one), so a
+  replaced blob is :class:`CorruptShardError`, never a mix; a body cut mid-transfer is fetched
+  again from its first missing byte (the SDK itself also re-reads a cut first answer, up to 3
+  times, which ``on_retry`` is not told of);
 - a shard is written as a block blob (:meth:`AzureStore.open_writer`): one ``stage_block`` per
   ``FetchConfig.upload_part_bytes``, several in flight, and ``commit_block_list`` at ``commit``;
   staged blocks are invisible, so nothing shows under the name before, and ``abort`` just drops
@@ -178,18 +182,23 @@ async def _filesystem(account: str | None, account_host: str | None) -> Any:
         key = (account, account_host, _credentials_fingerprint())
         fs = _filesystems.get(key)
         if fs is None:
-            from adlfs import AzureBlobFileSystem
+            running = asyncio.get_running_loop()
 
-            fs = AzureBlobFileSystem(
-                account_name=account,
-                account_host=account_host,
-                asynchronous=True,
-                loop=asyncio.get_running_loop(),
-                skip_instance_cache=True,
-                use_listings_cache=False,
-                connection_timeout=int(CONNECT_TIMEOUT_S),
-                read_timeout=int(READ_TIMEOUT_S),
-            )
+            def make() -> Any:  # importing the SDK and making credentials take a while: not on the loop
+                from adlfs import AzureBlobFileSystem
+
+                return AzureBlobFileSystem(
+                    account_name=account,
+                    account_host=account_host,
+                    asynchronous=True,
+                    loop=running,
+                    skip_instance_cache=True,
+                    use_listings_cache=False,
+                    connection_timeout=int(CONNECT_TIMEOUT_S),
+                    read_timeout=int(READ_TIMEOUT_S),
+                )
+
+            fs = await running.run_in_executor(None, make)
             _detach_finalizers(fs)
             _filesystems[key] = fs
 
@@ -546,7 +555,7 @@ class AzureStore:
         version: str | None = None,
     ) -> tuple[list[bytes], int, str]:
         """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the chunks they
-        arrived in, with the blob's total size and ETag.
+        arrived in, with the blob's total size and ETag; a range from the blob's end is empty.
 
         Every request after the first carries the first answer's ETag (``If-Match``;
         ``version``, when given, pins the first one too); a body cut mid-transfer, a refused
@@ -559,7 +568,7 @@ class AzureStore:
 
         Raises:
             ShardNotFoundError / BucketNotFoundError: no such blob / container.
-            CorruptShardError: ``start`` lies beyond the blob's end, or it changed (another
+            CorruptShardError: ``start`` lies past the blob's end, or it changed (another
                 ETag) during the call.
             StorageAccessError, StorageConnectionError (still failing after 5 attempts),
             StorageError.
@@ -623,12 +632,34 @@ class AzureStore:
         )
         pieces: list[bytes] = []
         received = 0
+        error: BaseException | None = None
+        last = "no attempt"
         etag = version
         total: int | None = None
         backoff_s = 0.2
+        seen: list[str] = []  # the ETag of every answer, the SDK's own retries included
+
+        def record(pipeline_response: Any) -> None:
+            answer = pipeline_response.http_response
+            if answer.status_code < 300:
+                seen.append(str(answer.headers.get("ETag", "")))
+
+        def check_seen() -> str | None:
+            """The version pinned: ``etag``, else the first answer's; raises if any answer had another."""
+            pinned = etag or (seen[0] if seen else None)
+            for other in seen:
+                if other != pinned:
+                    raise self._changed(name, str(pinned), f"then {other}")
+            return pinned
+
         for attempt in range(1, MAX_ATTEMPTS + 1):
             at = start + received
-            options: dict[str, Any] = {"max_concurrency": 1, "retry_total": 0, **self._timeouts()}
+            options: dict[str, Any] = {
+                "max_concurrency": 1,
+                "retry_total": 0,
+                "raw_response_hook": record,
+                **self._timeouts(),
+            }
             if at > 0 or end is not None:
                 options["offset"] = at
                 options["length"] = None if end is None else end - at
@@ -639,42 +670,49 @@ class AzureStore:
                 downloader = await asyncio.wait_for(
                     blob.download_blob(**options), MAX_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S)
                 )
-                answer_etag = str(downloader.properties.etag)
-                if etag and answer_etag != etag:
-                    raise self._changed(name, etag, f"then {answer_etag}")
-                etag = answer_etag
+                etag = check_seen() or str(downloader.properties.etag)
                 size = int(str(downloader.properties.content_range).rsplit("/", 1)[1])
                 if total is not None and size != total:
-                    raise self._changed(name, etag, f"has {size} bytes, the read saw {total}")
+                    raise self._changed(name, etag, f"now has {size} bytes, the read began with {total}")
                 total = size
-                if at >= total and not (at == 0 and end is None):  # Azurite: an empty answer, not 416
+                if at > total:  # Azurite's answer from past the end is empty (Azure says 416)
                     raise self._ends_before(name, at, total)
                 async for chunk in downloader.chunks():
                     if chunk:
                         pieces.append(chunk)
                         received += len(chunk)
+                check_seen()
                 break
             except (CorruptShardError, StorageError):
                 raise
             except ResourceModifiedError as exc:
                 raise self._changed(name, etag or "?", "no longer matches") from exc
             except ResourceNotFoundError as exc:
-                if etag and _error_code(exc) != "ContainerNotFound":  # the blob read so far is gone
+                if total is not None and _error_code(exc) != "ContainerNotFound":  # the blob being read is gone
                     raise self._changed(name, etag, "is gone") from exc
                 raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-            except HttpResponseError as exc:
-                status = exc.status_code
-                if status == 416:
-                    raise self._ends_before(name, at, total) from exc
-                if status not in _RETRY_STATUSES:
-                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-                response = getattr(exc, "response", None)
-                retry_after = response.headers.get("Retry-After") if response is not None else None
-                error: BaseException = exc
-                last = f"HTTP {status} {_error_code(exc)}".strip()
-            except transient as exc:
+            except transient as exc:  # before HttpResponseError: IncompleteReadError is one
+                etag = check_seen()  # resume pinned to the first answer's version
                 error = exc
                 last = f"{type(exc).__name__} after {received} bytes"
+            except HttpResponseError as exc:
+                status = exc.status_code
+                if status is None:  # no answer: the SDK's wrapper of a body cut in its own retries
+                    etag = check_seen()
+                    error, last = exc, f"{type(getattr(exc, 'error', None) or exc).__name__} after {received} bytes"
+                elif status == 416:  # from past the end; from the end itself is empty, not an error
+                    size, current = await self.head(name)
+                    if etag is not None and current != etag:
+                        raise self._changed(name, etag, f"then {current}") from exc
+                    if at == size:
+                        return pieces, size, current
+                    raise self._ends_before(name, at, size) from exc
+                elif status not in _RETRY_STATUSES:
+                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+                else:
+                    response = getattr(exc, "response", None)
+                    retry_after = response.headers.get("Retry-After") if response is not None else None
+                    error, last = exc, f"HTTP {status} {_error_code(exc)}".strip()
             except Exception as exc:
                 raise _translate(exc, url=url, endpoint=self.endpoint) from exc
             if end is not None and received >= end - start:
@@ -684,7 +722,7 @@ class AzureStore:
                     f"{url}: no complete answer from {self.endpoint} after {MAX_ATTEMPTS} attempts (last: {last}); "
                     "check the network"
                 ) from error
-            if on_retry is not None:
+            if on_retry is not None and error is not None:
                 on_retry(error)
             await asyncio.sleep(_retry_after_s(retry_after, backoff_s))
             backoff_s = min(backoff_s * 2, 5.0)

@@ -2,11 +2,11 @@
 that imports gcsfs.
 
 One ``gcsfs.GCSFileSystem`` per process and endpoint lives on the process's background loop
-(:mod:`shardstream.storage.loop`), made there on first use (``asynchronous=True``, the loop
-given, ``skip_instance_cache=True``, no listings cache); filesystems inherited across a fork
-are kept alive and never used (fsspec filesystems are not fork-safe). Its credential lookup,
-which may block on the network, runs in a worker thread. The store object holds only its URL
-and settings, so it pickles cheaply into DataLoader workers.
+(:mod:`shardstream.storage.loop`), made for it on first use (``asynchronous=True``, the loop
+given, ``skip_instance_cache=True``, no listings cache; built in a worker thread, as importing
+gcsfs and google.auth's credential lookup may block); filesystems inherited across a fork are
+kept alive and never used (fsspec filesystems are not fork-safe). The store object holds only
+its URL and settings, so it pickles cheaply into DataLoader workers.
 
 What it does with GCS's JSON API:
 
@@ -31,9 +31,10 @@ Every gcsfs/aiohttp/google-auth error is translated once, in :func:`_translate`,
 
 What the local emulator (``gcp-storage-emulator``, see :mod:`shardstream.testing.emulators`)
 does not cover: it is single-threaded, checks no credentials, returns every listing in one page,
-ignores ``generation=`` pins and ``ifGenerationMatch`` preconditions, and sends no
-``x-goog-generation`` header (the generation then comes from a metadata request after the body,
-as real GCS never needs).
+ignores ``generation=`` pins and ``ifGenerationMatch`` preconditions (so ``create_exclusive``
+overwrites there), and sends no ``x-goog-generation`` header. With ``STORAGE_EMULATOR_HOST``
+set, a ranged read therefore asks for the generation before its first request and again after
+its last, and refuses the bytes if it changed (real GCS needs neither request).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0  # the longest wait for each piece of an answer
 MAX_ATTEMPTS = 5  # attempts of one ranged read (cut bodies, refused connections, 429/5xx)
 MAX_RETRY_WAIT_S = 30.0  # the longest Retry-After honoured
-MAX_POOL_CONNECTIONS = 32  # HTTP connections per process
+POOL_CONNECTIONS = 100  # connections of gcsfs's aiohttp session (aiohttp's default), per process
 _UPLOAD_GRAIN = 256 << 10  # GCS: every chunk of a resumable upload but the last is a multiple of this
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _ACCESS_HINT = (
@@ -148,11 +149,12 @@ async def _filesystem(endpoint_url: str | None) -> Any:
         fs = _filesystems.get(endpoint_url)
         if fs is None:
             import aiohttp
-            from gcsfs.core import GCSFileSystem  # the plain class: no zonal/HNS probes of each bucket
 
             running = asyncio.get_running_loop()
 
-            def make() -> Any:  # google.auth's lookup may block on the network: not on the loop
+            def make() -> Any:  # importing gcsfs and google.auth's lookup take a while: not on the loop
+                from gcsfs.core import GCSFileSystem  # the plain class: no zonal/HNS probes of each bucket
+
                 return GCSFileSystem(
                     token="anon" if endpoint_url else None,
                     endpoint_url=endpoint_url,
@@ -163,14 +165,10 @@ async def _filesystem(endpoint_url: str | None) -> Any:
                     requests_timeout=aiohttp.ClientTimeout(
                         total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
                     ),
+                    session_kwargs={"trust_env": True},  # HTTPS_PROXY / NO_PROXY, as gsutil and requests
                 )
 
             fs = await running.run_in_executor(None, make)
-            fs.session_kwargs = {
-                "connector": aiohttp.TCPConnector(limit=MAX_POOL_CONNECTIONS),
-                "trust_env": True,  # HTTPS_PROXY / NO_PROXY
-                "auto_decompress": False,  # byte ranges are of the stored bytes
-            }
             session = await fs._set_session()
             _detach_finalizers(fs)
             _filesystems[endpoint_url] = fs
@@ -315,12 +313,12 @@ class GcsStore:
 
     def pool_state(self) -> str:
         open_now = _open_requests[1] if _open_requests[0] == os.getpid() else 0
-        if open_now > MAX_POOL_CONNECTIONS:
+        if open_now > POOL_CONNECTIONS:
             return (
-                f"this process has {open_now} GCS reads open for {MAX_POOL_CONNECTIONS} pooled connections, "
+                f"this process has {open_now} GCS reads open for {POOL_CONNECTIONS} pooled connections, "
                 "so some wait for a connection other open iterators hold"
             )
-        return f"the server stalls ({open_now} of {MAX_POOL_CONNECTIONS} pooled GCS connections of this process in use)"
+        return f"the server stalls ({open_now} of {POOL_CONNECTIONS} pooled GCS connections of this process in use)"
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -543,7 +541,8 @@ class GcsStore:
         version: str | None = None,
     ) -> tuple[list[bytes], int, str]:
         """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the pieces they
-        arrived in, with the object's total size and generation.
+        arrived in, with the object's total size and generation; a range from the object's end
+        is empty.
 
         Every request after the first names the generation of the first answer (``version``,
         when given, pins the first one too); a body cut mid-transfer, a refused connection or a
@@ -556,7 +555,7 @@ class GcsStore:
 
         Raises:
             ShardNotFoundError / BucketNotFoundError: no such object / bucket.
-            CorruptShardError: ``start`` lies beyond the object's end, or it changed (another
+            CorruptShardError: ``start`` lies past the object's end, or it changed (another
                 generation) during the call.
             StorageAccessError, StorageConnectionError (still failing after 5 attempts),
             StorageError.
@@ -608,6 +607,8 @@ class GcsStore:
         generation = version
         confirmed = False  # an answer named its generation (x-goog-generation)
         total: int | None = None
+        if generation is None and self.endpoint_url is not None:  # an emulator: no x-goog-generation
+            total, generation = await self.head(name)  # pin before the first byte, compare after the last
         backoff_s = 0.2
         last = "no attempt"
         for attempt in range(1, MAX_ATTEMPTS + 1):
@@ -638,7 +639,9 @@ class GcsStore:
                             raise self._changed(name, generation, f"then {answer_generation}")
                         generation = generation or answer_generation
                         confirmed = confirmed or answer_generation is not None
-                        total = self._check_span(response, name=name, at=at, end=end, total=total)
+                        total = self._check_span(
+                            response, name=name, at=at, end=end, total=total, generation=generation
+                        )
                         try:
                             content = response.content
                             while True:
@@ -654,24 +657,27 @@ class GcsStore:
                         else:
                             break
                     elif status == 404:
-                        if generation:  # the generation read so far is gone: the object was replaced
-                            raise self._changed(name, generation, "is gone")
-                        raise await self._missing(name)
+                        if generation is None:
+                            raise await self._missing(name)
+                        _, current = await self.head(name)  # no such object (or bucket) raises here
+                        raise self._changed(name, generation, f"is gone, now {current}")
                     elif status == 412:
                         raise self._changed(name, generation or "?", "no longer matches")
-                    elif status == 416:
-                        raise self._ends_before(name, at, total if total is not None else at)
-                    elif status in (401, 403):
-                        raise StorageAccessError(
-                            f"{url}: {self.endpoint} refused the request (HTTP {status}); {_ACCESS_HINT}"
-                        )
+                    elif status == 416:  # from past the end; from the end itself is empty, not an error
+                        size, current = await self._pin(name, None, generation)
+                        if at == size:
+                            return pieces, size, current
+                        raise self._ends_before(name, at, size)
                     elif status in _RETRY_STATUSES:
                         last = f"HTTP {status} {response.reason or ''}".strip()
                         retry_after = response.headers.get("Retry-After")
                         error = StorageConnectionError(f"{url}: {last} from {self.endpoint}")
-                    else:
-                        body = _scrub((await response.read())[:300].decode(errors="replace"))
-                        raise StorageError(f"{url}: GCS error (HTTP {status}) from {self.endpoint}: {body}")
+                    else:  # 401, 403 and the rest: as gcsfs reports them
+                        from gcsfs.retry import HttpError
+
+                        body = (await response.read())[:300].decode(errors="replace")
+                        refusal = HttpError({"code": status, "message": body})
+                        raise _translate(refusal, url=url, endpoint=self.endpoint)
             if end is not None and received >= end - start:
                 break  # all bytes are here; only the end of the answer was lost
             if attempt == MAX_ATTEMPTS:
@@ -697,10 +703,12 @@ class GcsStore:
         if generation is not None and current != generation:
             raise self._changed(name, generation, f"then {current}")
         if total is not None and size != total:
-            raise self._changed(name, current, f"has {size} bytes, the read saw {total}")
+            raise self._changed(name, current, f"now has {size} bytes, the read began with {total}")
         return size, current
 
-    def _check_span(self, response: Any, *, name: str, at: int, end: int | None, total: int | None) -> int:
+    def _check_span(
+        self, response: Any, *, name: str, at: int, end: int | None, total: int | None, generation: str | None
+    ) -> int:
         """The object's size from an answer to a read from byte ``at``; refuses an answer that
         is not the range asked for, or one starting past the end."""
         url = self.url_of(name)
@@ -714,17 +722,17 @@ class GcsStore:
                 ) from None
             if size is None:
                 raise StorageError(f"{url}: {self.endpoint} does not tell the object's size")
-            if size <= at:
-                raise self._ends_before(name, at, size)
-            if first != at:
-                raise StorageError(f"{url}: asked for bytes from {at}, {self.endpoint} sent them from {first}")
         else:  # 200: the whole object, asked for only from byte 0 without an end
             length = response.headers.get("x-goog-stored-content-length") or response.headers.get("Content-Length")
             if at != 0 or end is not None or length is None or not length.isdigit():
                 raise StorageError(f"{url}: {self.endpoint} answered 200 to a ranged read of bytes from {at}")
-            size = int(length)
+            first, size = 0, int(length)
         if total is not None and size != total:
-            raise self._changed(name, "?", f"has {size} bytes, the read saw {total}")
+            raise self._changed(name, generation or "?", f"now has {size} bytes, the read began with {total}")
+        if size < at:  # the emulator's answer from past the end (GCS says 416)
+            raise self._ends_before(name, at, size)
+        if first != at:
+            raise StorageError(f"{url}: asked for bytes from {at}, {self.endpoint} sent them from {first}")
         return size
 
 

@@ -146,7 +146,7 @@ class FaultProxy:
             request.method,
             self.target_url + request.path_qs,
             headers=headers,
-            data=body,
+            data=body or None,  # an empty body adds no headers (Azure signs them)
             allow_redirects=False,
             auto_decompress=False,
         ) as upstream:
