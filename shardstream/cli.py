@@ -140,8 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("pack", help="pack files into tar shards plus an index (resumable: run it again)")
-    p.add_argument("source", metavar="SOURCE", help="local directory, or s3://bucket/prefix of files")
-    p.add_argument("dest", metavar="DEST", help="local directory or s3://bucket/prefix")
+    p.add_argument(
+        "source", metavar="SOURCE", help="local directory, or a prefix of files: s3://, gs://, az://, hf://datasets/..."
+    )
+    p.add_argument("dest", metavar="DEST", help="local directory or a writable prefix: s3://, gs://, az://")
     p.add_argument("--name", default="data", help="shard name prefix: NAME-000000.tar ... (default: data)")
     p.add_argument(
         "--shard-size",
@@ -197,11 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_s3_args(p)
 
     i = commands.add_parser("info", help="totals and shard statistics of a packed dataset")
-    i.add_argument("source", metavar="DATASET", help="local directory, s3://bucket/prefix, or its index file")
+    i.add_argument(
+        "source",
+        metavar="DATASET",
+        help="local directory, a URL (s3://, https://, hf://datasets/..., gs://, az://), or its index file",
+    )
     _add_s3_args(i)
 
     v = commands.add_parser("verify", help="re-read every shard and check it against the index")
-    v.add_argument("dest", metavar="DATASET", help="local directory or s3://bucket/prefix")
+    v.add_argument("dest", metavar="DATASET", help="local directory or a URL (s3://, https://, hf://, gs://, az://)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_s3_args(v)
 
@@ -224,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         "shards",
         metavar="SHARDS",
         nargs="+",
-        help="shard paths or s3:// URLs, brace patterns, or a directory or s3:// prefix of .tar shards",
+        help="shard paths or URLs (s3://, https://, hf://, gs://, az://), brace patterns, "
+        "or a directory or prefix of .tar shards",
     )
     b.add_argument(
         "--workers",
@@ -237,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--output",
         metavar="DIR",
-        help="write the index and tables to this directory or s3:// prefix "
+        help="write the index and tables to this directory or prefix (s3://, gs://, az://) "
         "instead of beside the shards (which stay untouched where they are)",
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")

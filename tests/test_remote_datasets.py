@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -110,7 +111,9 @@ def _payloads(dataset) -> list[tuple[str, bytes, bytes]]:
 
 def test_read_from_the_store_as_from_disk_by_index_and_by_shard_urls(remote):
     expected = _payloads(ShardDataset(remote.local, shuffle=False))
-    assert _payloads(ShardDataset(remote.url, shuffle=False)) == expected
+    dataset = ShardDataset(remote.url, shuffle=False)
+    assert _payloads(dataset) == expected
+    assert len(pickle.dumps(dataset)) < 4096  # a description: workers make their own clients
     num_shards = open_index(remote.local).num_shards
     pattern = f"{remote.url}/data-{{000000..{num_shards - 1:06d}}}.tar"
     assert _payloads(ShardDataset(pattern, shuffle=False)) == expected

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -543,3 +544,18 @@ def test_a_store_pickles_as_a_description(backend):
     assert backend.secret == "" or backend.secret not in repr(store)
     again = pickle.loads(blob)
     assert again.read_bytes(name) == b"abc" and again.url == store.url
+
+
+@pytest.mark.parametrize(("url", "library", "extra"), [("gs://b/x", "gcsfs", "gcs"), ("az://c/x", "adlfs", "azure")])
+def test_a_missing_backend_names_the_extra_to_install(url, library, extra, monkeypatch):
+    from shardstream.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, library, None)  # import fails as if not installed
+    with pytest.raises(MissingDependencyError, match=rf"pip install 'shardstream\[{extra}\]'"):
+        open_store(url)
+
+
+@pytest.mark.parametrize("url", ["ftp://host/x", "hf://models/org/name", "hf://datasets/org", "s3:/b/x", "gs:///x"])
+def test_malformed_or_unsupported_urls_say_how_to_write_them(url):
+    with pytest.raises(ValueError, match=r"(unsupported URL scheme|write|names no)"):
+        open_store(url)
