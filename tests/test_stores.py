@@ -559,3 +559,45 @@ def test_a_missing_backend_names_the_extra_to_install(url, library, extra, monke
 def test_malformed_or_unsupported_urls_say_how_to_write_them(url):
     with pytest.raises(ValueError, match=r"(unsupported URL scheme|write|names no)"):
         open_store(url)
+
+
+# -- http(s) and the Hub: what plain HTTP servers and CDNs do ----------------------------------
+
+
+@_only("hf")
+@pytest.mark.parametrize(("status", "error"), [(404, ShardNotFoundError), (403, StorageAccessError)])
+def test_a_redirect_target_that_refuses_is_named_not_retried(backend, status, error):
+    name = _name()
+    backend.put(name, b"x" * 100)
+    store = backend.store()
+    assert _get(store, name, 0, None)[0] == b"x" * 100  # the redirect target is now kept
+    backend.hub.set_faults(host="cdn", status=status, path_glob=f"*/{name}", times=None)
+    started = time.monotonic()
+    with pytest.raises(error, match=name):
+        _get(store, name, 0, None)
+    assert time.monotonic() - started < 5  # asked the Hub again once, then said so
+
+
+def test_head_falls_back_to_a_one_byte_get_where_head_is_refused(tmp_path):
+    from shardstream.testing.webservers import FaultServer
+
+    (tmp_path / "obj.bin").write_bytes(b"y" * 1234)
+    with FaultServer(tmp_path) as server:
+        server.set_faults(status=405, methods=["HEAD"], times=None)
+        size, version = loop.run(open_store(server.url).head("obj.bin"), 60)
+    assert size == 1234 and version
+
+
+def test_credentials_in_an_http_url_are_refused_without_echoing_them():
+    with pytest.raises(ValueError, match="credentials in an http") as caught:
+        open_store("https://alice:s3cret-pw@example.com/ds")
+    assert "s3cret-pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected_s"), [("2", 2.0), ("soon", 0.5), ("nan", 0.5), ("inf", 0.5), ("99", 30.0)]
+)
+def test_retry_after_is_read_safely(header, expected_s):
+    from shardstream.storage.http import _retry_after_s
+
+    assert _retry_after_s(header, 0.5, 30.0) == expected_s

@@ -534,11 +534,19 @@ class _GrowingStream(_SlicedStream):
     def _refill_from_s3(self) -> bool:
         shard = self._shard
         end = min(self._offset + self._chunk_bytes * 16, self._end)
-        call = shard.store.get_range(shard.name, self._offset, end)
+        future = asyncio.run_coroutine_threadsafe(
+            shard.store.get_range(shard.name, self._offset, end), io_loop.get_loop()
+        )
         try:
-            pieces, _, _ = asyncio.run_coroutine_threadsafe(call, io_loop.get_loop()).result(self._wait_s)
+            pieces, total, version = future.result(self._wait_s)
         except concurrent.futures.TimeoutError:
+            future.cancel()
             raise _stalled(shard, self._wait_s, waiting_on=_get_wait(shard, self._offset, end)) from None
+        if total != shard.size_bytes or (shard.etag is not None and version != shard.etag):
+            raise CorruptShardError(
+                f"{shard.url}: changed while it was being read (version {shard.etag}, {shard.size_bytes} bytes, "
+                f"then {version}, {total} bytes); do not overwrite shards of a dataset in use"
+            )
         self._chunk, self._pos = b"".join(pieces), 0
         self._offset += len(self._chunk)
         return bool(self._chunk)

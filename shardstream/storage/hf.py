@@ -25,6 +25,7 @@ their ``Retry-After`` says (:class:`~shardstream.config.HttpConfig`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -34,7 +35,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from ..config import FetchConfig, HttpConfig
-from ..errors import ShardNotFoundError, StorageError
+from ..errors import ShardNotFoundError, StorageConnectionError, StorageError
 from . import loop
 from .http import HttpStore
 
@@ -119,7 +120,15 @@ class HfStore(HttpStore):
         return f"HfStore({self.url!r}, endpoint={self.endpoint!r})"
 
     def _pin(self, revision: str) -> str:
-        return loop.run(self._commit_of(revision), self.http.request_limit_s)
+        future = loop.submit(self._commit_of(revision))
+        try:
+            return future.result(self.http.request_limit_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise StorageConnectionError(
+                f"{_revision_url(self.repo, revision, '')}: {self.endpoint} did not say which commit {revision!r} "
+                f"is within {self.http.request_limit_s:.0f} s; check HF_ENDPOINT and the network"
+            ) from None
 
     async def _commit_of(self, revision: str) -> str:
         api = f"{self.endpoint}/api/datasets/{self.repo}/revision/{quote(revision, safe='')}"
@@ -181,11 +190,15 @@ class HfStore(HttpStore):
             + f"?recursive={'true' if recursive else 'false'}"
         )
         shown = _revision_url(self.repo, self.revision, folder)
+        first = True
         while url is not None:
             try:
                 entries, links = loop.run(self._get_json(url, shown))
             except ShardNotFoundError:
-                return
+                if first:  # no such folder: nothing under it
+                    return
+                raise  # a page after the first: never a silently shorter listing
+            first = False
             if not isinstance(entries, list):
                 raise StorageError(f"{shown}: {self.endpoint}'s tree API answered with no list of files")
             yield from entries

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import os
 import ssl
 import time
@@ -46,6 +47,7 @@ from . import loop
 __all__ = ["HttpStore"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+_HEAD_REFUSED = frozenset({403, 405, 501})  # e.g. a URL signed for GET only: ask by a 1-byte GET
 _sessions: dict[tuple[HttpConfig, str | None, str | None], Any] = {}  # per config and CA settings
 _sessions_pid: int | None = None
 _open_requests = [os.getpid(), 0]  # [pid, requests of this process in progress]
@@ -88,14 +90,18 @@ async def _session_for(cfg: HttpConfig) -> Any:
 
 def _retry_after_s(value: str | None, default_s: float, limit_s: float) -> float:
     """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped."""
+    seconds = default_s
     if value:
         try:
-            return min(max(float(value), 0.0), limit_s)
+            seconds = float(value)
         except ValueError:
-            when = email.utils.parsedate_to_datetime(value) if value else None
-            if when is not None:
-                return min(max(when.timestamp() - time.time(), 0.0), limit_s)
-    return min(default_s, limit_s)
+            try:
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError, OverflowError):
+                seconds = default_s  # garbage: as if none came
+    if not math.isfinite(seconds):
+        seconds = default_s
+    return min(max(seconds, 0.0), limit_s)
 
 
 def _content_range(value: str) -> tuple[int, int, int | None]:
@@ -128,6 +134,12 @@ class HttpStore:
         parts = urlsplit(url)
         if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
             raise ValueError(f"{url!r} is not an http(s):// URL with a host")
+        if parts.username is not None or parts.password is not None:
+            bare = f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+            raise ValueError(
+                f"{bare}: credentials in an http(s) URL are not sent (they would show in logs and errors); "
+                "serve the shards without them, or put them behind an S3, GCS or Azure store"
+            )
         if parts.query or parts.fragment:
             raise ValueError(f"{url!r}: a dataset URL takes no ?query or #fragment; give the folder's URL")
         self.url = url.rstrip("/")
@@ -179,9 +191,12 @@ class HttpStore:
         headers: dict[str, str],
         shown_url: str,
         on_retry: Callable[[BaseException], None] | None = None,
+        passthrough: frozenset[int] = frozenset(),
     ) -> Any:
-        """One request with its redirects and retries; the answer (status < 300, or 304, 412,
-        416) is returned unread, to be closed by the caller.
+        """One request with its redirects and retries; the answer (status < 300, 304, 412, 416,
+        or one of ``passthrough``) is returned unread, to be closed by the caller. A redirect
+        target kept from an earlier request that now answers 404 or 401/403 (an expired signed
+        URL) is dropped and the origin asked again, once.
 
         Raises:
             ShardNotFoundError (404, 410), StorageAccessError (401, 403),
@@ -196,6 +211,7 @@ class HttpStore:
         last = "no attempt"
         for attempt in range(1, cfg.max_attempts + 1):
             hops = 0
+            from_cache = target != url
             while True:
                 try:
                     response = await asyncio.wait_for(
@@ -215,7 +231,7 @@ class HttpStore:
                         self._locations.pop(url, None)
                     response = None
                     break
-                except aiohttp.ClientError as exc:
+                except (aiohttp.ClientError, ValueError) as exc:  # ValueError: e.g. a .netrc entry beside a token
                     raise StorageError(f"{shown_url}: request to {self.endpoint} failed: {exc}") from exc
                 if response.status in (301, 302, 303, 307, 308) and "Location" in response.headers:
                     response.release()
@@ -231,22 +247,20 @@ class HttpStore:
                 break
             if response is not None:
                 status = response.status
-                if status < 300 or status in (304, 412, 416):
+                if status < 300 or status in (304, 412, 416) or status in passthrough:
                     return response
                 retry_after = response.headers.get("Retry-After")
                 reason = response.reason or ""
                 response.release()
+                if status in (404, 410, 401, 403) and from_cache:
+                    self._locations.pop(url, None)  # a stale or expired redirect target: ask the origin again
+                    target = url
+                    continue
                 if status in (404, 410):
-                    if target != url and self._locations.pop(url, None) is not None:
-                        target = url  # a stale redirect target: ask the origin again
-                        continue
                     raise ShardNotFoundError(
                         f"{shown_url}: no such object at {self.endpoint} (HTTP {status}; check the URL)"
                     )
                 if status in (401, 403):
-                    if target != url and self._locations.pop(url, None) is not None:
-                        target = url  # an expired signed redirect: ask the origin again
-                        continue
                     raise StorageAccessError(
                         f"{shown_url}: {self.endpoint} refused access (HTTP {status} {reason}); {self._access_hint()}"
                     )
@@ -290,7 +304,9 @@ class HttpStore:
         url, shown = await self._object_url(name), self.url_of(name)
         _count_open(1)
         try:
-            response = await self._send("HEAD", url, headers={"Accept-Encoding": "identity"}, shown_url=shown)
+            response = await self._send(
+                "HEAD", url, headers={"Accept-Encoding": "identity"}, shown_url=shown, passthrough=_HEAD_REFUSED
+            )
             response.release()
             length = response.headers.get("Content-Length")
             if response.status == 200 and length is not None and length.isdigit():
