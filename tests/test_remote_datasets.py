@@ -1,4 +1,5 @@
-"""Datasets read from every store as from S3, against real local servers: nginx (http), a fake
+"""Datasets read from every store as from S3, against real local servers: nginx (http, and https
+with a self-signed certificate trusted through SSL_CERT_FILE), a fake
 Hugging Face Hub (hf://), gcp-storage-emulator (gs://) and Azurite (az://).
 
 Each ``remote`` parameter holds the same packed dataset in one store; the tests read it the way
@@ -31,7 +32,7 @@ from shardstream.errors import CorruptShardError, StorageError
 
 pytestmark = pytest.mark.timeout(300)
 
-REMOTES = ["http", "hf", "gs", "az"]
+REMOTES = ["http", "https", "hf", "gs", "az"]
 _numbers = itertools.count()
 
 
@@ -70,6 +71,11 @@ def remote(request, local_dataset, monkeypatch, tmp_path) -> Remote:
     if name == "http":
         server, root = request.getfixturevalue("nginx_server"), request.getfixturevalue("web_root")
         shutil.copytree(local, root / f"ds-{n}")
+        url = f"{server.url}/ds-{n}"
+    elif name == "https":
+        server, root = request.getfixturevalue("nginx_tls_server"), request.getfixturevalue("web_root")
+        shutil.copytree(local, root / f"ds-{n}")
+        monkeypatch.setenv("SSL_CERT_FILE", str(server.ca_file))  # the standard CA setting
         url = f"{server.url}/ds-{n}"
     elif name == "hf":
         hub = request.getfixturevalue("fake_hub")

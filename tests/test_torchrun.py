@@ -391,3 +391,41 @@ def test_replication_groups_read_identical_samples_under_torchrun(tmp_path, s3_s
     assert ranks[0] == ranks[1] and ranks[2] == ranks[3] and ranks[0] != ranks[2]
     expected = collections.Counter(mixture_epoch(mixture_spec, s3_server.info.s3_config(), 0))
     assert collections.Counter(ranks[0] + ranks[2]) == expected  # the two data-parallel groups: the epoch
+
+
+@pytest.mark.parametrize("store", ["hf", "az"])
+def test_three_ranks_exact_epochs_from_the_hub_and_azure(
+    tmp_path, s3_server, uneven_dataset, request, store, monkeypatch
+):
+    """The same dataset copied to a fake Hub (hf://) or Azurite (az://), read by 3 ranks x 2
+    persistent workers for 2 epochs: each store's clients are made in the process that uses them."""
+    from shardstream.storage import open_store
+
+    s3 = s3_server.info.s3_config()
+    source = open_store(uneven_dataset, s3=s3)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if store == "hf":
+        hub = request.getfixturevalue("fake_hub")
+        for name in source.list_names():
+            (tmp_path / "repo" / "ds" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "repo" / "ds" / name).write_bytes(source.read_bytes(name))
+        hub.add_repo("org/torchrun", {hub.commit_sha("torchrun"): tmp_path / "repo"})
+        env.update(hub.env())
+        url = "hf://datasets/org/torchrun/ds"
+    else:
+        azurite = request.getfixturevalue("azurite")
+        container = f"torchrun-{os.getpid()}"
+        azurite.create_container(container)
+        env.update(azurite.env())
+        for key, value in azurite.env().items():
+            monkeypatch.setenv(key, value)
+        target = open_store(f"az://{container}/ds")
+        for name in source.list_names():
+            target.write_bytes(name, source.read_bytes(name))
+        url = f"az://{container}/ds"
+    out = tmp_path / "out"
+    out.mkdir()
+    torchrun(3, url, str(out), "--workers=2", "--batch-size=4", "--epochs=2", "--persistent", env=env)
+    epochs = json.loads((out / "epochs.json").read_text())
+    assigned = [check_epoch(e, world_size=3) for e in epochs]
+    assert assigned[0] != assigned[1]
