@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import email.utils
+import math
 import os
 import re
 import time
@@ -87,7 +88,10 @@ _ACCESS_HINT = (
 _SECRETS = re.compile(r"(?i)(accountkey=|sharedaccesssignature=|sig=|signature=|bearer\s+)[^\s;&'\"<]+")
 
 _filesystems: dict[tuple[str | None, str | None, str], Any] = {}
+_containers: dict[tuple[int, str], Any] = {}  # ContainerClient by (id of its filesystem, container)
 _filesystems_pid: int | None = None
+_environment: tuple[tuple[str, str], ...] | None = None  # the AZURE_STORAGE_* variables last fingerprinted
+_fingerprint = ""  # their digest
 _filesystems_lock: asyncio.Lock | None = None
 _open_requests = [os.getpid(), 0]  # [pid, ranged reads of this process in progress]
 
@@ -136,12 +140,16 @@ def _connection_fields() -> dict[str, str]:
 
 def _credentials_fingerprint() -> str:
     """A digest of the ``AZURE_STORAGE_*`` variables adlfs reads, so that a process whose
-    environment changed (a test pointing at another server) gets a client of its own."""
-    import hashlib
+    environment changed (a test pointing at another server) gets a client of its own; hashed
+    again only when they changed."""
+    global _environment, _fingerprint
+    environment = tuple((name, value) for name, value in os.environ.items() if name.startswith("AZURE_STORAGE_"))
+    if environment != _environment:
+        import hashlib
 
-    names = sorted(name for name in os.environ if name.startswith("AZURE_STORAGE_"))
-    text = "\0".join(f"{name}={os.environ[name]}" for name in names)
-    return hashlib.sha256(text.encode()).hexdigest()
+        text = "\0".join(f"{name}={value}" for name, value in sorted(environment))
+        _environment, _fingerprint = environment, hashlib.sha256(text.encode()).hexdigest()
+    return _fingerprint
 
 
 def _scrub(text: str) -> str:
@@ -173,13 +181,17 @@ async def _filesystem(account: str | None, account_host: str | None) -> Any:
     first use."""
     global _filesystems_pid, _filesystems_lock
     if _filesystems_pid != os.getpid():
-        for inherited in _filesystems.values():
+        for inherited in (*_filesystems.values(), *_containers.values()):
             loop.keep_forked(inherited)
         _filesystems.clear()
+        _containers.clear()
         _filesystems_pid, _filesystems_lock = os.getpid(), asyncio.Lock()
     assert _filesystems_lock is not None  # internal invariant, set just above
+    key = (account, account_host, _credentials_fingerprint())
+    fs = _filesystems.get(key)
+    if fs is not None:  # the usual case: no lock (the dict changes only on this loop)
+        return fs
     async with _filesystems_lock:
-        key = (account, account_host, _credentials_fingerprint())
         fs = _filesystems.get(key)
         if fs is None:
             running = asyncio.get_running_loop()
@@ -209,6 +221,16 @@ async def _filesystem(account: str | None, account_host: str | None) -> Any:
 
             loop.on_shutdown(close)
         return fs
+
+
+def _container_client(fs: Any, container: str) -> Any:
+    """This process's ``ContainerClient`` of ``container`` on ``fs`` (from :func:`_filesystem`,
+    which empties the cache in a forked child), made on first use; it shares ``fs``'s connections."""
+    key = (id(fs), container)  # a filesystem lives as long as its process: its id is never reused
+    client = _containers.get(key)
+    if client is None:
+        client = _containers[key] = fs.service_client.get_container_client(container)
+    return client
 
 
 def _translate(
@@ -275,24 +297,26 @@ def _translate(
         return StorageAccessError(
             f"{url}: cannot make an Azure client for {endpoint} (no account or unusable credentials); {_ACCESS_HINT}"
         )
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # one class from Python 3.11
         return StorageConnectionError(f"{url}: no answer from {endpoint} in time ({type(exc).__name__})")
     return exc
 
 
 def _retry_after_s(value: str | None, default_s: float) -> float:
-    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped."""
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped; a
+    garbage, nan or inf value is waited as none (``default_s``)."""
+    seconds = default_s
     if value:
         try:
-            return min(max(float(value), 0.0), MAX_RETRY_WAIT_S)
-        except ValueError:
+            seconds = float(value)
+        except (TypeError, ValueError, OverflowError):
             try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
-                when = None
-            if when is not None:
-                return min(max(when.timestamp() - time.time(), 0.0), MAX_RETRY_WAIT_S)
-    return min(default_s, MAX_RETRY_WAIT_S)
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError, OverflowError):
+                seconds = default_s  # garbage: as if none came
+    if not math.isfinite(seconds):
+        seconds = default_s
+    return min(max(seconds, 0.0), MAX_RETRY_WAIT_S)
 
 
 class AzureStore:
@@ -365,7 +389,7 @@ class AzureStore:
         return await _filesystem(self.account, self.account_host)
 
     async def _container(self) -> Any:
-        return (await self._fs()).service_client.get_container_client(self.container)
+        return _container_client(await self._fs(), self.container)
 
     async def _blob(self, name: str) -> Any:
         return (await self._container()).get_blob_client(self.key_of(name))

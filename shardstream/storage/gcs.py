@@ -43,6 +43,8 @@ import asyncio
 import concurrent.futures
 import email.utils
 import json
+import logging
+import math
 import os
 import re
 import time
@@ -79,7 +81,9 @@ _ACCESS_HINT = (
     "or `gcloud auth application-default login`, or the VM's service account) and that they may "
     "use the bucket (roles/storage.objectAdmin to write, objectViewer to read)"
 )
-_SECRETS = re.compile(r"(?i)(bearer\s+|access_token=|token=|key=|signature=)[^\s&'\"]+")
+# upload_id=: a resumable upload's session URI lets anyone holding it write the object (Google: treat it
+# as a credential)
+_SECRETS = re.compile(r"(?i)(bearer\s+|access_token=|token=|key=|signature=|upload_id=)[^\s&'\"]+")
 
 _filesystems: dict[str | None, Any] = {}
 _filesystems_pid: int | None = None
@@ -121,6 +125,29 @@ def _emulator_endpoint() -> str | None:
 def _scrub(text: str) -> str:
     """``text`` without anything that looks like a token or a signature."""
     return _SECRETS.sub(lambda m: m.group(1) + "***", text)
+
+
+class _ScrubLog(logging.Filter):
+    """Takes tokens and upload session URIs out of the records of gcsfs's logger, which logs the
+    URL of every request (an upload session's among them) and errors naming it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is the handler's to report
+            return True
+        scrubbed = _scrub(message)
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, None
+        if record.exc_info and record.exc_info[0] is not None:
+            trace = logging.Formatter().formatException(record.exc_info)
+            scrubbed = _scrub(trace)
+            if scrubbed != trace:  # keep the text only: the exception itself names the session
+                record.exc_info, record.exc_text = None, scrubbed
+        return True
+
+
+_SCRUB_LOG = _ScrubLog()
 
 
 def _detach_finalizers(obj: object) -> None:
@@ -168,6 +195,7 @@ async def _filesystem(endpoint_url: str | None) -> Any:
                     session_kwargs={"trust_env": True},  # HTTPS_PROXY / NO_PROXY, as gsutil and requests
                 )
 
+            logging.getLogger("gcsfs").addFilter(_SCRUB_LOG)  # once: addFilter skips a filter already there
             fs = await running.run_in_executor(None, make)
             session = await fs._set_session()
             _detach_finalizers(fs)
@@ -242,24 +270,37 @@ def _translate(
         return StorageError(f"{url}: GCS error (HTTP {exc.code}) from {endpoint}: {_scrub(str(exc.message))[:300]}")
     if isinstance(exc, ValueError) and str(exc).startswith("Bad Request"):
         return StorageError(f"{url}: GCS refused the request as invalid (HTTP 400): {_scrub(str(exc))[:300]}")
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # one class from Python 3.11
         return StorageConnectionError(f"{url}: no answer from {endpoint} in time ({type(exc).__name__})")
     return exc
 
 
 def _retry_after_s(value: str | None, default_s: float) -> float:
-    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped."""
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped; a
+    garbage, nan or inf value is waited as none (``default_s``)."""
+    seconds = default_s
     if value:
         try:
-            return min(max(float(value), 0.0), MAX_RETRY_WAIT_S)
-        except ValueError:
+            seconds = float(value)
+        except (TypeError, ValueError, OverflowError):
             try:
-                when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
-                when = None
-            if when is not None:
-                return min(max(when.timestamp() - time.time(), 0.0), MAX_RETRY_WAIT_S)
-    return min(default_s, MAX_RETRY_WAIT_S)
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError, OverflowError):
+                seconds = default_s  # garbage: as if none came
+    if not math.isfinite(seconds):
+        seconds = default_s
+    return min(max(seconds, 0.0), MAX_RETRY_WAIT_S)
+
+
+async def _body(response: Any) -> str:
+    """The start of an error answer's body ("" when it cannot be read: its status still says what
+    went wrong)."""
+    import aiohttp
+
+    try:
+        return (await response.read())[:300].decode(errors="replace")
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return ""
 
 
 def _content_range(value: str) -> tuple[int, int | None]:
@@ -347,7 +388,10 @@ class GcsStore:
                 f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {self.pool_state()}"
             ) from None
         except Exception as exc:
-            raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
+            translated = _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
+            if translated is exc:  # ours already (or unknown): as raised, its chain as it was
+                raise
+            raise translated from exc
 
     async def _call(self, method: str, path: str, *args: str, **kwargs: Any) -> Any:
         """gcsfs's ``_call`` (its retries included) with fresh credentials."""
@@ -363,11 +407,22 @@ class GcsStore:
             url=self.url_of(name),
         )
 
-    async def _missing(self, name: str) -> StorageNotFoundError:
-        """The error for a 404 on ``name``: BucketNotFoundError where the bucket is what is missing."""
-        try:
-            await self._run("get bucket", self._call("GET", "b/{}", self.bucket), url=self.url)
-        except ShardNotFoundError:
+    async def _missing(self, name: str, answer: str = "") -> StorageNotFoundError:
+        """The error for a 404 on ``name``: BucketNotFoundError where the bucket is what is missing.
+
+        GCS's answer (``answer``, the 404's body where at hand) says which; otherwise the bucket
+        is asked for, and a refusal counts as a bucket that exists (a reader with objectViewer
+        only may read objects but not get the bucket; a missing bucket is 404 to anyone)."""
+        said = answer.lower()
+        bucket_missing = "bucket does not exist" in said
+        if not bucket_missing and "no such object" not in said:
+            try:
+                await self._run("get bucket", self._call("GET", "b/{}", self.bucket), url=self.url)
+            except ShardNotFoundError:
+                bucket_missing = True
+            except StorageAccessError:
+                pass
+        if bucket_missing:
             return BucketNotFoundError(
                 f"{self.url}: no such bucket gs://{self.bucket} at {self.endpoint} (create it, or check the name)"
             )
@@ -658,7 +713,7 @@ class GcsStore:
                             break
                     elif status == 404:
                         if generation is None:
-                            raise await self._missing(name)
+                            raise await self._missing(name, await _body(response))
                         _, current = await self.head(name)  # no such object (or bucket) raises here
                         raise self._changed(name, generation, f"is gone, now {current}")
                     elif status == 412:
@@ -675,8 +730,7 @@ class GcsStore:
                     else:  # 401, 403 and the rest: as gcsfs reports them
                         from gcsfs.retry import HttpError
 
-                        body = (await response.read())[:300].decode(errors="replace")
-                        refusal = HttpError({"code": status, "message": body})
+                        refusal = HttpError({"code": status, "message": await _body(response)})
                         raise _translate(refusal, url=url, endpoint=self.endpoint)
             if end is not None and received >= end - start:
                 break  # all bytes are here; only the end of the answer was lost
@@ -778,7 +832,10 @@ class _GcsSink:
 
     async def _upload(self, chunk: bytes, offset: int, total: int | None) -> Any:
         """PUT ``chunk`` at ``offset`` (``total``: the object's size, for the last chunk),
-        sending again what GCS did not keep (it answers 308 with the range it persisted)."""
+        sending again what GCS did not keep (it answers 308 with the range it persisted).
+
+        Errors of the session's requests are raised ``from None``: gcsfs's name the session URI,
+        whose ``upload_id`` lets anyone holding it write the object."""
         store = self.store
         fs = await store._fs()
         await _fresh_credentials(fs)
@@ -793,9 +850,12 @@ class _GcsSink:
             size = "*" if total is None else str(total)
             span = f"bytes {offset}-{offset + len(view) - 1}/{size}" if len(view) else f"bytes */{size}"
             await _fresh_credentials(fs)
-            headers, contents = await fs._call(
-                "PUT", self._location, headers={"Content-Range": span, "Content-Length": str(len(view))}, data=view
-            )
+            try:
+                headers, contents = await fs._call(
+                    "PUT", self._location, headers={"Content-Range": span, "Content-Length": str(len(view))}, data=view
+                )
+            except Exception as exc:  # noqa: BLE001 - translated, without the session URI in the chain
+                raise self._session_error(exc) from None
             kept = headers.get("Range")
             persisted = int(kept.rsplit("-", 1)[1]) + 1 if kept else (offset + len(view) if contents else 0)
             if persisted >= offset + len(view):
@@ -803,6 +863,23 @@ class _GcsSink:
             view = view[max(persisted - offset, 0) :]
             offset = max(persisted, offset)
         raise StorageError(f"{self.url}: {store.endpoint} keeps refusing the bytes of a resumable upload")
+
+    def _session_error(self, exc: BaseException) -> BaseException:
+        """The error of a request of the upload session: 404/410 is a session GCS no longer has
+        (a week old, or cancelled), not a missing bucket; the rest as :func:`_translate` says."""
+        from gcsfs.retry import HttpError
+
+        if isinstance(exc, FileNotFoundError) or (isinstance(exc, HttpError) and exc.code in (404, 410)):
+            return StorageError(
+                f"{self.url}: {self.store.endpoint} no longer has this upload's resumable session (expired after "
+                "a week, or cancelled); re-run the pack, which resumes"
+            )
+        translated = _translate(exc, url=self.url, endpoint=self.store.endpoint)
+        if translated is exc and not isinstance(exc, (StorageError, CorruptShardError)):
+            return StorageError(
+                f"{self.url}: the resumable upload to {self.store.endpoint} failed ({type(exc).__name__})"
+            )
+        return translated
 
     def commit(self) -> None:
         if self._closed:
