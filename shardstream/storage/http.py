@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import math
 import os
 import ssl
@@ -80,12 +81,29 @@ async def _session_for(cfg: HttpConfig) -> Any:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cfg.max_pool_connections, ssl=_ssl_context()),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s),
-            trust_env=True,  # HTTP(S)_PROXY / NO_PROXY, as curl and requests
+            trust_env=False,  # proxies are looked up once per host (_proxy_for), .netrc never read
             auto_decompress=False,  # byte ranges are of the stored bytes
         )
         _sessions[key] = session
         loop.on_shutdown(session.close)
     return session
+
+
+@functools.lru_cache(maxsize=256)
+def _proxy_for_host(scheme: str, host: str) -> str | None:
+    import urllib.request
+
+    if urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies().get(scheme)
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` name for ``url`` (as curl and
+    requests read them), looked up once per scheme and host: aiohttp's own lookup
+    (``trust_env``) runs for every request and reads ``~/.netrc`` too."""
+    parts = urlsplit(url)
+    return _proxy_for_host(parts.scheme, parts.netloc)
 
 
 def _retry_after_s(value: str | None, default_s: float, limit_s: float) -> float:
@@ -216,7 +234,11 @@ class HttpStore:
                 try:
                     response = await asyncio.wait_for(
                         session.request(
-                            method, target, headers={**headers, **self._headers_for(target)}, allow_redirects=False
+                            method,
+                            target,
+                            headers={**headers, **self._headers_for(target)},
+                            allow_redirects=False,
+                            proxy=_proxy_for(target),
                         ),
                         cfg.connect_timeout_s + cfg.read_timeout_s,
                     )

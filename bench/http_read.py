@@ -17,7 +17,7 @@ Printed: MB/s of shard bytes for each round and reader, the median of each, and 
 bench/stream.py.
 
 Usage:
-    python bench/http.py [--corpus photos|small] [--num-images 4000] [--rounds 3] [--https]
+    python bench/http_read.py [--corpus photos|small] [--num-images 4000] [--rounds 3] [--https]
 """
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ def read_shardstream(url: str) -> int:
 
 def reader_main(name: str, url: str, shards_json: str, inflight: int) -> None:
     shards = [tuple(s) for s in json.loads(shards_json)]
+    import aiohttp  # noqa: F401 - imports are not timed (torch takes a second)
+
+    import shardstream.dataset  # noqa: F401
+
     started = time.perf_counter()
     if name == "limit":
         read_limit(url, shards, inflight)  # type: ignore[arg-type]
