@@ -598,6 +598,6 @@ def test_credentials_in_an_http_url_are_refused_without_echoing_them():
     ("header", "expected_s"), [("2", 2.0), ("soon", 0.5), ("nan", 0.5), ("inf", 0.5), ("99", 30.0)]
 )
 def test_retry_after_is_read_safely(header, expected_s):
-    from shardstream.storage.http import _retry_after_s
+    from shardstream.storage.requests import retry_after_s
 
-    assert _retry_after_s(header, 0.5, 30.0) == expected_s
+    assert retry_after_s(header, 0.5, 30.0) == expected_s

@@ -7,7 +7,9 @@
   use), :func:`pin_urls` fixes URLs' versions (a Hub revision to its commit);
 - :mod:`.local`; the remote backends :mod:`.s3` (the only aiobotocore import), :mod:`.http`
   (http(s), aiohttp), :mod:`.hf` (the Hugging Face Hub), :mod:`.gcs` (gcsfs), :mod:`.azure`
-  (adlfs); :mod:`.loop` (the background event loop remote reads run on);
+  (adlfs); :mod:`.requests` (what these backends share: counts of open requests, Retry-After,
+  per-process clients, common Store methods, the part-by-part upload sink); :mod:`.loop` (the
+  background event loop remote reads run on);
 - :mod:`.fetch`: shard streams in order, S3 shards as ranged GETs running ahead in bounded
   memory, local shards in place; :mod:`.cache`: the node cache it fills and reads;
 - :mod:`.shm`: small shared-memory files for a dataset's DataLoader workers.

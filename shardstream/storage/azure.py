@@ -48,17 +48,14 @@ account keys and SAS), and a read starting past a blob's end comes back empty in
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import email.utils
 import math
 import os
 import re
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from ..config import FetchConfig
+from ..config import FetchConfig, HttpConfig
 from ..errors import (
     BucketNotFoundError,
     CorruptShardError,
@@ -69,15 +66,10 @@ from ..errors import (
     StorageNotFoundError,
 )
 from . import loop
+from .requests import BucketStoreMixin, OpenRequests, PartsSink, PerProcess, pool_state_text
 
 __all__ = ["AzureStore", "parse_azure_url"]
 
-T = TypeVar("T")
-
-CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 60.0  # the longest wait for each piece of an answer
-MAX_ATTEMPTS = 5  # attempts of one ranged read (cut bodies, refused connections, 429/5xx)
-MAX_RETRY_WAIT_S = 30.0  # the longest Retry-After honoured
 POOL_CONNECTIONS = 100  # the Azure SDK's aiohttp pool (aiohttp's default), per process
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _ACCESS_HINT = (
@@ -87,19 +79,12 @@ _ACCESS_HINT = (
 )
 _SECRETS = re.compile(r"(?i)(accountkey=|sharedaccesssignature=|sig=|signature=|bearer\s+)[^\s;&'\"<]+")
 
-_filesystems: dict[tuple[str | None, str | None, str], Any] = {}
-_containers: dict[tuple[int, str], Any] = {}  # ContainerClient by (id of its filesystem, container)
-_filesystems_pid: int | None = None
+# by account, account host, credentials fingerprint and timeouts
+_filesystems: PerProcess[tuple[str | None, str | None, str, float, float], Any] = PerProcess()
+_containers: PerProcess[tuple[int, str], Any] = PerProcess()  # ContainerClient by (id of its filesystem, container)
 _environment: tuple[tuple[str, str], ...] | None = None  # the AZURE_STORAGE_* variables last fingerprinted
 _fingerprint = ""  # their digest
-_filesystems_lock: asyncio.Lock | None = None
-_open_requests = [os.getpid(), 0]  # [pid, ranged reads of this process in progress]
-
-
-def _count_open(delta: int) -> None:
-    if _open_requests[0] != os.getpid():  # a forked child starts from none
-        _open_requests[:] = [os.getpid(), 0]
-    _open_requests[1] += delta
+_open_requests = OpenRequests()  # ranged reads of this process in progress
 
 
 def parse_azure_url(url: str) -> tuple[str, str, str | None, str | None, str]:
@@ -176,23 +161,16 @@ def _detach_finalizers(obj: object) -> None:
             finalizer.detach()
 
 
-async def _filesystem(account: str | None, account_host: str | None) -> Any:
-    """This process's ``AzureBlobFileSystem`` for the account (None: the environment's), made on
-    first use."""
-    global _filesystems_pid, _filesystems_lock
-    if _filesystems_pid != os.getpid():
-        for inherited in (*_filesystems.values(), *_containers.values()):
-            loop.keep_forked(inherited)
-        _filesystems.clear()
-        _containers.clear()
-        _filesystems_pid, _filesystems_lock = os.getpid(), asyncio.Lock()
-    assert _filesystems_lock is not None  # internal invariant, set just above
-    key = (account, account_host, _credentials_fingerprint())
-    fs = _filesystems.get(key)
+async def _filesystem(account: str | None, account_host: str | None, http: HttpConfig) -> Any:
+    """This process's ``AzureBlobFileSystem`` for the account (None: the environment's) with
+    ``http``'s timeouts, made on first use."""
+    filesystems = _filesystems.mine()
+    key = (account, account_host, _credentials_fingerprint(), http.connect_timeout_s, http.read_timeout_s)
+    fs = filesystems.get(key)
     if fs is not None:  # the usual case: no lock (the dict changes only on this loop)
         return fs
-    async with _filesystems_lock:
-        fs = _filesystems.get(key)
+    async with _filesystems.lock():
+        fs = filesystems.get(key)
         if fs is None:
             running = asyncio.get_running_loop()
 
@@ -206,13 +184,13 @@ async def _filesystem(account: str | None, account_host: str | None) -> Any:
                     loop=running,
                     skip_instance_cache=True,
                     use_listings_cache=False,
-                    connection_timeout=int(CONNECT_TIMEOUT_S),
-                    read_timeout=int(READ_TIMEOUT_S),
+                    connection_timeout=math.ceil(http.connect_timeout_s),
+                    read_timeout=math.ceil(http.read_timeout_s),
                 )
 
             fs = await running.run_in_executor(None, make)
             _detach_finalizers(fs)
-            _filesystems[key] = fs
+            filesystems[key] = fs
 
             async def close(fs: Any = fs) -> None:
                 await fs.service_client.close()
@@ -224,12 +202,13 @@ async def _filesystem(account: str | None, account_host: str | None) -> Any:
 
 
 def _container_client(fs: Any, container: str) -> Any:
-    """This process's ``ContainerClient`` of ``container`` on ``fs`` (from :func:`_filesystem`,
-    which empties the cache in a forked child), made on first use; it shares ``fs``'s connections."""
+    """This process's ``ContainerClient`` of ``container`` on ``fs`` (from :func:`_filesystem`),
+    made on first use; it shares ``fs``'s connections."""
     key = (id(fs), container)  # a filesystem lives as long as its process: its id is never reused
-    client = _containers.get(key)
+    containers = _containers.mine()
+    client = containers.get(key)
     if client is None:
-        client = _containers[key] = fs.service_client.get_container_client(container)
+        client = containers[key] = fs.service_client.get_container_client(container)
     return client
 
 
@@ -302,24 +281,7 @@ def _translate(
     return exc
 
 
-def _retry_after_s(value: str | None, default_s: float) -> float:
-    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped; a
-    garbage, nan or inf value is waited as none (``default_s``)."""
-    seconds = default_s
-    if value:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError, OverflowError):
-            try:
-                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-            except (TypeError, ValueError, OverflowError):
-                seconds = default_s  # garbage: as if none came
-    if not math.isfinite(seconds):
-        seconds = default_s
-    return min(max(seconds, 0.0), MAX_RETRY_WAIT_S)
-
-
-class AzureStore:
+class AzureStore(BucketStoreMixin):
     """Blobs under ``az://container/prefix`` (module doc).
 
     Args:
@@ -327,6 +289,8 @@ class AzureStore:
             ``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net[/PREFIX]``.
         fetch: the block size of shard uploads (``upload_part_bytes``) and the blocks in flight
             (``max_inflight_upload_parts``); reads are cut into parts by the fetcher.
+        http: timeouts, attempts of a ranged read and the longest ``Retry-After`` waited for;
+            default :class:`~shardstream.config.HttpConfig` (the SDK keeps its own pool).
 
     Attributes:
         list_page_size: blobs asked for per listing request (Azure's maximum is 5000).
@@ -334,12 +298,15 @@ class AzureStore:
 
     label = "Azure"
     list_page_size = 5000
+    version_name = "ETag"
+    _translate = staticmethod(_translate)
 
-    def __init__(self, url: str, *, fetch: FetchConfig | None = None) -> None:
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None, http: HttpConfig | None = None) -> None:
         scheme, self.container, self.account, self.account_host, self.prefix = parse_azure_url(url)
         base, _, _ = url.partition("://")[2].partition("/")
         self.url = f"{scheme}://{base}/{self.prefix}" if self.prefix else f"{scheme}://{base}"
         self.fetch = fetch or FetchConfig()
+        self.http = http or HttpConfig()
         fields = _connection_fields()
         if fields.get("blobendpoint") and (self.account is None or self.account == fields.get("accountname")):
             self.endpoint = fields["blobendpoint"]
@@ -355,28 +322,8 @@ class AzureStore:
     def __repr__(self) -> str:
         return f"AzureStore({self.url!r}, endpoint={self.endpoint!r})"
 
-    # -- names --------------------------------------------------------------------------------
-
-    def key_of(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    def url_of(self, name: str) -> str:
-        return f"{self.url}/{name}" if name else self.url
-
-    @property
-    def request_limit_s(self) -> float:
-        """Every attempt of one request with its waits: ``5 x (10 s connect + 60 s read + 30 s
-        Retry-After)``; each request is cut off there."""
-        return MAX_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S + MAX_RETRY_WAIT_S)
-
     def pool_state(self) -> str:
-        open_now = _open_requests[1] if _open_requests[0] == os.getpid() else 0
-        if open_now > POOL_CONNECTIONS:
-            return (
-                f"this process has {open_now} Azure reads open for the SDK's {POOL_CONNECTIONS} pooled connections, "
-                "so some wait for a connection other open iterators hold"
-            )
-        return f"the server stalls ({open_now} of {POOL_CONNECTIONS} pooled Azure connections of this process in use)"
+        return pool_state_text("Azure", _open_requests.now(), POOL_CONNECTIONS, "the Azure SDK's aiohttp pool")
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -386,7 +333,7 @@ class AzureStore:
                 f"{self.url}: the URL names account {self.account} but AZURE_STORAGE_CONNECTION_STRING is for "
                 f"account {self._conflict} (adlfs would use it); unset it, or write az://{self.container}/..."
             )
-        return await _filesystem(self.account, self.account_host)
+        return await _filesystem(self.account, self.account_host, self.http)
 
     async def _container(self) -> Any:
         return _container_client(await self._fs(), self.container)
@@ -394,32 +341,8 @@ class AzureStore:
     async def _blob(self, name: str) -> Any:
         return (await self._container()).get_blob_client(self.key_of(name))
 
-    async def _run(
-        self,
-        operation: str,
-        awaitable: Awaitable[T],
-        *,
-        url: str,
-        not_found: type[StorageNotFoundError] = ShardNotFoundError,
-    ) -> T:
-        """Await one Azure operation (the SDK retries 429/5xx and dropped connections itself),
-        bounded by :attr:`request_limit_s`, translating its errors (:func:`_translate`)."""
-        limit_s = self.request_limit_s
-        try:
-            return await asyncio.wait_for(awaitable, limit_s)
-        except asyncio.TimeoutError as exc:
-            import aiohttp
-
-            if isinstance(exc, aiohttp.ClientError):
-                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-            raise StorageConnectionError(
-                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {self.pool_state()}"
-            ) from None
-        except Exception as exc:
-            raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
-
     def _timeouts(self) -> dict[str, Any]:
-        return {"connection_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S}
+        return {"connection_timeout": self.http.connect_timeout_s, "read_timeout": self.http.read_timeout_s}
 
     # -- the Store protocol ---------------------------------------------------------------------
 
@@ -436,26 +359,9 @@ class AzureStore:
 
         loop.run(self._run("get container properties", check(), url=self.url, not_found=BucketNotFoundError))
 
-    def exists(self, name: str) -> bool:
-        try:
-            loop.run(self.head(name))
-        except ShardNotFoundError:
-            return False
-        return True
-
-    def read_bytes(self, name: str) -> bytes:
-        """The whole blob; a body cut mid-transfer is resumed as :meth:`get_range` does."""
-        return b"".join(loop.run(self.get_range(name, 0, None))[0])
-
-    def write_bytes(self, name: str, data: bytes) -> None:
-        """Write a small blob (one upload, published whole or not at all)."""
-        loop.run(self._put(name, data, exclusive=False))
-
-    def create_exclusive(self, name: str, data: bytes) -> bool:
-        """Write ``name`` unless it exists (``If-None-Match: *``); False when it already did."""
-        return loop.run(self._put(name, data, exclusive=True))
-
     async def _put(self, name: str, data: bytes, *, exclusive: bool) -> bool:
+        """Upload ``name`` at once (``exclusive``: with ``If-None-Match: *``); False when it exists
+        and ``exclusive``."""
         from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
 
         async def put() -> bool:
@@ -584,7 +490,7 @@ class AzureStore:
         Every request after the first carries the first answer's ETag (``If-Match``;
         ``version``, when given, pins the first one too); a body cut mid-transfer, a refused
         connection or a 429/5xx answer is tried again (from the first byte not received, after
-        ``Retry-After``) up to 5 attempts in all, ``on_retry`` told of each.
+        ``Retry-After``) up to ``HttpConfig.max_attempts`` attempts in all, ``on_retry`` told of each.
 
         Returns:
             ``(pieces, blob_size_bytes, etag)``; fewer bytes than asked only when the blob ends
@@ -594,27 +500,11 @@ class AzureStore:
             ShardNotFoundError / BucketNotFoundError: no such blob / container.
             CorruptShardError: ``start`` lies past the blob's end, or it changed (another
                 ETag) during the call.
-            StorageAccessError, StorageConnectionError (still failing after 5 attempts),
-            StorageError.
+            StorageAccessError, StorageConnectionError (still failing after
+            ``HttpConfig.max_attempts`` attempts), StorageError.
         """
-        _count_open(1)
-        try:
+        with _open_requests:
             return await self._get_range(name, start, end, on_retry, version)
-        finally:
-            _count_open(-1)
-
-    def _changed(self, name: str, etag: str, detail: str) -> CorruptShardError:
-        return CorruptShardError(
-            f"{self.url_of(name)}: changed while it was being read (ETag {etag} {detail}); "
-            "do not overwrite shards of a dataset in use"
-        )
-
-    def _ends_before(self, name: str, at: int, total: int | None) -> CorruptShardError:
-        size = f" (it has {total} bytes)" if total is not None else ""
-        return CorruptShardError(
-            f"{self.url_of(name)}: ends before byte {at}{size}; the shard is shorter than its index says "
-            "(stale index or truncated upload), re-pack or re-upload it"
-        )
 
     async def _get_range(
         self,
@@ -637,12 +527,7 @@ class AzureStore:
 
         url = self.url_of(name)
         if end is not None and end <= start:
-            total, etag = await self.head(name)
-            if version is not None and etag != version:
-                raise self._changed(name, version, f"then {etag}")
-            if start > total:
-                raise self._ends_before(name, start, total)
-            return [], total, etag
+            return await self._empty_range(name, start, version)
         try:
             blob = await self._blob(name)
         except Exception as exc:
@@ -676,7 +561,8 @@ class AzureStore:
                     raise self._changed(name, str(pinned), f"then {other}")
             return pinned
 
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        http = self.http
+        for attempt in range(1, http.max_attempts + 1):
             at = start + received
             options: dict[str, Any] = {
                 "max_concurrency": 1,
@@ -692,7 +578,7 @@ class AzureStore:
             retry_after: str | None = None
             try:
                 downloader = await asyncio.wait_for(
-                    blob.download_blob(**options), MAX_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S)
+                    blob.download_blob(**options), http.max_attempts * (http.connect_timeout_s + http.read_timeout_s)
                 )
                 etag = check_seen() or str(downloader.properties.etag)
                 size = int(str(downloader.properties.content_range).rsplit("/", 1)[1])
@@ -741,42 +627,32 @@ class AzureStore:
                 raise _translate(exc, url=url, endpoint=self.endpoint) from exc
             if end is not None and received >= end - start:
                 break  # all bytes are here; only the end of the answer was lost
-            if attempt == MAX_ATTEMPTS:
-                raise StorageConnectionError(
-                    f"{url}: no complete answer from {self.endpoint} after {MAX_ATTEMPTS} attempts (last: {last}); "
-                    "check the network"
-                ) from error
-            if on_retry is not None and error is not None:
-                on_retry(error)
-            await asyncio.sleep(_retry_after_s(retry_after, backoff_s))
-            backoff_s = min(backoff_s * 2, 5.0)
+            backoff_s = await self._wait_to_retry(
+                url,
+                attempt=attempt,
+                last=last,
+                error=error,
+                retry_after=retry_after,
+                backoff_s=backoff_s,
+                on_retry=on_retry,
+            )
         assert total is not None and etag is not None  # internal invariant: set by the answer that ended the loop
         return pieces, total, etag
 
 
-class _AzureSink:
+class _AzureSink(PartsSink):
     """A block blob in the making: blocks of ``fetch.upload_part_bytes`` are staged (up to
     ``max_inflight_upload_parts`` at once) while the shard is written; ``commit`` commits the
     block list, which publishes the blob whole."""
 
     def __init__(self, store: AzureStore, name: str) -> None:
+        super().__init__(store.url_of(name), store.fetch)
         self.store = store
         self.name = name
-        self.url = store.url_of(name)
-        self._buffer = bytearray()
         self._ids: list[str] = []
-        self._blocks: list[concurrent.futures.Future[None]] = []
-        self._closed = False
         self._id_prefix = uuid.uuid4().hex  # block ids of one blob all have the same length
 
-    def write(self, data: bytes | memoryview) -> None:
-        if self._closed:
-            raise ValueError(f"{self.url}: write after commit or abort")
-        self._buffer += data
-        if len(self._buffer) >= self.store.fetch.upload_part_bytes:
-            self._stage()
-
-    def _stage(self) -> None:
+    def _send_part(self) -> None:
         store = self.store
         block_id = f"{self._id_prefix}-{len(self._ids):06d}"
         self._ids.append(block_id)
@@ -787,17 +663,13 @@ class _AzureSink:
             blob = await store._blob(self.name)
             await blob.stage_block(block_id, body, length=len(body), **store._timeouts())
 
-        self._blocks.append(loop.submit(store._run("stage block", stage(), url=self.url)))
-        pending = [f for f in self._blocks if not f.done()]
-        while len(pending) > store.fetch.max_inflight_upload_parts:
-            pending.pop(0).result()
+        self._in_flight(loop.submit(store._run("stage block", stage(), url=self.url)))
 
     def commit(self) -> None:
-        if self._closed:
-            raise ValueError(f"{self.url}: commit after commit or abort")
+        self._check_open("commit")
         if self._buffer:
-            self._stage()
-        for block in self._blocks:
+            self._send_part()
+        for block in self._parts:
             block.result()
         store = self.store
 
@@ -810,10 +682,4 @@ class _AzureSink:
 
     def abort(self) -> None:
         """Drop the staged blocks (they stay uncommitted and invisible until Azure discards them)."""
-        if self._closed:
-            return
-        self._closed = True
-        for block in self._blocks:
-            block.cancel()
-        concurrent.futures.wait(self._blocks)
-        self._buffer.clear()
+        self._drop_parts()

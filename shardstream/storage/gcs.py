@@ -41,19 +41,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import email.utils
 import json
 import logging
-import math
 import os
 import re
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
-from ..config import FetchConfig
+from ..config import FetchConfig, HttpConfig
 from ..errors import (
     BucketNotFoundError,
     CorruptShardError,
@@ -64,15 +61,10 @@ from ..errors import (
     StorageNotFoundError,
 )
 from . import loop
+from .requests import BucketStoreMixin, OpenRequests, PerProcess, aiohttp_pieces, pool_state_text
 
 __all__ = ["GcsStore", "parse_gcs_url"]
 
-T = TypeVar("T")
-
-CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 60.0  # the longest wait for each piece of an answer
-MAX_ATTEMPTS = 5  # attempts of one ranged read (cut bodies, refused connections, 429/5xx)
-MAX_RETRY_WAIT_S = 30.0  # the longest Retry-After honoured
 POOL_CONNECTIONS = 100  # connections of gcsfs's aiohttp session (aiohttp's default), per process
 _UPLOAD_GRAIN = 256 << 10  # GCS: every chunk of a resumable upload but the last is a multiple of this
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -85,16 +77,8 @@ _ACCESS_HINT = (
 # as a credential)
 _SECRETS = re.compile(r"(?i)(bearer\s+|access_token=|token=|key=|signature=|upload_id=)[^\s&'\"]+")
 
-_filesystems: dict[str | None, Any] = {}
-_filesystems_pid: int | None = None
-_filesystems_lock: asyncio.Lock | None = None
-_open_requests = [os.getpid(), 0]  # [pid, ranged reads of this process in progress]
-
-
-def _count_open(delta: int) -> None:
-    if _open_requests[0] != os.getpid():  # a forked child starts from none
-        _open_requests[:] = [os.getpid(), 0]
-    _open_requests[1] += delta
+_filesystems: PerProcess[tuple[str | None, float, float], Any] = PerProcess()  # by endpoint and timeouts
+_open_requests = OpenRequests()  # ranged reads of this process in progress
 
 
 def parse_gcs_url(url: str) -> tuple[str, str, str]:
@@ -163,17 +147,13 @@ def _detach_finalizers(obj: object) -> None:
             finalizer.detach()
 
 
-async def _filesystem(endpoint_url: str | None) -> Any:
-    """This process's ``GCSFileSystem`` for ``endpoint_url`` (None: Google's), made on first use."""
-    global _filesystems_pid, _filesystems_lock
-    if _filesystems_pid != os.getpid():
-        for inherited in _filesystems.values():
-            loop.keep_forked(inherited)
-        _filesystems.clear()
-        _filesystems_pid, _filesystems_lock = os.getpid(), asyncio.Lock()
-    assert _filesystems_lock is not None  # internal invariant, set just above
-    async with _filesystems_lock:
-        fs = _filesystems.get(endpoint_url)
+async def _filesystem(endpoint_url: str | None, http: HttpConfig) -> Any:
+    """This process's ``GCSFileSystem`` for ``endpoint_url`` (None: Google's) with ``http``'s
+    timeouts, made on first use."""
+    key = (endpoint_url, http.connect_timeout_s, http.read_timeout_s)
+    async with _filesystems.lock():
+        filesystems = _filesystems.mine()
+        fs = filesystems.get(key)
         if fs is None:
             import aiohttp
 
@@ -190,7 +170,7 @@ async def _filesystem(endpoint_url: str | None) -> Any:
                     skip_instance_cache=True,
                     use_listings_cache=False,
                     requests_timeout=aiohttp.ClientTimeout(
-                        total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
+                        total=None, sock_connect=http.connect_timeout_s, sock_read=http.read_timeout_s
                     ),
                     session_kwargs={"trust_env": True},  # HTTPS_PROXY / NO_PROXY, as gsutil and requests
                 )
@@ -199,7 +179,7 @@ async def _filesystem(endpoint_url: str | None) -> Any:
             fs = await running.run_in_executor(None, make)
             session = await fs._set_session()
             _detach_finalizers(fs)
-            _filesystems[endpoint_url] = fs
+            filesystems[key] = fs
             loop.on_shutdown(session.close)
         return fs
 
@@ -275,23 +255,6 @@ def _translate(
     return exc
 
 
-def _retry_after_s(value: str | None, default_s: float) -> float:
-    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped; a
-    garbage, nan or inf value is waited as none (``default_s``)."""
-    seconds = default_s
-    if value:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError, OverflowError):
-            try:
-                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-            except (TypeError, ValueError, OverflowError):
-                seconds = default_s  # garbage: as if none came
-    if not math.isfinite(seconds):
-        seconds = default_s
-    return min(max(seconds, 0.0), MAX_RETRY_WAIT_S)
-
-
 async def _body(response: Any) -> str:
     """The start of an error answer's body ("" when it cannot be read: its status still says what
     went wrong)."""
@@ -313,13 +276,15 @@ def _content_range(value: str) -> tuple[int, int | None]:
     return int(match.group(1)), (int(total) if total.isdigit() else None)
 
 
-class GcsStore:
+class GcsStore(BucketStoreMixin):
     """Objects under ``gs://bucket/prefix`` (module doc).
 
     Args:
         url: ``gs://bucket`` or ``gs://bucket/prefix`` (``gcs://`` likewise).
         fetch: the chunk size of shard uploads (``upload_part_bytes``); reads are cut into
             parts by the fetcher.
+        http: timeouts, attempts of a ranged read and the longest ``Retry-After`` waited for;
+            default :class:`~shardstream.config.HttpConfig` (gcsfs's session keeps its own pool).
 
     Attributes:
         list_page_size: objects asked for per listing request (GCS's maximum is 1000).
@@ -327,71 +292,27 @@ class GcsStore:
 
     label = "GCS"
     list_page_size = 1000
+    version_name = "generation"
+    _translate = staticmethod(_translate)
 
-    def __init__(self, url: str, *, fetch: FetchConfig | None = None) -> None:
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None, http: HttpConfig | None = None) -> None:
         scheme, self.bucket, self.prefix = parse_gcs_url(url)
         self.url = f"{scheme}://{self.bucket}/{self.prefix}" if self.prefix else f"{scheme}://{self.bucket}"
         self.fetch = fetch or FetchConfig()
+        self.http = http or HttpConfig()
         self.endpoint_url = _emulator_endpoint()  # fixed here, so workers use the parent's choice
         self.endpoint = self.endpoint_url or "Google Cloud Storage"
 
     def __repr__(self) -> str:
         return f"GcsStore({self.url!r}, endpoint={self.endpoint!r})"
 
-    # -- names --------------------------------------------------------------------------------
-
-    def key_of(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    def url_of(self, name: str) -> str:
-        return f"{self.url}/{name}" if name else self.url
-
-    @property
-    def request_limit_s(self) -> float:
-        """Every attempt of one request with its waits: ``5 x (10 s connect + 60 s read + 30 s
-        Retry-After)``; each request is cut off there."""
-        return MAX_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S + MAX_RETRY_WAIT_S)
-
     def pool_state(self) -> str:
-        open_now = _open_requests[1] if _open_requests[0] == os.getpid() else 0
-        if open_now > POOL_CONNECTIONS:
-            return (
-                f"this process has {open_now} GCS reads open for {POOL_CONNECTIONS} pooled connections, "
-                "so some wait for a connection other open iterators hold"
-            )
-        return f"the server stalls ({open_now} of {POOL_CONNECTIONS} pooled GCS connections of this process in use)"
+        return pool_state_text("GCS", _open_requests.now(), POOL_CONNECTIONS, "gcsfs's aiohttp session")
 
     # -- requests -----------------------------------------------------------------------------
 
     async def _fs(self) -> Any:
-        return await _filesystem(self.endpoint_url)
-
-    async def _run(
-        self,
-        operation: str,
-        awaitable: Awaitable[T],
-        *,
-        url: str,
-        not_found: type[StorageNotFoundError] = ShardNotFoundError,
-    ) -> T:
-        """Await one gcsfs operation (gcsfs retries 429/5xx and dropped connections itself),
-        bounded by :attr:`request_limit_s`, translating its errors (:func:`_translate`)."""
-        limit_s = self.request_limit_s
-        try:
-            return await asyncio.wait_for(awaitable, limit_s)
-        except asyncio.TimeoutError as exc:
-            import aiohttp
-
-            if isinstance(exc, aiohttp.ClientError):
-                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-            raise StorageConnectionError(
-                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {self.pool_state()}"
-            ) from None
-        except Exception as exc:
-            translated = _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
-            if translated is exc:  # ours already (or unknown): as raised, its chain as it was
-                raise
-            raise translated from exc
+        return await _filesystem(self.endpoint_url, self.http)
 
     async def _call(self, method: str, path: str, *args: str, **kwargs: Any) -> Any:
         """gcsfs's ``_call`` (its retries included) with fresh credentials."""
@@ -459,27 +380,10 @@ class GcsStore:
 
         loop.run(check())
 
-    def exists(self, name: str) -> bool:
-        try:
-            loop.run(self.head(name))
-        except ShardNotFoundError:
-            return False
-        return True
-
-    def read_bytes(self, name: str) -> bytes:
-        """The whole object; a body cut mid-transfer is resumed as :meth:`get_range` does."""
-        return b"".join(loop.run(self.get_range(name, 0, None))[0])
-
-    def write_bytes(self, name: str, data: bytes) -> None:
-        """Write a small object in one request (published whole or not at all)."""
-        loop.run(self._put(name, data, exclusive=False))
-
-    def create_exclusive(self, name: str, data: bytes) -> bool:
-        """Write ``name`` unless it exists (``ifGenerationMatch=0``); False when it already did."""
-
-        return loop.run(self._put(name, data, exclusive=True))
-
     async def _put(self, name: str, data: bytes, *, exclusive: bool) -> bool:
+        """Write ``name`` in one request (``exclusive``: with ``ifGenerationMatch=0``); False when
+        it exists and ``exclusive``."""
+
         async def put() -> bool:
             fs = await self._fs()
             await _fresh_credentials(fs)
@@ -602,7 +506,7 @@ class GcsStore:
         Every request after the first names the generation of the first answer (``version``,
         when given, pins the first one too); a body cut mid-transfer, a refused connection or a
         429/5xx answer is tried again (from the first byte not received, after ``Retry-After``)
-        up to 5 attempts in all, ``on_retry`` told of each.
+        up to ``HttpConfig.max_attempts`` attempts in all, ``on_retry`` told of each.
 
         Returns:
             ``(pieces, object_size_bytes, generation)``; fewer bytes than asked only when the
@@ -612,26 +516,11 @@ class GcsStore:
             ShardNotFoundError / BucketNotFoundError: no such object / bucket.
             CorruptShardError: ``start`` lies past the object's end, or it changed (another
                 generation) during the call.
-            StorageAccessError, StorageConnectionError (still failing after 5 attempts),
-            StorageError.
+            StorageAccessError, StorageConnectionError (still failing after
+            ``HttpConfig.max_attempts`` attempts), StorageError.
         """
-        _count_open(1)
-        try:
+        with _open_requests:
             return await self._get_range(name, start, end, on_retry, version)
-        finally:
-            _count_open(-1)
-
-    def _changed(self, name: str, generation: str, detail: str) -> CorruptShardError:
-        return CorruptShardError(
-            f"{self.url_of(name)}: changed while it was being read (generation {generation} {detail}); "
-            "do not overwrite shards of a dataset in use"
-        )
-
-    def _ends_before(self, name: str, at: int, total: int) -> CorruptShardError:
-        return CorruptShardError(
-            f"{self.url_of(name)}: ends before byte {at} (it has {total} bytes); the shard is shorter than its "
-            "index says (stale index or truncated upload), re-pack or re-upload it"
-        )
 
     async def _get_range(
         self,
@@ -645,12 +534,7 @@ class GcsStore:
 
         url = self.url_of(name)
         if end is not None and end <= start:
-            total, generation = await self.head(name)
-            if version is not None and generation != version:
-                raise self._changed(name, version, f"then {generation}")
-            if start > total:
-                raise self._ends_before(name, start, total)
-            return [], total, generation
+            return await self._empty_range(name, start, version)
         try:
             fs = await self._fs()
         except Exception as exc:
@@ -666,7 +550,7 @@ class GcsStore:
             total, generation = await self.head(name)  # pin before the first byte, compare after the last
         backoff_s = 0.2
         last = "no attempt"
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        for attempt in range(1, self.http.max_attempts + 1):
             at = start + received
             headers = {"Accept-Encoding": "identity", "User-Agent": "shardstream"}
             if at > 0 or end is not None:
@@ -678,7 +562,7 @@ class GcsStore:
                 fs.credentials.apply(headers)
                 response = await asyncio.wait_for(
                     fs.session.get(target, headers=headers, timeout=fs.requests_timeout),
-                    CONNECT_TIMEOUT_S + READ_TIMEOUT_S,
+                    self.http.connect_timeout_s + self.http.read_timeout_s,
                 )
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {_scrub(str(exc))}" if str(exc) else type(exc).__name__
@@ -698,14 +582,9 @@ class GcsStore:
                             response, name=name, at=at, end=end, total=total, generation=generation
                         )
                         try:
-                            content = response.content
-                            while True:
-                                piece, end_of_chunk = await content.readchunk()
-                                if piece:
-                                    pieces.append(piece)
-                                    received += len(piece)
-                                elif not end_of_chunk:
-                                    break
+                            async for piece in aiohttp_pieces(response.content):
+                                pieces.append(piece)
+                                received += len(piece)
                         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                             last = f"{type(exc).__name__} after {received} bytes"
                             error = exc
@@ -734,15 +613,15 @@ class GcsStore:
                         raise _translate(refusal, url=url, endpoint=self.endpoint)
             if end is not None and received >= end - start:
                 break  # all bytes are here; only the end of the answer was lost
-            if attempt == MAX_ATTEMPTS:
-                raise StorageConnectionError(
-                    f"{url}: no complete answer from {self.endpoint} after {MAX_ATTEMPTS} attempts (last: {last}); "
-                    "check the network"
-                ) from error
-            if on_retry is not None:
-                on_retry(error)
-            await asyncio.sleep(_retry_after_s(retry_after, backoff_s))
-            backoff_s = min(backoff_s * 2, 5.0)
+            backoff_s = await self._wait_to_retry(
+                url,
+                attempt=attempt,
+                last=last,
+                error=error,
+                retry_after=retry_after,
+                backoff_s=backoff_s,
+                on_retry=on_retry,
+            )
             if generation is None and received:  # pin what was read (servers without x-goog-generation)
                 total, generation = await self._pin(name, total, generation)
         if not confirmed:  # no answer named its generation (the emulator): ask for it, and compare
@@ -910,7 +789,7 @@ class _GcsSink:
                 await _fresh_credentials(fs)
                 headers = {"Content-Length": "0"}
                 fs.credentials.apply(headers)
-                timeout = aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)
+                timeout = aiohttp.ClientTimeout(total=self.store.http.connect_timeout_s)
                 async with fs.session.delete(location, headers=headers, timeout=timeout):
                     pass
 

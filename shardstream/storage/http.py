@@ -24,9 +24,7 @@ process's background loop (:mod:`.loop`), made in the process that uses it.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import functools
-import math
 import os
 import ssl
 import time
@@ -44,20 +42,14 @@ from ..errors import (
     StorageError,
 )
 from . import loop
+from .requests import OpenRequests, PerProcess, RemoteStoreMixin, aiohttp_pieces, pool_state_text, retry_after_s
 
 __all__ = ["HttpStore"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _HEAD_REFUSED = frozenset({403, 405, 501})  # e.g. a URL signed for GET only: ask by a 1-byte GET
-_sessions: dict[tuple[HttpConfig, str | None, str | None], Any] = {}  # per config and CA settings
-_sessions_pid: int | None = None
-_open_requests = [os.getpid(), 0]  # [pid, requests of this process in progress]
-
-
-def _count_open(delta: int) -> None:
-    if _open_requests[0] != os.getpid():  # a forked child starts from none
-        _open_requests[:] = [os.getpid(), 0]
-    _open_requests[1] += delta
+_sessions: PerProcess[tuple[HttpConfig, str | None, str | None], Any] = PerProcess()  # per config and CA settings
+_open_requests = OpenRequests()
 
 
 def _ssl_context() -> ssl.SSLContext:
@@ -67,16 +59,11 @@ def _ssl_context() -> ssl.SSLContext:
 
 async def _session_for(cfg: HttpConfig) -> Any:
     """This process's session for ``cfg`` (sessions inherited across a fork are kept, unused)."""
-    global _sessions_pid
     import aiohttp
 
-    if _sessions_pid != os.getpid():
-        for inherited in _sessions.values():
-            loop.keep_forked(inherited)
-        _sessions.clear()
-        _sessions_pid = os.getpid()
+    sessions = _sessions.mine()
     key = (cfg, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
-    session = _sessions.get(key)
+    session = sessions.get(key)
     if session is None:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=cfg.max_pool_connections, ssl=_ssl_context()),
@@ -84,7 +71,7 @@ async def _session_for(cfg: HttpConfig) -> Any:
             trust_env=False,  # proxies are looked up once per host (_proxy_for), .netrc never read
             auto_decompress=False,  # byte ranges are of the stored bytes
         )
-        _sessions[key] = session
+        sessions[key] = session
         loop.on_shutdown(session.close)
     return session
 
@@ -106,22 +93,6 @@ def _proxy_for(url: str) -> str | None:
     return _proxy_for_host(parts.scheme, parts.netloc)
 
 
-def _retry_after_s(value: str | None, default_s: float, limit_s: float) -> float:
-    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), capped."""
-    seconds = default_s
-    if value:
-        try:
-            seconds = float(value)
-        except ValueError:
-            try:
-                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-            except (TypeError, ValueError, OverflowError):
-                seconds = default_s  # garbage: as if none came
-    if not math.isfinite(seconds):
-        seconds = default_s
-    return min(max(seconds, 0.0), limit_s)
-
-
 def _content_range(value: str) -> tuple[int, int, int | None]:
     """``"bytes 10-19/100"`` -> ``(10, 20, 100)`` (end exclusive; total None for ``*``)."""
     unit, _, spec = value.strip().partition(" ")
@@ -137,7 +108,7 @@ def _version(headers: Any) -> str:
     return str(headers.get("ETag") or headers.get("Last-Modified") or "")
 
 
-class HttpStore:
+class HttpStore(RemoteStoreMixin):
     """Objects under an ``http://`` or ``https://`` URL (a "directory" on a web server), read only.
 
     Args:
@@ -173,9 +144,6 @@ class HttpStore:
 
     # -- names and URLs ---------------------------------------------------------------------
 
-    def url_of(self, name: str) -> str:
-        return f"{self.url}/{name}" if name else self.url
-
     async def _object_url(self, name: str) -> str:
         """The URL requested for ``name`` (the Hub's store maps its names to resolve URLs)."""
         return self.url_of(name)
@@ -185,19 +153,10 @@ class HttpStore:
         for the Hub's host only)."""
         return {}
 
-    @property
-    def request_limit_s(self) -> float:
-        return self.http.request_limit_s
-
     def pool_state(self) -> str:
-        open_now = _open_requests[1] if _open_requests[0] == os.getpid() else 0
-        pool = self.http.max_pool_connections
-        if open_now > pool:
-            return (
-                f"this process has {open_now} requests open for {pool} pooled connections "
-                "(HttpConfig.max_pool_connections), so some wait for a connection"
-            )
-        return f"the server stalls ({open_now} of {pool} pooled connections of this process in use)"
+        return pool_state_text(
+            "HTTP", _open_requests.now(), self.http.max_pool_connections, "HttpConfig.max_pool_connections"
+        )
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -289,7 +248,7 @@ class HttpStore:
                 if status not in _RETRY_STATUSES:
                     raise StorageError(f"{shown_url}: HTTP {status} {reason} from {self.endpoint}")
                 last = f"HTTP {status} {reason}".strip()
-                wait_s = _retry_after_s(retry_after, backoff_s, cfg.max_retry_after_s)
+                wait_s = retry_after_s(retry_after, backoff_s, cfg.max_retry_after_s)
             else:
                 wait_s = min(backoff_s, cfg.max_retry_after_s)
             if attempt == cfg.max_attempts:
@@ -324,7 +283,7 @@ class HttpStore:
             ShardNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
         """
         url, shown = await self._object_url(name), self.url_of(name)
-        _count_open(1)
+        _open_requests.add(1)
         try:
             response = await self._send(
                 "HEAD", url, headers={"Accept-Encoding": "identity"}, shown_url=shown, passthrough=_HEAD_REFUSED
@@ -350,7 +309,7 @@ class HttpStore:
         except ValueError as exc:
             raise StorageError(f"{shown}: malformed Content-Range from {self.endpoint} ({exc})") from exc
         finally:
-            _count_open(-1)
+            _open_requests.add(-1)
 
     async def get_range(
         self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
@@ -368,11 +327,8 @@ class HttpStore:
                 ``Range`` (names the URL) or answered nonsense; StorageAccessError,
                 StorageConnectionError as :meth:`_send`.
         """
-        _count_open(1)
-        try:
+        with _open_requests:
             return await self._get_range(name, start, end, on_retry)
-        finally:
-            _count_open(-1)
 
     async def _get_range(
         self, name: str, start: int, end: int | None, on_retry: Callable[[BaseException], None] | None
@@ -417,14 +373,9 @@ class HttpStore:
                 version = answer_version
                 total = self._check_span(response, at=at, end=end, shown=shown, total=total)
                 try:
-                    content = response.content
-                    while True:
-                        piece, end_of_chunk = await content.readchunk()
-                        if piece:
-                            pieces.append(piece)
-                            received += len(piece)
-                        elif not end_of_chunk:
-                            break
+                    async for piece in aiohttp_pieces(response.content):
+                        pieces.append(piece)
+                        received += len(piece)
                 except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                     if attempt == cfg.max_attempts:
                         raise StorageConnectionError(
@@ -478,18 +429,6 @@ class HttpStore:
             "shardstream reads shards in ranged parts and will not download a whole object for each part: "
             "serve the files from a server that supports byte ranges (nginx, Apache, a CDN, S3)"
         )
-
-    def read_bytes(self, name: str) -> bytes:
-        """The whole object (an index or table)."""
-        pieces, _, _ = loop.run(self.get_range(name, 0, None))
-        return b"".join(pieces)
-
-    def exists(self, name: str) -> bool:
-        try:
-            loop.run(self.head(name))
-        except ShardNotFoundError:
-            return False
-        return True
 
     # -- what plain servers cannot do ---------------------------------------------------------
 

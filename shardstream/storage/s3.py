@@ -9,8 +9,6 @@ endpoint but never the secret.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -25,6 +23,7 @@ from ..errors import (
     StorageNotFoundError,
 )
 from . import loop
+from .requests import OpenRequests, PartsSink, PerProcess, aiohttp_pieces, pool_state_text
 
 __all__ = ["S3Store", "open_requests", "parse_s3_url", "pool_state"]
 
@@ -40,34 +39,18 @@ _ACCESS_CODES = frozenset(
         "AuthorizationHeaderMalformed",
     }
 )
-_clients: dict[S3Config, Any] = {}
-_clients_pid: int | None = None
-_clients_lock: asyncio.Lock | None = None
-
-
-_open_gets = [os.getpid(), 0]  # [pid, ranged GETs of this process in progress] (the loop thread counts)
+_clients: PerProcess[S3Config, Any] = PerProcess()
+_open_gets = OpenRequests()  # ranged GETs of this process in progress
 
 
 def open_requests() -> int:
     """Ranged GETs this process has in progress now (each holds or waits for a pooled connection)."""
-    return _open_gets[1] if _open_gets[0] == os.getpid() else 0
-
-
-def _count_open(delta: int) -> None:
-    if _open_gets[0] != os.getpid():  # a forked child starts from none
-        _open_gets[:] = [os.getpid(), 0]
-    _open_gets[1] += delta
+    return _open_gets.now()
 
 
 def pool_state(cfg: S3Config) -> str:
     """How this process's S3 requests stand against its connection pool, for stall messages."""
-    open_now, pool = open_requests(), cfg.max_pool_connections
-    if open_now > pool:
-        return (
-            f"this process has {open_now} S3 requests open for {pool} pooled connections "
-            "(S3Config.max_pool_connections), so some wait for a connection other open iterators hold"
-        )
-    return f"the server stalls ({open_now} of {pool} pooled connections of this process in use)"
+    return pool_state_text("S3", open_requests(), cfg.max_pool_connections, "S3Config.max_pool_connections")
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -108,15 +91,9 @@ def warn_plain_http(endpoint: str | None) -> None:
 
 
 async def _client_for(cfg: S3Config) -> Any:
-    global _clients_pid, _clients_lock
-    if _clients_pid != os.getpid():
-        for inherited in _clients.values():
-            loop.keep_forked(inherited)
-        _clients.clear()
-        _clients_pid, _clients_lock = os.getpid(), asyncio.Lock()
-    assert _clients_lock is not None  # internal invariant, set just above
-    async with _clients_lock:
-        client = _clients.get(cfg)
+    async with _clients.lock():
+        clients = _clients.mine()
+        client = clients.get(cfg)
         if client is None:
             warn_plain_http(cfg.resolved_endpoint_url())
             from aiobotocore.config import AioConfig
@@ -139,7 +116,7 @@ async def _client_for(cfg: S3Config) -> Any:
                 ),
             )
             client = await context.__aenter__()
-            _clients[cfg] = client
+            clients[cfg] = client
             loop.on_shutdown(lambda: context.__aexit__(None, None, None))
         return client
 
@@ -451,11 +428,8 @@ class S3Store:
                 end, or the object changed between attempts (its ETag no longer matches).
             StorageAccessError, StorageConnectionError, StorageError: other S3 failures.
         """
-        _count_open(1)
-        try:
+        with _open_gets:
             return await self._get_range(name, start, end, on_retry)
-        finally:
-            _count_open(-1)
 
     async def _get_range(
         self, name: str, start: int, end: int | None, on_retry: Callable[[BaseException], None] | None
@@ -518,41 +492,27 @@ class S3Store:
         return pieces, total or start + received, etag or ""
 
 
-async def _body_pieces(body: Any) -> AsyncIterator[bytes]:
-    """The pieces of a response body as aiohttp received them, without the copy that
-    ``body.read(n)`` makes joining them (aiobotocore 3 names the aiohttp response
-    ``raw_stream``; 2.x proxies it). Other HTTP backends are read through ``body.read``."""
+def _body_pieces(body: Any) -> AsyncIterator[bytes]:
+    """The pieces of a response body as aiohttp received them (:func:`.requests.aiohttp_pieces`;
+    aiobotocore 3 names the aiohttp response ``raw_stream``, 2.x proxies it). Other HTTP
+    backends are read through ``body.read``."""
     content = getattr(getattr(body, "raw_stream", body), "content", None)
-    if not hasattr(content, "readchunk"):
-        while piece := await body.read(1 << 20):
-            yield piece
-        return
-    while True:
-        piece, end_of_http_chunk = await content.readchunk()
-        if piece:
-            yield piece
-        elif not end_of_http_chunk:  # (b"", False): the end of the body
-            return
+    return aiohttp_pieces(content) if hasattr(content, "readchunk") else _read_pieces(body)
 
 
-class _S3Sink:
+async def _read_pieces(body: Any) -> AsyncIterator[bytes]:
+    while piece := await body.read(1 << 20):
+        yield piece
+
+
+class _S3Sink(PartsSink):
     """A multipart upload: parts of ``fetch.upload_part_bytes`` go up while the shard is written."""
 
     def __init__(self, store: S3Store, name: str) -> None:
+        super().__init__(store.url_of(name), store.fetch)
         self.store = store
         self.key = store.key_of(name)
-        self.url = store.url_of(name)
-        self._buffer = bytearray()
         self._upload_id: str | None = None
-        self._parts: list[concurrent.futures.Future[dict[str, Any]]] = []
-        self._closed = False
-
-    def write(self, data: bytes | memoryview) -> None:
-        if self._closed:
-            raise ValueError(f"{self.url}: write after commit or abort")
-        self._buffer += data
-        if len(self._buffer) >= self.store.fetch.upload_part_bytes:
-            self._send_part()
 
     def _send_part(self) -> None:
         store = self.store
@@ -575,14 +535,10 @@ class _S3Sink:
             )
             return {"ETag": response["ETag"], "PartNumber": number}
 
-        self._parts.append(loop.submit(upload()))
-        pending = [f for f in self._parts if not f.done()]
-        while len(pending) > store.fetch.max_inflight_upload_parts:
-            pending.pop(0).result()
+        self._in_flight(loop.submit(upload()))
 
     def commit(self) -> None:
-        if self._closed:
-            raise ValueError(f"{self.url}: commit after commit or abort")
+        self._check_open("commit")
         self._send_part()  # the last part may be smaller than 5 MiB, or empty
         parts = [f.result() for f in self._parts]
         store = self.store
@@ -599,12 +555,8 @@ class _S3Sink:
         self._closed = True
 
     def abort(self) -> None:
-        if self._closed:
+        if not self._drop_parts():
             return
-        self._closed = True
-        for future in self._parts:
-            future.cancel()
-        concurrent.futures.wait(self._parts)
         if self._upload_id is not None:
             store = self.store
             try:
