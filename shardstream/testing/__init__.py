@@ -2,6 +2,9 @@
 
 - :mod:`.s3server`: a real local S3 server (SeaweedFS ``weed mini``) on 127.0.0.1;
   ``python -m shardstream.testing`` starts one and prints its environment;
+- :mod:`.emulators`: local GCS and Azure Blob servers (``gcp-storage-emulator``, Azurite);
+- :mod:`.webservers`: nginx, a fault-injecting file server and a fake Hugging Face Hub;
+- :mod:`.process`: the process handling these servers share (ports, waits, logs, stops);
 - :mod:`.faults`: a TCP proxy that cuts, stalls or slows connections to a server;
 - :mod:`.synth`: synthetic JPEG photos in class folders.
 

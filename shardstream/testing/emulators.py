@@ -20,54 +20,47 @@ a temporary directory removed at the stop.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from .process import (
+    HOST,
+    NO_PROXY_OPENER,
+    ServerContext,
+    free_port,
+    log_tail,
+    spawn,
+    startup_timeout,
+    stop_process_group,
+    wait_until,
+)
 
 __all__ = ["AZURITE_ACCOUNT", "AZURITE_KEY", "Azurite", "EmulatorError", "GcsEmulator"]
-
-_HOST = "127.0.0.1"
-_STOP_GRACE_S = 5.0
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # ignore *_proxy
 
 #: Azurite's well-known development account and key (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-_S = TypeVar("_S", bound="_Server")
-
-
 class EmulatorError(RuntimeError):
     """A local storage emulator could not be started or used."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
-
-
-class _Server:
+class _Server(ServerContext):
     """A server process on 127.0.0.1 with a log file, a bounded start and a clean stop."""
 
     name = "server"
 
     def __init__(self, *, startup_timeout_s: float, log_path: str | os.PathLike | None) -> None:
-        if not startup_timeout_s > 0:
-            raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s!r}")
-        self._startup_timeout_s = float(startup_timeout_s)
+        self._startup_timeout_s = startup_timeout(startup_timeout_s)
         self._log_path_arg = None if log_path is None else Path(log_path)
         self._log_path: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -79,7 +72,7 @@ class _Server:
         """``http://127.0.0.1:<port>``; raises EmulatorError if not started."""
         if self._proc is None or self._port is None:
             raise EmulatorError(f"{type(self).__name__} is not running; call start() or use it in a with block")
-        return f"http://{_HOST}:{self._port}"
+        return f"http://{HOST}:{self._port}"
 
     def _command(self, port: int, data_dir: Path) -> list[str]:
         raise NotImplementedError
@@ -99,48 +92,22 @@ class _Server:
         atexit.register(self.stop)
         try:
             self._tmp_dir = Path(tempfile.mkdtemp(prefix=f"shardstream-{self.name}-"))
-            self._port = _free_port()
+            self._port = free_port()
             command = self._command(self._port, self._tmp_dir)
             self._log_path = self._log_path_arg or self._tmp_dir / f"{self.name}.log"
-            try:
-                with open(self._log_path, "ab") as log:
-                    self._proc = subprocess.Popen(
-                        command,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=self._tmp_dir,
-                        start_new_session=True,
-                    )
-            except OSError as exc:
-                raise EmulatorError(f"could not run {command[0]}: {exc}") from exc
-            self._wait_ready()
+            self._proc = spawn(command, log_path=self._log_path, cwd=self._tmp_dir, error=EmulatorError)
+            wait_until(
+                self._ready,
+                proc=self._proc,
+                timeout_s=self._startup_timeout_s,
+                error=EmulatorError,
+                name=self.name,
+                not_ready=f"did not answer on {self.endpoint}",
+                log_tail=lambda: log_tail(self._log_path),
+            )
         except BaseException:
             self.stop()
             raise
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self._startup_timeout_s
-        while True:
-            proc = self._proc
-            code = proc.poll() if proc is not None else -1
-            if code is not None:
-                raise EmulatorError(f"{self.name} exited with code {code} during startup; log: {self._log_tail()}")
-            if self._ready():
-                return
-            if time.monotonic() > deadline:
-                raise EmulatorError(
-                    f"{self.name} did not answer on {self.endpoint} within {self._startup_timeout_s:g} s; "
-                    f"log: {self._log_tail()}"
-                )
-            time.sleep(0.05)
-
-    def _log_tail(self, lines: int = 5) -> str:
-        try:
-            text = self._log_path.read_text(errors="replace").strip().splitlines()[-lines:]  # type: ignore[union-attr]
-        except (OSError, AttributeError):
-            return "(no log)"
-        return " | ".join(line.strip() for line in text) or "(empty)"
 
     def stop(self) -> None:
         """Stops the server (SIGTERM, up to 5 s grace, then SIGKILL of its process group) and
@@ -148,15 +115,7 @@ class _Server:
         atexit.unregister(self.stop)
         proc, self._proc = self._proc, None
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # also reaps any stray group members
-            proc.wait()
+            stop_process_group(proc)
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None
@@ -166,15 +125,7 @@ class _Server:
         self, method: str, path: str, *, body: bytes | None = None, headers: dict[str, str] | None = None
     ) -> Any:
         request = urllib.request.Request(self.endpoint + path, data=body, method=method, headers=headers or {})
-        return _NO_PROXY_OPENER.open(request, timeout=10.0)
-
-    def __enter__(self: _S) -> _S:
-        if self._proc is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+        return NO_PROXY_OPENER.open(request, timeout=10.0)
 
 
 class GcsEmulator(_Server):
@@ -212,7 +163,7 @@ class GcsEmulator(_Server):
             "gcp_storage_emulator",
             "start",
             "--host",
-            _HOST,
+            HOST,
             "--port",
             str(port),
             "--in-memory",
@@ -308,7 +259,7 @@ class Azurite(_Server):
         return [
             program,
             "--blobHost",
-            _HOST,
+            HOST,
             "--blobPort",
             str(port),
             "--location",

@@ -9,31 +9,37 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import contextlib
 import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .process import (
+    HOST,
+    NO_PROXY_OPENER,
+    ServerContext,
+    exit_on_stop_signals,
+    free_ports,
+    log_tail,
+    sleep_until_interrupted,
+    spawn,
+    startup_timeout,
+    stop_process_group,
+    wait_until,
+)
 
 if TYPE_CHECKING:
     from ..config import S3Config
 
 __all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main"]
 
-_HOST = "127.0.0.1"
-_STOP_GRACE_S = 5.0
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # ignore *_proxy
 # Port flags of `weed mini`; the gRPC ones also name /tmp/seaweedfs-<component>-grpc-<port>.sock.
 _PORT_FLAGS = (
     "s3.port",
@@ -97,17 +103,6 @@ class S3ServerInfo:
         )
 
 
-def _free_ports(count: int) -> list[int]:
-    """Returns ``count`` distinct free TCP ports on 127.0.0.1 (all sockets held until the end)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((_HOST, 0))
-            ports.append(sock.getsockname()[1])
-        return ports
-
-
 def _find_weed(weed_path: str | None) -> str:
     if weed_path is not None:
         if not os.access(weed_path, os.X_OK):
@@ -124,7 +119,7 @@ def _find_weed(weed_path: str | None) -> str:
     return found
 
 
-class SeaweedS3Server:
+class SeaweedS3Server(ServerContext):
     """Context manager running ``weed mini`` on 127.0.0.1 as a SigV4-authenticated S3 server.
 
     Every start picks free ports and random access/secret keys. Without ``data_dir`` a fresh
@@ -146,10 +141,8 @@ class SeaweedS3Server:
         weed_path: str | None = None,
         log_path: str | os.PathLike | None = None,
     ) -> None:
-        if not startup_timeout_s > 0:
-            raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s!r}")
+        self._startup_timeout_s = startup_timeout(startup_timeout_s)
         self._data_dir_arg = None if data_dir is None else Path(data_dir)
-        self._startup_timeout_s = float(startup_timeout_s)
         self._weed_path = weed_path
         self._log_path_arg = None if log_path is None else Path(log_path)
         self._proc: subprocess.Popen[bytes] | None = None
@@ -210,15 +203,15 @@ class SeaweedS3Server:
             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
         }
         (data_dir / "s3.json").write_text(json.dumps({"identities": [identity]}))
-        self._ports = _free_ports(len(_PORT_FLAGS))
+        self._ports = free_ports(len(_PORT_FLAGS))
         # -logtostderr: otherwise glog also writes weed.* log files into /tmp on every start.
         args = [
             weed,
             "-logtostderr",
             "mini",
             f"-dir={data_dir}",
-            f"-ip={_HOST}",
-            f"-ip.bind={_HOST}",
+            f"-ip={HOST}",
+            f"-ip.bind={HOST}",
             *(f"-{flag}={port}" for flag, port in zip(_PORT_FLAGS, self._ports)),
             "-master.telemetry=false",
             "-admin.ui=false",
@@ -232,46 +225,29 @@ class SeaweedS3Server:
             f"-filer.localSocket={data_dir / 'filer.sock'}",
         ]
         self._log_path = self._log_path_arg or data_dir / "weed.log"
-        try:
-            with open(self._log_path, "ab") as log:
-                self._proc = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=data_dir,
-                    start_new_session=True,
-                )
-        except OSError as e:
-            raise S3ServerError(f"could not run {weed}: {e}") from e
-        return f"http://{_HOST}:{self._ports[0]}", key_id, secret
+        self._proc = spawn(args, log_path=self._log_path, cwd=data_dir, error=S3ServerError)
+        return f"http://{HOST}:{self._ports[0]}", key_id, secret
 
     def _wait_ready(self, endpoint: str) -> None:
-        deadline, proc = time.monotonic() + self._startup_timeout_s, self._proc
-        while True:
-            code = proc.poll() if proc is not None else -1
-            if code is not None:
-                raise S3ServerError(f"weed exited with code {code} during startup; log: {self._log_tail()}")
+        def gateway_up() -> bool:
             try:
-                _NO_PROXY_OPENER.open(endpoint + "/", timeout=1.0).close()
+                NO_PROXY_OPENER.open(endpoint + "/", timeout=1.0).close()
             except urllib.error.HTTPError as e:
                 e.close()
-                if e.code == 403:  # unsigned request rejected: the S3 gateway is up
-                    return
+                return e.code == 403  # unsigned request rejected: the S3 gateway is up
             except (OSError, ValueError):
                 pass
-            if time.monotonic() > deadline:
-                raise S3ServerError(
-                    f"weed did not answer on {endpoint} within {self._startup_timeout_s:g} s; log: {self._log_tail()}"
-                )
-            time.sleep(0.05)
+            return False
 
-    def _log_tail(self, lines: int = 5) -> str:
-        try:
-            text = self._log_path.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            return "(no log)"
-        return " | ".join(line.strip() for line in text) or "(empty)"
+        wait_until(
+            gateway_up,
+            proc=self._proc,
+            timeout_s=self._startup_timeout_s,
+            error=S3ServerError,
+            name="weed",
+            not_ready=f"did not answer on {endpoint}",
+            log_tail=lambda: log_tail(self._log_path),
+        )
 
     def stop(self) -> None:
         """Stops the server: SIGTERM, up to 5 s grace, then SIGKILL of its process group.
@@ -282,15 +258,7 @@ class SeaweedS3Server:
         atexit.unregister(self.stop)
         proc, self._proc, self._info = self._proc, None, None
         if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # also reaps any stray group members
-            proc.wait()
+            stop_process_group(proc)
         for port in self._ports:
             for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-grpc-{port}.sock"):
                 sock.unlink(missing_ok=True)
@@ -334,26 +302,15 @@ class SeaweedS3Server:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # asyncio.run needs its own thread
             pool.submit(asyncio.run, create()).result()
 
-    def __enter__(self) -> SeaweedS3Server:  # noqa: PYI034 (typing.Self needs 3.11)
-        if self._proc is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 def main() -> None:
     """Starts a server, prints ``export`` lines for it and runs until Ctrl-C or SIGTERM."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited as ignored
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    exit_on_stop_signals()
     with SeaweedS3Server() as server:
         for key, value in server.info.env().items():
             print(f"export {key}={value}")
         print("# S3 server running; Ctrl-C to stop", file=sys.stderr, flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+        sleep_until_interrupted()
 
 
 if __name__ == "__main__":

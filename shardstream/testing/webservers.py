@@ -60,19 +60,31 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
+
+from .process import (
+    HOST,
+    NO_PROXY_OPENER,
+    ServerContext,
+    exit_on_stop_signals,
+    free_port,
+    log_tail,
+    sleep_until_interrupted,
+    spawn,
+    startup_timeout,
+    stop_process_group,
+    wait_until,
+)
 
 if TYPE_CHECKING:
     from aiohttp import web
 
 __all__ = ["FakeHub", "FaultServer", "NginxServer", "WebServerError", "main"]
 
-_HOST = "127.0.0.1"
 _CDN_HOST = "localhost"  # same machine, other name and port: a different origin for clients
 _MODULE = "shardstream.testing.webservers"
-_STOP_GRACE_S = 5.0
 _CONTROL = "/__control__"
 _CONTROL_TIMEOUT_S = 10.0  # one control request (set_faults, requests, ...)
 _MAX_STALL_S = 600.0  # upper bound of a stall_s fault
@@ -80,7 +92,6 @@ _PORT_TRIES = 3  # nginx binds a port picked beforehand; another process may tak
 _CHUNK = 256 * 1024  # bytes per write of a file body
 _MAX_LOG = 100_000  # request log entries kept per server (oldest dropped)
 _SHUTDOWN_S = 0.5  # seconds a stopping Python server gives the requests in flight
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # ignore *_proxy
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
 _LFS_POINTER = "version https://git-lfs.github.com/spec/v1\noid sha256:{oid}\nsize {size}\n"
 
@@ -109,34 +120,13 @@ class WebServerError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    """Returns a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        return sock.getsockname()[1]
-
-
 def _port_accepts(port: int, timeout_s: float = 0.5) -> bool:
     """Whether a TCP connection to 127.0.0.1:``port`` succeeds within ``timeout_s`` seconds."""
     try:
-        with socket.create_connection((_HOST, port), timeout=timeout_s):
+        with socket.create_connection((HOST, port), timeout=timeout_s):
             return True
     except OSError:
         return False
-
-
-def _tail(paths: Iterable[Path | None], lines: int = 8) -> str:
-    """The last ``lines`` lines of the first existing, non-empty log among ``paths``, on one line."""
-    for path in paths:
-        if path is None:
-            continue
-        try:
-            text = path.read_text(errors="replace").strip().splitlines()[-lines:]
-        except OSError:
-            continue
-        if text:
-            return " | ".join(line.strip() for line in text)
-    return "(empty log)"
 
 
 def _find_nginx() -> str:
@@ -205,15 +195,13 @@ def _normalize_fault_rule(rule: Mapping[str, Any], *, hosts: tuple[str, ...] = (
     return out
 
 
-class _ManagedProcess:
+class _ManagedProcess(ServerContext):
     """Start/stop machinery shared by the servers: temp dir, log, bounded waits, atexit."""
 
     _label = "server"
 
     def __init__(self, startup_timeout_s: float) -> None:
-        if not startup_timeout_s > 0:
-            raise ValueError(f"startup_timeout_s must be > 0, got {startup_timeout_s!r}")
-        self._startup_timeout_s = float(startup_timeout_s)
+        self._startup_timeout_s = startup_timeout(startup_timeout_s)
         self._proc: subprocess.Popen[bytes] | None = None
         self._owner_pid: int | None = None
         self._tmp_dir: Path | None = None
@@ -240,39 +228,31 @@ class _ManagedProcess:
         return self._log_path
 
     def _log_tail(self) -> str:
-        return _tail([self._log_path])
+        return log_tail(self._log_path, 8, missing="(empty log)", empty="(empty log)")
 
     def _spawn(self, args: list[str], *, env: Mapping[str, str] | None = None) -> None:
         assert self._tmp_dir is not None and self._log_path is not None
-        try:
-            with open(self._log_path, "ab") as log:
-                self._proc = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=self._tmp_dir,
-                    env=None if env is None else dict(env),
-                    start_new_session=True,
-                )
-        except OSError as e:
-            raise WebServerError(f"could not run {args[0]} for the {self._label}: {e}") from e
+        self._proc = spawn(
+            args,
+            log_path=self._log_path,
+            cwd=self._tmp_dir,
+            env=env,
+            error=WebServerError,
+            context=f" for the {self._label}",
+        )
         self._owner_pid = os.getpid()
 
-    def _kill(self, first_signal: int) -> None:
-        """Sends ``first_signal``, waits up to 5 s, then SIGKILLs the process group and reaps it."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, first_signal)
-        try:
-            proc.wait(timeout=_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # also reaps stray group members (nginx workers)
-        proc.wait()
+    def _wait_until(self, ready: Callable[[], bool], not_ready: str, *, name: str | None = None) -> None:
+        wait_until(
+            ready,
+            proc=self._proc,
+            timeout_s=self._startup_timeout_s,
+            error=WebServerError,
+            name=self._label if name is None else name,
+            not_ready=not_ready,
+            log_tail=self._log_tail,
+            interval_s=0.02,
+        )
 
     def _stop_signal(self) -> int:
         return signal.SIGTERM
@@ -286,23 +266,14 @@ class _ManagedProcess:
         if self._owner_pid is not None and self._owner_pid != os.getpid():
             return
         atexit.unregister(self.stop)
-        self._kill(self._stop_signal())
+        proc, self._proc = self._proc, None
+        if proc is not None:  # the first signal to the server alone (nginx's master passes it on)
+            stop_process_group(proc, self._stop_signal(), signal_group=False)
         self._port = None
         self._owner_pid = None
         if self._tmp_dir is not None:
             shutil.rmtree(self._tmp_dir, ignore_errors=True)
             self._tmp_dir = None
-
-    def start(self) -> Any:  # overridden
-        raise NotImplementedError
-
-    def __enter__(self):  # each subclass narrows the return type
-        if self._proc is None:
-            self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,7 +343,7 @@ def _certificates_with_cryptography(directory: Path) -> tuple[Path, Path, Path]:
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(_HOST)), x509.DNSName("localhost")]),
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(HOST)), x509.DNSName("localhost")]),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -402,7 +373,7 @@ def _certificates_with_openssl(directory: Path) -> tuple[Path, Path, Path]:
         "[ca_ext]\nbasicConstraints = critical, CA:TRUE, pathlen:0\nkeyUsage = critical, keyCertSign, cRLSign\n"
         "subjectKeyIdentifier = hash\n"
         "[leaf_ext]\nbasicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
-        f"extendedKeyUsage = serverAuth\nsubjectAltName = IP:{_HOST}, DNS:localhost\n"
+        f"extendedKeyUsage = serverAuth\nsubjectAltName = IP:{HOST}, DNS:localhost\n"
         "subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid\n"
     )
     ca_pem, ca_key = directory / "ca.pem", directory / "ca.key"
@@ -463,12 +434,18 @@ class NginxServer(_ManagedProcess):
     @property
     def url(self) -> str:
         """Base URL without trailing slash; raises WebServerError if not running."""
-        return f"{'https' if self.https else 'http'}://{_HOST}:{self.port}"
+        return f"{'https' if self.https else 'http'}://{HOST}:{self.port}"
 
     @property
     def access_log(self) -> Path | None:
         """nginx's access log (one JSON object per request); see :meth:`requests`."""
         return None if self._tmp_dir is None else self._tmp_dir / "access.log"
+
+    def _running_access_log(self) -> Path:
+        path = self.access_log
+        if path is None:
+            raise WebServerError("NginxServer is not running")
+        return path
 
     def env(self) -> dict[str, str]:
         """``{"SSL_CERT_FILE": ca_file}`` for https (the standard OpenSSL variable), else ``{}``."""
@@ -497,7 +474,7 @@ class NginxServer(_ManagedProcess):
                 ca, cert, key = _write_certificates(tmp / "tls")
                 self.ca_file = str(ca)
             for attempt in range(_PORT_TRIES):
-                port = _free_port()
+                port = free_port()
                 conf = tmp / "nginx.conf"
                 conf.write_text(self._config(tmp, root, port, cert, key))
                 args = [nginx, "-p", f"{tmp}/", "-c", str(conf), "-e", str(self._log_path), "-g", "daemon off;"]
@@ -536,7 +513,7 @@ class NginxServer(_ManagedProcess):
             f"{temps}"
             "    sendfile on;\n    tcp_nopush on;\n    keepalive_requests 100000;\n    server_tokens off;\n"
             "    server {\n"
-            f"        listen {_HOST}:{port}{' ssl' if cert is not None else ''};\n"
+            f"        listen {HOST}:{port}{' ssl' if cert is not None else ''};\n"
             "        server_name localhost;\n"
             f"{tls}"
             f"        root {q(root)};\n"
@@ -548,26 +525,25 @@ class NginxServer(_ManagedProcess):
 
     def _wait_ready(self, port: int, *, may_retry: bool) -> bool:
         """Waits until nginx accepts on ``port``; False if it lost the port to another process."""
-        deadline, proc = time.monotonic() + self._startup_timeout_s, self._proc
+        proc = self._proc
         assert proc is not None and self._tmp_dir is not None
         pid_file = self._tmp_dir / "nginx.pid"
-        while True:
-            code = proc.poll()
-            if code is not None:
-                self._proc = None
-                tail = self._log_tail()
-                if may_retry and "Address already in use" in tail:
-                    return False
-                raise WebServerError(f"nginx exited with code {code} during startup; log: {tail}")
+
+        def accepts() -> bool:
             with contextlib.suppress(OSError, ValueError):
-                if int(pid_file.read_text().strip()) == proc.pid and _port_accepts(port):
-                    return True
-            if time.monotonic() > deadline:
-                raise WebServerError(
-                    f"nginx did not accept connections on {_HOST}:{port} within {self._startup_timeout_s:g} s; "
-                    f"log: {self._log_tail()}"
-                )
-            time.sleep(0.02)
+                return int(pid_file.read_text().strip()) == proc.pid and _port_accepts(port)
+            return False
+
+        try:
+            self._wait_until(accepts, f"did not accept connections on {HOST}:{port}", name="nginx")
+        except WebServerError:
+            if proc.returncode is None:  # timed out, nginx still running
+                raise
+            self._proc = None  # nginx exited
+            if may_retry and "Address already in use" in self._log_tail():
+                return False
+            raise
+        return True
 
     def _stop_signal(self) -> int:
         return signal.SIGQUIT  # graceful: finish the requests in flight
@@ -579,9 +555,7 @@ class NginxServer(_ManagedProcess):
         (``range``, ``query`` and ``authorization`` are ``None`` when absent). nginx writes a line
         when it has sent the response, so a request whose response was just read may lag a moment.
         """
-        path = self.access_log
-        if path is None:
-            raise WebServerError("NginxServer is not running")
+        path = self._running_access_log()
         out = []
         with contextlib.suppress(FileNotFoundError):
             for line in path.read_text(errors="replace").splitlines():
@@ -596,14 +570,8 @@ class NginxServer(_ManagedProcess):
 
     def clear_log(self) -> None:
         """Empties the access log."""
-        path = self.access_log
-        if path is None:
-            raise WebServerError("NginxServer is not running")
-        with contextlib.suppress(FileNotFoundError), open(path, "r+b") as f:
+        with contextlib.suppress(FileNotFoundError), open(self._running_access_log(), "r+b") as f:
             f.truncate(0)
-
-    def __enter__(self) -> NginxServer:  # noqa: PYI034 (typing.Self needs 3.11)
-        return super().__enter__()
 
 
 _NGINX_TEMPS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
@@ -657,19 +625,15 @@ class _PythonServer(_ManagedProcess):
     def _wait_ready(self, ready: Path) -> None:
         deadline, proc = time.monotonic() + self._startup_timeout_s, self._proc
         assert proc is not None
-        while True:
-            code = proc.poll()
-            if code is not None:
-                raise WebServerError(f"{self._label} exited with code {code} during startup; log: {self._log_tail()}")
+
+        def ready_file_written() -> bool:
             with contextlib.suppress(OSError, ValueError):
                 self._ready = json.loads(ready.read_text())
                 self._port = int(self._ready["port"])
-                break
-            if time.monotonic() > deadline:
-                raise WebServerError(
-                    f"{self._label} did not start within {self._startup_timeout_s:g} s; log: {self._log_tail()}"
-                )
-            time.sleep(0.02)
+                return True
+            return False
+
+        self._wait_until(ready_file_written, "did not start")
         while True:  # the sockets listen before the ready file is written; check it answers
             try:
                 self._control("GET", "ping", timeout_s=1.0)
@@ -681,11 +645,11 @@ class _PythonServer(_ManagedProcess):
 
     def _control(self, method: str, name: str, payload: Any = None, *, timeout_s: float = _CONTROL_TIMEOUT_S) -> Any:
         """Sends one control request to ``/__control__/<name>``; returns the decoded JSON answer."""
-        url = f"http://{_HOST}:{self.port}{_CONTROL}/{name}"
+        url = f"http://{HOST}:{self.port}{_CONTROL}/{name}"
         data = None if payload is None else json.dumps(payload).encode()
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
-            with _NO_PROXY_OPENER.open(req, timeout=timeout_s) as resp:
+            with NO_PROXY_OPENER.open(req, timeout=timeout_s) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as e:
             with e:
@@ -779,7 +743,7 @@ class FaultServer(_PythonServer):
     @property
     def url(self) -> str:
         """Base URL without trailing slash; raises WebServerError if not running."""
-        return f"http://{_HOST}:{self.port}"
+        return f"http://{HOST}:{self.port}"
 
     def _child_args(self, tmp: Path) -> list[str]:
         root = self.root.resolve()
@@ -789,9 +753,6 @@ class FaultServer(_PythonServer):
 
     def start(self) -> FaultServer:
         return super().start()
-
-    def __enter__(self) -> FaultServer:  # noqa: PYI034 (typing.Self needs 3.11)
-        return super().__enter__()
 
 
 class FakeHub(_PythonServer):
@@ -875,7 +836,7 @@ class FakeHub(_PythonServer):
     @property
     def endpoint(self) -> str:
         """The Hub host URL (for ``HF_ENDPOINT``); raises WebServerError if not running."""
-        return f"http://{_HOST}:{self.port}"
+        return f"http://{HOST}:{self.port}"
 
     @property
     def cdn_port(self) -> int:
@@ -950,9 +911,6 @@ class FakeHub(_PythonServer):
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size!r}")
         self._control("POST", "settings", {"page_size": int(page_size)})
-
-    def __enter__(self) -> FakeHub:  # noqa: PYI034 (typing.Self needs 3.11)
-        return super().__enter__()
 
 
 def _check_sha(sha: str) -> None:
@@ -1092,25 +1050,29 @@ def _if_range_allows(request: web.Request, etag: str, mtime: float) -> bool:
     return parsed is not None and int(mtime) <= parsed.timestamp()
 
 
-async def _send_cut(request: web.Request, status: int, headers: Mapping[str, str], chunks: Any, length: int, n: int):
-    """Sends ``status`` and ``headers`` with Content-Length ``length``, ``n`` body bytes, then closes."""
+async def _send_body(
+    request: web.Request, status: int, headers: Mapping[str, str], chunks: Any, length: int, cut: int | None = None
+) -> web.StreamResponse:
+    """Sends ``status`` and ``headers`` with Content-Length ``length``, then the body ``chunks``
+    (none for HEAD); with ``cut``, only that many body bytes, and then closes the connection."""
     from aiohttp import web
 
     resp = web.StreamResponse(status=status, headers=headers)
     resp.content_length = length
-    resp.force_close()
+    if cut is not None:
+        resp.force_close()
     await resp.prepare(request)
     sent = 0
     if request.method != "HEAD":
         async for chunk in chunks:
-            piece = chunk[: n - sent]
+            piece = chunk if cut is None else chunk[: cut - sent]
             if piece:
                 await resp.write(piece)
                 sent += len(piece)
-            if sent >= n:
+            if cut is not None and sent >= cut:
                 break
     request["entry"]["body_bytes"] = sent
-    if request.transport is not None:
+    if cut is not None and request.transport is not None:
         request.transport.close()  # flushes what was written, then FIN: the client sees a short body
     return resp
 
@@ -1168,19 +1130,8 @@ async def _serve_file(
     headers["Content-Type"] = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
     entry["status"] = status
     length = end - start
-    cut = rule.get("cut_body_after_bytes")
-    if cut is not None:
-        return await _send_cut(request, status, headers, _file_chunks(path, start, length), length, cut)
-    resp = web.StreamResponse(status=status, headers=headers)
-    resp.content_length = length
-    await resp.prepare(request)
-    sent = 0
-    if request.method != "HEAD":
-        async for chunk in _file_chunks(path, start, length):
-            await resp.write(chunk)
-            sent += len(chunk)
-    entry["body_bytes"] = sent
-    return resp
+    chunks = _file_chunks(path, start, length)
+    return await _send_body(request, status, headers, chunks, length, rule.get("cut_body_after_bytes"))
 
 
 def _safe_file(root: Path, rel: str) -> Path | None:
@@ -1259,7 +1210,7 @@ def _logging_middleware(state: _State, host: str, make_error: Callable[..., web.
                     yield body
 
                 headers = {k: v for k, v in resp.headers.items() if k.lower() != "content-length"}
-                return await _send_cut(request, resp.status, headers, one_chunk(), len(body), cut)
+                return await _send_body(request, resp.status, headers, one_chunk(), len(body), cut)
         return resp
 
     return middleware
@@ -1327,6 +1278,14 @@ def _fault_app(root: Path) -> web.Application:
     return app
 
 
+class _Refused(Exception):
+    """An error answer of the fake Hub, raised where a lookup fails and sent by :meth:`_Hub.handle_hub`."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
 class _Hub:
     """The fake Hub's repos and answers (server side)."""
 
@@ -1376,23 +1335,26 @@ class _Hub:
             headers["X-Error-Code"] = code
         return _error_maker_json(status, message, headers)
 
-    def repo(self, request: web.Request, repo_id: str) -> dict[str, Any] | web.Response:
+    def repo(self, request: web.Request, repo_id: str) -> dict[str, Any]:
+        """The repo ``repo_id``; raises _Refused (404, or 401 for a private repo without its token)."""
         repo = self.repos.get(repo_id)
         if repo is None:
-            return self.error(404, "RepoNotFound", "Repository not found")
+            raise _Refused(self.error(404, "RepoNotFound", "Repository not found"))
         if repo.get("private") and request.headers.get("Authorization") != f"Bearer {repo.get('token')}":
-            return self.error(401, "RepoNotFound", "Invalid username or password.")
+            raise _Refused(self.error(401, "RepoNotFound", "Invalid username or password."))
         return repo
 
-    def revision(self, repo: Mapping[str, Any], rev: str | None) -> str | web.Response:
+    def commit(self, request: web.Request, repo_id: str, rev: str | None) -> tuple[dict[str, Any], str]:
+        """The repo and the sha of the commit ``rev`` (a branch or a sha) names; raises _Refused."""
+        repo = self.repo(request, repo_id)
         if rev is None or rev == "":
-            return self.error(404, "RevisionNotFound", "Invalid rev id: ")
+            raise _Refused(self.error(404, "RevisionNotFound", "Invalid rev id: "))
         sha = repo["branches"].get(rev)
         if sha is None and rev in repo["commits"]:
             sha = rev
         if sha is None:
-            return self.error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
-        return sha
+            raise _Refused(self.error(404, "RevisionNotFound", f"Invalid rev id: {rev}"))
+        return repo, sha
 
     def _file_ids_sync(self, path: Path) -> tuple[str, str | None, int | None]:
         """``(git blob oid, sha256 if LFS, LFS pointer size)`` of a file, cached by mtime and size."""
@@ -1463,6 +1425,12 @@ class _Hub:
     # -- Hub host ---------------------------------------------------------------------------
 
     async def handle_hub(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self.route_hub(request)
+        except _Refused as refused:
+            return refused.response
+
+    async def route_hub(self, request: web.Request) -> web.StreamResponse:
         segs = request.rel_url.raw_path.split("/")[1:]
         if len(segs) >= 4 and segs[:2] == ["api", "datasets"]:
             repo_id = f"{urllib.parse.unquote(segs[2])}/{urllib.parse.unquote(segs[3])}"
@@ -1490,12 +1458,7 @@ class _Hub:
     async def info(self, request: web.Request, repo_id: str, rev: str | None) -> web.Response:
         from aiohttp import web
 
-        repo = self.repo(request, repo_id)
-        if not isinstance(repo, dict):
-            return repo
-        sha = self.revision(repo, rev)
-        if not isinstance(sha, str):
-            return sha
+        repo, sha = self.commit(request, repo_id, rev)
         base = Path(repo["commits"][sha])
         files = sorted(rel for rel, is_dir in self.walk(base, True) if not is_dir)
         stamp = datetime.datetime.fromtimestamp(base.stat().st_mtime, tz=datetime.timezone.utc)
@@ -1523,12 +1486,7 @@ class _Hub:
     async def tree(self, request: web.Request, repo_id: str, rev: str | None, tail: list[str]) -> web.Response:
         from aiohttp import web
 
-        repo = self.repo(request, repo_id)
-        if not isinstance(repo, dict):
-            return repo
-        sha = self.revision(repo, rev)
-        if not isinstance(sha, str):
-            return sha
+        repo, sha = self.commit(request, repo_id, rev)
         rel = self.rel_path(tail)
         base = Path(repo["commits"][sha])
         target = base / rel if rel else base
@@ -1556,12 +1514,7 @@ class _Hub:
     async def paths_info(self, request: web.Request, repo_id: str, rev: str | None) -> web.Response:
         from aiohttp import web
 
-        repo = self.repo(request, repo_id)
-        if not isinstance(repo, dict):
-            return repo
-        sha = self.revision(repo, rev)
-        if not isinstance(sha, str):
-            return sha
+        repo, sha = self.commit(request, repo_id, rev)
         if request.content_type == "application/json":
             body = await request.json()
             paths = body.get("paths") or []
@@ -1584,8 +1537,6 @@ class _Hub:
         from aiohttp import web
 
         repo = self.repo(request, repo_id)
-        if not isinstance(repo, dict):
-            return repo
         body: dict[str, list[dict[str, str]]] = {"branches": [], "converts": [], "tags": []}
         for name, sha in sorted(repo["branches"].items()):
             if name.startswith("refs/convert/"):
@@ -1597,12 +1548,7 @@ class _Hub:
     async def resolve(self, request: web.Request, repo_id: str, rev: str | None, tail: list[str]) -> web.StreamResponse:
         from aiohttp import web
 
-        repo = self.repo(request, repo_id)
-        if not isinstance(repo, dict):
-            return repo
-        sha = self.revision(repo, rev)
-        if not isinstance(sha, str):
-            return sha
+        repo, sha = self.commit(request, repo_id, rev)
         rel = self.rel_path(tail)
         path = None if not rel else _safe_file(Path(repo["commits"][sha]), rel)
         if path is None:
@@ -1688,7 +1634,7 @@ def _listen(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((_HOST, port))
+        sock.bind((HOST, port))
     except OSError:
         sock.close()
         raise
@@ -1734,9 +1680,9 @@ async def _serve(kind: str, args: argparse.Namespace) -> None:
             tmp.write_text(json.dumps(ready))
             os.replace(tmp, args.ready_file)
         else:
-            print(f"{kind} server: http://{_HOST}:{port}", flush=True)
+            print(f"{kind} server: http://{HOST}:{port}", flush=True)
             if "cdn_port" in ready:
-                print(f"HF_ENDPOINT=http://{_HOST}:{port} (CDN: http://{_CDN_HOST}:{ready['cdn_port']})", flush=True)
+                print(f"HF_ENDPOINT=http://{HOST}:{port} (CDN: http://{_CDN_HOST}:{ready['cdn_port']})", flush=True)
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
@@ -1771,15 +1717,12 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)  # exit when it dies
     args = parser.parse_args(argv)
     if args.kind == "nginx":
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        exit_on_stop_signals()
         with NginxServer(args.root, https=args.https) as server:
             print(f"nginx: {server.url}", flush=True)
             for key, value in server.env().items():
                 print(f"export {key}={value}", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                while True:
-                    time.sleep(3600)
+            sleep_until_interrupted()
         return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(_serve(args.kind, args))
