@@ -186,7 +186,9 @@ class HttpStore(RemoteStoreMixin):
         target = self._cached_location(url) or url
         backoff_s = 0.2
         last = "no attempt"
-        for attempt in range(1, cfg.max_attempts + 1):
+        attempt = 0
+        while attempt < cfg.max_attempts:
+            attempt += 1
             hops = 0
             from_cache = target != url
             while True:
@@ -234,8 +236,8 @@ class HttpStore(RemoteStoreMixin):
                 reason = response.reason or ""
                 response.release()
                 if status in (404, 410, 401, 403) and from_cache:
-                    self._locations.pop(url, None)  # a stale or expired redirect target: ask the origin again
-                    target = url
+                    self._locations.pop(url, None)  # a stale or expired redirect target: ask the origin again,
+                    target, attempt = url, attempt - 1  # which is no new attempt (and happens once: not cached now)
                     continue
                 if status in (404, 410):
                     raise ShardNotFoundError(
