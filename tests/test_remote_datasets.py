@@ -85,21 +85,13 @@ def remote(request, local_dataset, monkeypatch, tmp_path) -> Remote:
         hub.add_repo(repo, {hub.commit_sha(repo): commit})
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
         url = f"hf://datasets/{repo}/data/train"
-    elif name == "gs":
-        server = request.getfixturevalue("gcs_emulator")
+    else:  # gs, az: a bucket or container of its own, filled through the store
+        server = request.getfixturevalue("gcs_emulator" if name == "gs" else "azurite")
         bucket = f"remote-{os.getpid()}-{n}"
-        server.create_bucket(bucket)
+        (server.create_bucket if name == "gs" else server.create_container)(bucket)
         for key, value in server.env().items():
             monkeypatch.setenv(key, value)
-        url = f"gs://{bucket}/ds"
-        _upload(url, local)
-    else:
-        server = request.getfixturevalue("azurite")
-        container = f"remote-{os.getpid()}-{n}"
-        server.create_container(container)
-        for key, value in server.env().items():
-            monkeypatch.setenv(key, value)
-        url = f"az://{container}/ds"
+        url = f"{name}://{bucket}/ds"
         _upload(url, local)
     return Remote(name, url, local, keys)
 
