@@ -26,6 +26,7 @@ import logging
 import queue
 import random
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -143,8 +144,17 @@ class _Feed:
 
     _END = object()
 
-    def __init__(self, items: Iterator[_Item], *, batch_size: int, drop_last: bool, prefetch_batches: int) -> None:
+    def __init__(
+        self,
+        items: Iterator[_Item],
+        *,
+        batch_size: int,
+        drop_last: bool,
+        prefetch_batches: int,
+        batch_timeout_s: float,
+    ) -> None:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=prefetch_batches)
+        self._batch_timeout_s = batch_timeout_s
         self._stop = threading.Event()
         self._args = (items, batch_size, drop_last)
         self.fed: collections.deque[_Batch] = collections.deque()  # handed to DALI, not yet given back
@@ -203,8 +213,29 @@ class _Feed:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
             self._put(exc)
 
+    def _get(self) -> Any:
+        """The next batch (or end, or error) from the feed thread, waiting at most
+        ``batch_timeout_s``: a reader that is stuck is an error, not a hang."""
+        deadline = time.monotonic() + self._batch_timeout_s
+        while True:
+            try:
+                return self._queue.get(timeout=min(1.0, self._batch_timeout_s))
+            except queue.Empty:
+                if not self._thread.is_alive():  # it always puts END or an error before ending
+                    try:
+                        return self._queue.get_nowait()
+                    except queue.Empty:
+                        self.error = RuntimeError("the DALI feed thread ended without a batch, an end or an error")
+                        raise self.error from None
+                if time.monotonic() > deadline:
+                    self.error = TimeoutError(  # the reader's failure, not DALI's: raised as it is
+                        f"no batch from the dataset's reader in {self._batch_timeout_s:g} s (batch_timeout_s): "
+                        "its reads are stuck; see the log for the store's retries"
+                    )
+                    raise self.error from None
+
     def __call__(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        item = self._queue.get()
+        item = self._get()
         if item is self._END:
             self.ended = True
             self._queue.put(item)  # DALI may ask again while draining its prefetch
@@ -284,6 +315,8 @@ class DaliLoader:
         num_workers: DataLoader processes reading the dataset, each sending ``batch_size``
             encoded images per message (0: a thread of this process reads it).
         prefetch_batches: whole batches read ahead of DALI.
+        batch_timeout_s: the longest wait, in seconds, for one batch from the reader (the
+            feed thread or a DataLoader worker); longer raises TimeoutError instead of hanging.
         last_batch: ``"partial"`` yields the short last batch; ``"drop"`` drops it.
         seed: DALI's random seed (crops, flips); rank-specific seeds are derived from it.
         check_images: check each image's structure before DALI sees it
@@ -334,6 +367,7 @@ class DaliLoader:
         num_threads: int = 2,
         num_workers: int = 0,
         prefetch_batches: int = 2,
+        batch_timeout_s: float = 300.0,
         last_batch: str = "partial",
         seed: int = 0,
         check_images: bool = True,
@@ -351,6 +385,8 @@ class DaliLoader:
             raise ValueError(f"{dtype=} must be torch.float32 or torch.uint8")
         if prefetch_batches < 1:
             raise ValueError(f"{prefetch_batches=} must be >= 1")
+        if not batch_timeout_s > 0:
+            raise ValueError(f"{batch_timeout_s=} must be > 0 seconds")
         if device_id == "auto":
             import os
 
@@ -364,6 +400,7 @@ class DaliLoader:
         self.device_id = device_id
         self.num_threads, self.num_workers = num_threads, num_workers
         self.prefetch_batches = prefetch_batches
+        self.batch_timeout_s = batch_timeout_s
         self.last_batch = last_batch
         self.seed = seed
         self.check_images = check_images
@@ -417,8 +454,18 @@ class DaliLoader:
             return (encoder.item(sample) for sample in self.dataset)
         from torch.utils.data import DataLoader
 
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, num_workers=self.num_workers, collate_fn=encoder)
-        return (item for batch in loader for item in batch)
+        loader = DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            collate_fn=encoder,
+            timeout=self.batch_timeout_s,
+        )
+        # The workers are forked here, in the caller's thread, before this epoch's feed thread
+        # and DALI pipeline start: a fork while those threads run can copy a lock one of them
+        # holds into the worker, which then never sends a batch.
+        batches = iter(loader)
+        return (item for batch in batches for item in batch)
 
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
         """``torch.uint8`` ``(B, 3, H, W)`` CPU images as the pipeline gives them: normalised
@@ -498,6 +545,7 @@ class DaliLoader:
             batch_size=self.batch_size,
             drop_last=self.last_batch == "drop",
             prefetch_batches=self.prefetch_batches,
+            batch_timeout_s=self.batch_timeout_s,
         )
         self._consumed = 0
         policy = LastBatchPolicy.DROP if self.last_batch == "drop" else LastBatchPolicy.PARTIAL

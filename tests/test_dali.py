@@ -184,3 +184,39 @@ def test_a_mixture_feeds_dali_with_exact_counts_per_source(images_dir, tmp_path)
     assert sorted(i for i in ids if i < 1000) == list(range(NUM_IMAGES))
     more = [i for i in ids if i >= 1000]
     assert len(more) == 30 and len(set(more)) == 20  # all 20 once, 10 of them twice
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stalled_store_is_an_error_within_batch_timeout_s_not_a_hang(images_dir, s3_config, s3_bucket, num_workers):
+    """Every shard GET of an S3 dataset waits 30 s at a proxy (below the read timeout, so no
+    retry ends it): the loader raises within its 3 s batch_timeout_s, with the feed thread
+    reading or with DataLoader workers, instead of waiting on the store."""
+    import dataclasses
+    import time
+
+    from shardstream.testing.faults import FaultProxy
+
+    url = f"s3://{s3_bucket}/dali-stall-{num_workers}"
+    pack(images_dir, url, s3=s3_config, from_shards=True, progress=False)
+    shard_gets = lambda method, path: method == "GET" and path.endswith(".tar")  # noqa: E731
+    with FaultProxy(s3_config.endpoint_url, rates={"delay": 1.0}, match=shard_gets, delay_s=30.0) as proxy:
+        s3 = dataclasses.replace(s3_config, endpoint_url=proxy.endpoint_url)
+        dataset = ShardDataset(url, s3=s3, shuffle=False)
+        loader = DaliLoader(
+            dataset,
+            batch_size=5,
+            crop_px=16,
+            label_ext="id",
+            device_id=None,
+            num_workers=num_workers,
+            batch_timeout_s=3,
+        )
+        started = time.monotonic()
+        with pytest.raises((TimeoutError, RuntimeError), match=r"timed out after 3 seconds|batch_timeout_s"):
+            next(iter(loader))
+        assert time.monotonic() - started < 20
+
+
+def test_batch_timeout_s_must_be_positive(images_dir):
+    with pytest.raises(ValueError, match="batch_timeout_s"):
+        DaliLoader(ShardDataset(images_dir), batch_size=5, device_id=None, batch_timeout_s=0)

@@ -182,7 +182,7 @@ class FaultProxy:
         )
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)  # delayed answers are cut
         await runner.setup()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -210,6 +210,8 @@ class FaultProxy:
             self._loop.call_soon_threadsafe(self._stopping.set)
         if self._thread is not None:
             self._thread.join(10)
+            if self._thread.is_alive():
+                raise RuntimeError("the fault proxy did not stop within 10 s")
         if self._loop is not None:
             self._loop.close()
         self._loop = self._thread = None
