@@ -10,7 +10,7 @@ from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see p
 from .config import FetchConfig, HttpConfig, S3Config
 from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
-from .packing import PackReport, Part, build_index, pack
+from .packing import PackReport, Part, ShardWriter, build_index, pack, pack_samples
 from .reading.mixture import Source
 
 if TYPE_CHECKING:
@@ -51,11 +51,13 @@ __all__ = [
     "S3Config",
     "ShardDataset",
     "ShardTable",
+    "ShardWriter",
     "Source",
     "__version__",
     "build_index",
     "loader_state_dict",
     "open_index",
     "pack",
+    "pack_samples",
     *_errors.__all__,
 ]

@@ -8,6 +8,7 @@ so callers can catch either. Messages name the file, shard, key or URL and say w
     │   └── SourceNotFoundError (FileNotFoundError)
     ├── UnreadableFileError (PermissionError)  a file under SOURCE cannot be read
     ├── MemberNameError (ValueError)           a file name cannot become a tar member / sample entry
+    ├── SampleFnError (ValueError)             pack_samples: fn failed on an input (names it)
     ├── DestinationError (PermissionError)     DEST cannot be written
     │   └── ReadOnlyStoreError                 the store is read-only here (http(s), hf://)
     ├── StorageError (OSError)                 any other failure of the storage, with its code
@@ -33,6 +34,7 @@ __all__ = [
     "MemberNameError",
     "MissingDependencyError",
     "ReadOnlyStoreError",
+    "SampleFnError",
     "ShardNotFoundError",
     "ShardstreamError",
     "SourceError",
@@ -63,6 +65,11 @@ class UnreadableFileError(ShardstreamError, PermissionError):
 
 class MemberNameError(ShardstreamError, ValueError):
     """A file's name cannot be stored as a tar member or a sample entry."""
+
+
+class SampleFnError(ShardstreamError, ValueError):
+    """``pack_samples``: ``fn`` raised on an input, or gave a sample that cannot be written;
+    the message names the input (its repr) and the error."""
 
 
 class DestinationError(ShardstreamError, PermissionError):

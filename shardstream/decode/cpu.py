@@ -7,6 +7,7 @@ By the last part of a member's extension (``"seg.png"`` -> ``"png"``):
   shape ``(3, H, W)`` dtype ``torch.uint8``;
 - ``cls``, ``cls2``, ``index``, ``label`` -> ``int``;
 - ``json`` -> the parsed object; ``txt``, ``text`` -> ``str`` (UTF-8);
+- ``npy`` -> a ``numpy.ndarray`` (``numpy.load``, pickled objects refused);
 - anything else stays ``bytes``, as do ``__key__`` and ``__shard__``.
 """
 
@@ -214,6 +215,10 @@ class CpuDecoder:
             return json.loads(data)
         if kind in TEXT_EXTENSIONS:
             return data.decode("utf-8")
+        if kind == "npy":
+            import numpy as np
+
+            return np.load(io.BytesIO(data), allow_pickle=False)
         return data
 
     def _image(self, data: bytes) -> Any:

@@ -5,6 +5,9 @@
 - :mod:`.sources`: walks a directory tree, a file list or an S3 prefix into samples by key;
 - :mod:`.stream`: one pack stream: samples -> shuffle buffer -> shards, journaled;
 - :mod:`.writer`: one shard: deterministic tar members and the shard's sample table;
+- :mod:`.encode`: a sample dict from code -> tar members (the value table, the key rules);
+- :mod:`.shard_writer`: :class:`ShardWriter`, samples written from code;
+- :mod:`.from_code`: :func:`pack_samples`, a function over inputs in parallel processes, resumable;
 - :mod:`.journal`: the resume records a crash leaves, and the merge into ``index.bin``;
 - :mod:`.build`: ``shardstream index build``: an index for other tools' shards;
 - :mod:`.verify`: every shard checked against the index; :mod:`.dali_index`: DALI's index files.
@@ -14,7 +17,9 @@ below them (:mod:`shardstream.index`, :mod:`shardstream.storage`, the tar format
 """
 
 from .build import build_index
+from .from_code import pack_samples
 from .pack import OnError, PackReport, pack
 from .parts import Part, part_from_env
+from .shard_writer import ShardWriter
 
-__all__ = ["OnError", "PackReport", "Part", "build_index", "pack", "part_from_env"]
+__all__ = ["OnError", "PackReport", "Part", "ShardWriter", "build_index", "pack", "pack_samples", "part_from_env"]

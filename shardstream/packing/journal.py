@@ -38,9 +38,9 @@ from ..errors import DestinationError, IndexFormatError
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from ..storage import Store, write_pieces
 from .sources import Problem
-from .writer import PublishedShard
+from .writer import PublishedShard, RotatingTarWriter
 
-__all__ = ["PackSpec", "StreamRecord", "merge", "read_stream_state", "write_shard_record"]
+__all__ = ["JournaledWriter", "PackSpec", "StreamRecord", "merge", "read_stream_state", "write_shard_record"]
 
 STATE_DIR = ".shardstream"
 SPEC_NAME = f"{STATE_DIR}/pack.json"
@@ -122,6 +122,7 @@ class StreamRecord:
     spec_digest: str
     last_key: str | None = None  # key of the last source sample consumed, checked on resume
     shard: dict[str, Any] | None = None  # name, bytes, num_samples, num_members, crc32
+    within: int = 0  # pack_samples: samples of input ``consumed`` already written (its fn gave several)
 
     def header(self) -> bytes:
         doc: dict[str, Any] = {
@@ -133,6 +134,8 @@ class StreamRecord:
             "problems": [p.to_json() for p in self.problems],
             "shard": self.shard,
         }
+        if self.within:  # only pack_samples writes it; pack's records stay as they were
+            doc["within"] = self.within
         return json.dumps(doc).encode() + b"\n"  # ASCII: problem paths may hold undecodable bytes
 
     @classmethod
@@ -154,6 +157,7 @@ class StreamRecord:
                 last_key=doc["last_key"],
                 spec_digest=doc["spec"],
                 problems=tuple(Problem.from_json(p) for p in doc["problems"]),
+                within=int(doc.get("within", 0)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IndexFormatError(f"{url}: damaged pack record ({exc}); pack again with --overwrite") from exc
@@ -176,6 +180,78 @@ def write_shard_record(store: Store, record: StreamRecord, published: PublishedS
     store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
 
 
+class JournaledWriter:
+    """One stream's shards, each recorded right after it is published (with where the stream
+    stood in its input, so a rerun resumes after it): what ``pack``, ``pack_samples`` and
+    :class:`shardstream.ShardWriter` all write through.
+
+    The caller writes a sample, then moves the position: :attr:`consumed` (inputs done),
+    :attr:`within` (samples of the next input already written) and :attr:`last_key`. A shard
+    published before a sample records the position as it was after the previous one.
+    :attr:`pending` problems go into the next record.
+    """
+
+    def __init__(self, store: Store, spec: PackSpec, stream: int, state: StreamState) -> None:
+        self.store, self.spec, self.stream = store, spec, stream
+        self.consumed, self.within, self.last_key = state.consumed, state.within, state.last_key
+        self.pending: list[Problem] = []
+        self.num_shards = 0  # published by this run
+        self.writer = RotatingTarWriter(
+            store,
+            shard_names=lambda seq: spec.shard_name(stream, seq),
+            max_shard_bytes=spec.max_shard_bytes,
+            max_samples_per_shard=spec.max_samples_per_shard,
+            first_seq=state.num_shards,
+            on_commit=self._on_commit,
+        )
+
+    def _on_commit(self, published: PublishedShard) -> None:
+        meta = {
+            "name": published.name,
+            "bytes": published.bytes,
+            "num_samples": published.num_samples,
+            "num_members": published.num_members,
+            "crc32": published.crc32,
+        }
+        record = StreamRecord(
+            stream=self.stream,
+            seq=self.writer.seq - 1,
+            consumed=self.consumed,
+            last_key=self.last_key,
+            spec_digest=self.spec.digest,
+            shard=meta,
+            problems=tuple(self.pending),
+            within=self.within,
+        )
+        write_shard_record(self.store, record, published)
+        self.pending.clear()
+        self.num_shards += 1
+
+    def write_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        """Append a sample (members sorted by name); may first publish and record a shard."""
+        self.writer.write_sample(key, members)
+
+    def finish(self, problems: tuple[Problem, ...] = ()) -> None:
+        """Publish the shard in progress, then the stream's done record (with ``pending``
+        and ``problems``)."""
+        self.writer.close()
+        done = StreamRecord(
+            stream=self.stream,
+            seq=self.writer.seq,
+            consumed=self.consumed,
+            last_key=self.last_key,
+            spec_digest=self.spec.digest,
+            problems=tuple(self.pending) + problems,
+            within=self.within,
+        )
+        self.store.write_bytes(StreamRecord.name(self.stream, None), done.header())
+        self.pending.clear()
+
+    def abort(self) -> None:
+        """Drop the shard in progress; what was published and recorded stays."""
+        self.writer.abort()
+
+
 @dataclass(frozen=True)
 class StreamState:
     """Where a stream stands: shards published, samples consumed, and whether it is done."""
@@ -184,6 +260,7 @@ class StreamState:
     consumed: int
     last_key: str | None
     done: StreamRecord | None
+    within: int = 0
 
 
 def _record_names(store: Store) -> dict[int, tuple[list[int], bool]]:
@@ -212,11 +289,11 @@ def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
         raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
     if done:
         record = StreamRecord.load(store, stream, None, spec)
-        return StreamState(len(seqs), record.consumed, record.last_key, record)
+        return StreamState(len(seqs), record.consumed, record.last_key, record, record.within)
     if not seqs:
         return StreamState(0, 0, None, None)
     last = StreamRecord.load(store, stream, seqs[-1], spec)
-    return StreamState(len(seqs), last.consumed, last.last_key, None)
+    return StreamState(len(seqs), last.consumed, last.last_key, None, last.within)
 
 
 def unfinished_streams(

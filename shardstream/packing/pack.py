@@ -54,7 +54,8 @@ class PackReport:
     Attributes:
         dest: the destination URL.
         index_url: where the index is, or None while other parts are unfinished.
-        num_files, num_samples, payload_bytes: what this run read and packed.
+        num_files, num_samples, payload_bytes: what this run read and packed (``num_files``
+            counts inputs for :func:`pack_samples`, samples for :class:`ShardWriter`).
         num_shards: shards this run published.
         resumed: True when this run continued an earlier, interrupted one.
         seconds: wall time.
@@ -73,6 +74,7 @@ class PackReport:
     problems: tuple[Problem, ...]
     dataset_totals: dict[str, int] | None = None
     already_complete: bool = False
+    unit: str = "files"  # what num_files counts: "files", "inputs" (pack_samples), "samples" (ShardWriter)
 
     def summary(self) -> str:
         """One line: counts, sizes, speed, and where the index is."""
@@ -83,10 +85,14 @@ class PackReport:
                 f"{t['num_shards']} shards, {t['num_samples']} samples"
             )
         seconds = max(self.seconds, 1e-9)
+        megabytes = f"{self.payload_bytes / 1e6:.1f} MB"
+        if self.unit == "samples":
+            what = f"{self.num_samples} samples ({megabytes})"
+        else:
+            what = f"{self.num_files} {self.unit} ({self.num_samples} samples, {megabytes})"
         line = (
-            f"packed {self.num_files} files ({self.num_samples} samples, {self.payload_bytes / 1e6:.1f} MB) "
-            f"into {self.num_shards} shards in {self.seconds:.1f} s: {self.num_files / seconds:.0f} files/s, "
-            f"{self.payload_bytes / 1e6 / seconds:.1f} MB/s"
+            f"packed {what} into {self.num_shards} shards in {self.seconds:.1f} s: "
+            f"{self.num_files / seconds:.0f} {self.unit}/s, {self.payload_bytes / 1e6 / seconds:.1f} MB/s"
         )
         if self.resumed:
             line += " (resumed)"
@@ -187,12 +193,7 @@ def pack(
         raise ValueError(f"{workers=} must be >= 1")
     if shuffle_buffer < 1:
         raise ValueError(f"{shuffle_buffer=} must be >= 1 (sample names)")
-    if not name or "/" in name:
-        raise ValueError(f"shard name prefix {name!r} must be a non-empty name without '/'")
-    if max_shard_bytes <= 0:
-        raise ValueError(f"{max_shard_bytes=} must be > 0")
-    if max_samples_per_shard is not None and max_samples_per_shard <= 0:
-        raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
+    check_options(name, max_shard_bytes, max_samples_per_shard)
     if from_shards:
         from .build import shard_urls_of
 
@@ -223,7 +224,7 @@ def pack(
         from_shards=from_shards,
     )
     store.check_writable()
-    if _prepare_state(store, spec, overwrite=overwrite):
+    if prepare_state(store, spec, overwrite=overwrite):
         totals = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME)).totals()
         return PackReport(
             dest=store.url,
@@ -260,15 +261,8 @@ def pack(
         results = _run_jobs(jobs, progress=progress, total_files=total_files)
 
     problems = tuple(p for r in results for p in r.problems)
-    totals = None
-    if not unfinished_streams(store, spec):
-        totals, _ = merge(store, spec)
-        if totals["num_samples"] == 0:  # nothing packed: leave nothing, so the next pack starts afresh
-            _wipe(store, spec)
-            store.remove_empty_dirs((STATE_DIR, ""))
-            raise SourceError(
-                f"{source_url}: holds no file to pack (check SOURCE{' and --files-from' if files_from else ''})"
-            )
+    listed = " and --files-from" if files_from else ""
+    totals = merge_when_done(store, spec, empty=f"{source_url}: holds no file to pack (check SOURCE{listed})")
     return PackReport(
         dest=store.url,
         index_url=store.url_of(MANIFEST_NAME) if totals else None,
@@ -283,7 +277,35 @@ def pack(
     )
 
 
-def _prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
+def check_options(name: str, max_shard_bytes: int, max_samples_per_shard: int | None) -> None:
+    """Raise ValueError naming a bad shard name prefix or size limit."""
+    if not name or "/" in name:
+        raise ValueError(f"shard name prefix {name!r} must be a non-empty name without '/'")
+    if max_shard_bytes <= 0:
+        raise ValueError(f"{max_shard_bytes=} must be > 0")
+    if max_samples_per_shard is not None and max_samples_per_shard <= 0:
+        raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
+
+
+def merge_when_done(store: Store, spec: PackSpec, *, empty: str) -> dict[str, int] | None:
+    """Write the index once every stream (of every part) is done; its totals, or None while
+    some are not.
+
+    Raises:
+        SourceError: ``empty``, when nothing at all was packed (the state is removed, so the
+            next run starts afresh).
+    """
+    if unfinished_streams(store, spec):
+        return None
+    totals, _ = merge(store, spec)
+    if totals["num_samples"] == 0:
+        wipe(store, spec)
+        store.remove_empty_dirs((STATE_DIR, ""))
+        raise SourceError(empty)
+    return totals
+
+
+def prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
     """Check what ``dest`` holds; wipe it for ``overwrite``; record ``spec``.
 
     Returns:
@@ -304,7 +326,7 @@ def _prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
                 "finish it, pass --overwrite to replace it, or pick another DEST"
             )
     else:
-        _wipe(store, old_spec)
+        wipe(store, old_spec)
     if not store.create_exclusive(SPEC_NAME, spec.to_json()):  # another part got there first
         winner = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
         if winner != spec:
@@ -315,7 +337,7 @@ def _prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
     return False
 
 
-def _wipe(store: Store, old_spec: PackSpec | None) -> None:
+def wipe(store: Store, old_spec: PackSpec | None) -> None:
     """Delete a dataset (index first, so it never outlives its shards) and any pack state."""
     old_names: set[str] = set()
     for index_name in (MANIFEST_NAME, INDEX_NAME):

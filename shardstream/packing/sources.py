@@ -64,6 +64,7 @@ class ProblemKind(enum.Enum):
     BAD_NAME = "bad_name"  # not UTF-8, a line break, a reserved extension, outside SOURCE
     COLLISION = "collision"  # maps to the same member as another file (e.g. a.JPG / a.jpg)
     EMPTY = "empty"  # zero bytes: packed, but reported as it is usually a broken file
+    FN_ERROR = "fn_error"  # pack_samples: fn raised on the input (path holds the input's repr)
 
 
 @dataclass(frozen=True, slots=True)

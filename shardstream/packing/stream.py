@@ -20,9 +20,8 @@ from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_sample_batches
-from .journal import STATE_DIR, PackSpec, StreamRecord, read_stream_state, write_shard_record
+from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state
 from .sources import Problem, ProblemKind, Sample, SourceFile, iter_list_samples, iter_s3_samples, walk_samples
-from .writer import PublishedShard, ShardWriter
 
 __all__ = ["OnError", "StreamJob", "StreamResult", "run_stream"]
 
@@ -83,46 +82,14 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     if spec.shuffle:
         mine = shuffle_buffer(mine, capacity_samples=job.shuffle_buffer, rng=random.Random(f"{spec.seed}/{stream}"))
     mine = _skip_consumed(mine, state, url=store.url_of(STATE_DIR))
-    pending: list[Problem] = []
-    consumed = state.consumed
-    last_key = state.last_key
-
-    def on_commit(published: PublishedShard) -> None:
-        meta = {
-            "name": published.name,
-            "bytes": published.bytes,
-            "num_samples": published.num_samples,
-            "num_members": published.num_members,
-            "crc32": published.crc32,
-        }
-        record = StreamRecord(
-            stream=stream,
-            seq=writer.seq - 1,
-            consumed=consumed,
-            last_key=last_key,
-            spec_digest=spec.digest,
-            shard=meta,
-            problems=tuple(pending),
-        )
-        write_shard_record(store, record, published)
-        pending.clear()
-        result.num_shards += 1
-
-    writer = ShardWriter(
-        store,
-        shard_names=lambda seq: spec.shard_name(stream, seq),
-        max_shard_bytes=spec.max_shard_bytes,
-        max_samples_per_shard=spec.max_samples_per_shard,
-        first_seq=state.num_shards,
-        on_commit=on_commit,
-    )
+    journal = JournaledWriter(store, spec, stream, state)
     try:
         items = (
             ((sample, sample.members, []) for sample in mine) if spec.from_shards else _read_ahead(mine, source_store)
         )
         for sample, members, problems in items:
             if members:
-                writer.write_sample(sample.key, members)
+                journal.write_sample(sample.key, members)
                 size = sum(len(p) for _, p in members)
                 result.num_files += len(members)
                 result.num_samples += 1
@@ -130,23 +97,16 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
                 advance(len(members), size)
             for problem in problems:
                 _check(problem, job.on_error)
-            pending.extend(problems)
+            journal.pending.extend(problems)
             result.problems.extend(problems)
-            consumed += 1
-            last_key = sample.key
-        writer.close()
+            journal.consumed += 1
+            journal.last_key = sample.key
+        journal.finish(tuple(walk_problems))
     except BaseException:
-        writer.abort()
+        journal.abort()
         raise
-    done = StreamRecord(
-        stream=stream,
-        seq=writer.seq,
-        consumed=consumed,
-        last_key=last_key,
-        spec_digest=spec.digest,
-        problems=tuple(pending + walk_problems),
-    )
-    store.write_bytes(StreamRecord.name(stream, None), done.header())
+    finally:
+        result.num_shards = journal.num_shards
     result.problems.extend(walk_problems)
     return result
 

@@ -1,4 +1,6 @@
-"""The shard writer: samples in, tar shards out, rotating on bytes and sample count."""
+"""The tar writer under every writing path: samples in, tar shards out, rotating on bytes and
+sample count (the public :class:`shardstream.ShardWriter` and :func:`shardstream.pack_samples`
+add the journal and the value encoding on top)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from ..format import END_OF_ARCHIVE, member_header, padded_size
 from ..index import TableSpool
 from ..storage import ShardSink, Store
 
-__all__ = ["PublishedShard", "ShardWriter"]
+__all__ = ["PublishedShard", "RotatingTarWriter"]
 
 _ZEROS = bytes(512)
 
@@ -27,7 +29,7 @@ class PublishedShard:
     table: TableSpool
 
 
-class ShardWriter:
+class RotatingTarWriter:
     """Writes samples into tar shards of a store, publishing each when it is complete.
 
     A shard is closed before a sample that would push it past ``max_shard_bytes`` (headers,

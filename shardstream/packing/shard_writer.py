@@ -1,0 +1,205 @@
+"""``ShardWriter``: samples made by code -> tar shards plus an index, without files on disk."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import FetchConfig, S3Config
+from ..errors import DestinationError
+from ..index import MANIFEST_NAME
+from ..storage import open_store
+from .encode import JPEG_QUALITY, encode_sample
+from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state
+from .pack import DEFAULT_MAX_SHARD_BYTES, PackReport, check_options, merge_when_done, prepare_state
+from .parts import Part
+
+__all__ = ["ShardWriter"]
+
+
+class ShardWriter:
+    """Write samples from code into tar shards and an index at ``dest``, as ``pack`` does.
+
+    ::
+
+        with ShardWriter("s3://bucket/ds", max_shard_bytes=256 << 20) as writer:
+            for i, (jpeg, label) in enumerate(rows):
+                writer.write({"__key__": f"{i:09d}", "jpg": jpeg, "cls": label})
+
+    Values become member bytes by type and extension (:mod:`shardstream.packing.encode`:
+    bytes as they are, ``str`` UTF-8, ``int``/``float`` decimal text, anything under
+    ``json`` as JSON, numpy arrays under ``npy``, PIL images under an image extension);
+    ``ShardDataset(dest, decode="pil")`` reads them back as ``int``, ``str``, parsed JSON,
+    arrays and images. Keys follow ``pack``'s rules; a sample may not repeat the key of the one
+    before it (readers would merge the two).
+
+    The result is a dataset like ``pack``'s: the same tar layout and headers, shards named
+    ``NAME-000000.tar``, ... (with ``part``: numbered ``seq x parts + part``), a sample table
+    beside each, ``index.bin`` written by :meth:`close` (by the last part to close), so exact
+    epochs, resume, ``verify``, ``index --dali``, byte ranges and the node cache all work.
+    Each shard is published atomically (a temporary name and a rename locally; a completed
+    multipart upload on object stores), so a writer that dies leaves only whole shards and
+    no index; the next ``ShardWriter(dest, overwrite=True)`` starts again (use
+    :func:`shardstream.pack_samples` for a write that resumes).
+
+    Args:
+        dest: a local directory (created if needed) or a writable store URL (``s3://``,
+            ``gs://``, ``az://``).
+        name: shard name prefix.
+        max_shard_bytes: shard size limit in bytes (exceeded only by a single larger sample).
+        max_samples_per_shard: sample limit per shard, or None.
+        part: this writer writes part ``I`` of ``N`` of one dataset (N processes or machines,
+            each with its own writer, the same options, and ``Part(I, N)``); default the
+            whole dataset.
+        overwrite: replace what ``dest`` holds (a dataset, or what a writer that did not
+            close left).
+        s3, fetch: endpoint, credentials and multipart settings for ``s3://``.
+        jpeg_quality: quality of PIL images saved as JPEG (1-95).
+
+    Raises:
+        DestinationError: ``dest`` holds a dataset or an unfinished write, and not
+            ``overwrite``; or it cannot be written.
+        ValueError: bad options.
+        StorageError: the store failed (names the URL).
+    """
+
+    def __init__(
+        self,
+        dest: str | os.PathLike[str],
+        *,
+        name: str = "data",
+        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+        max_samples_per_shard: int | None = None,
+        part: Part | None = None,
+        overwrite: bool = False,
+        s3: S3Config | None = None,
+        fetch: FetchConfig | None = None,
+        jpeg_quality: int = JPEG_QUALITY,
+    ) -> None:
+        part = part or Part(0, 1)
+        check_options(name, max_shard_bytes, max_samples_per_shard)
+        if overwrite and part.count > 1:
+            raise ValueError("overwrite=True with several parts would let one part wipe another's; empty DEST first")
+        if not 1 <= jpeg_quality <= 95:
+            raise ValueError(f"{jpeg_quality=} must be in 1..95")
+        self._started = time.perf_counter()
+        self._store = open_store(dest, s3=s3, fetch=fetch)
+        self._spec = PackSpec(
+            source="ShardWriter",
+            files_from=False,
+            name=name,
+            max_shard_bytes=max_shard_bytes,
+            max_samples_per_shard=max_samples_per_shard,
+            num_parts=part.count,
+            workers=1,
+            shuffle=False,
+            seed=0,
+        )
+        self._part = part
+        self._jpeg_quality = jpeg_quality
+        store = self._store
+        store.check_writable()
+        complete = prepare_state(store, self._spec, overwrite=overwrite)
+        state = read_stream_state(store, self._spec, part.index)
+        if complete or state.num_shards or state.done is not None:
+            what = "a dataset" if complete else f"shards of a ShardWriter (part {part.index}) that did not close"
+            fix = "pass overwrite=True to replace it" if part.count == 1 else "empty it and run every part again"
+            raise DestinationError(f"{store.url} already holds {what}; {fix}, or pick another DEST")
+        own_records = f"{STATE_DIR}/s{part.index:05d}-"
+        store.remove_partials(
+            lambda n: self._spec.stream_of_shard(n) == part.index or n.startswith(own_records), folders=("", STATE_DIR)
+        )
+        self._journal = JournaledWriter(store, self._spec, part.index, state)
+        self._num_samples = 0
+        self._payload_bytes = 0
+        self._report: PackReport | None = None
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """Where the dataset goes."""
+        return self._store.url
+
+    @property
+    def num_samples(self) -> int:
+        """Samples written so far."""
+        return self._num_samples
+
+    def write(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample (see the class doc for keys and values); may publish the shard in
+        progress first, when the sample would take it past a limit.
+
+        Raises:
+            TypeError, ValueError: a bad sample (names its key and extension); nothing of it
+                is written and the writer stays usable.
+            StorageError: the store failed (the writer is then unusable: close() raises,
+                the shard in progress is dropped).
+        """
+        if self._closed:
+            raise ValueError(f"this ShardWriter of {self.url} is closed")
+        key, members = encode_sample(sample, jpeg_quality=self._jpeg_quality)
+        journal = self._journal
+        if key == journal.last_key:
+            raise ValueError(
+                f"sample key {key!r} repeats the key of the sample before it; readers would join the two "
+                "into one sample: give every sample its own key"
+            )
+        journal.write_sample(key, members)
+        journal.consumed += 1
+        journal.last_key = key
+        self._num_samples += 1
+        self._payload_bytes += sum(len(payload) for _, payload in members)
+
+    def close(self) -> PackReport:
+        """Publish the shard in progress, record this part as done and, once every part is,
+        write ``index.bin`` (and ``pack-report.jsonl``). Calling it again returns the same report.
+
+        Raises:
+            SourceError: no sample was written (by any part): nothing is left at ``dest``.
+            StorageError: the store failed.
+        """
+        if self._report is not None:
+            return self._report
+        if self._closed:
+            raise ValueError(f"this ShardWriter of {self.url} was aborted; nothing more is written")
+        self._closed = True
+        self._journal.finish()
+        totals = merge_when_done(
+            self._store, self._spec, empty=f"{self.url}: no sample was written; nothing is left there"
+        )
+        self._report = PackReport(
+            dest=self.url,
+            index_url=self._store.url_of(MANIFEST_NAME) if totals else None,
+            num_files=self._num_samples,
+            num_samples=self._num_samples,
+            num_shards=self._journal.num_shards,
+            payload_bytes=self._payload_bytes,
+            resumed=False,
+            seconds=time.perf_counter() - self._started,
+            problems=(),
+            dataset_totals=totals,
+            unit="samples",
+        )
+        return self._report
+
+    def abort(self) -> None:
+        """Stop without an index: drop the shard in progress; published shards stay until a
+        ``ShardWriter(dest, overwrite=True)``."""
+        if not self._closed:
+            self._closed = True
+            self._journal.abort()
+
+    def __enter__(self) -> ShardWriter:  # noqa: PYI034 (typing.Self needs 3.11)
+        return self
+
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        """Close, or abort when the block raised."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"ShardWriter({self.url!r}, samples={self._num_samples}, part={self._part.index}/{self._part.count})"
