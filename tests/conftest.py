@@ -123,3 +123,15 @@ def all_files(root: Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }
+
+
+@pytest.fixture
+def reap_killed_semaphores():
+    """SIGKILLed packs cannot unlink their multiprocessing semaphores (/dev/shm/sem.mp-*);
+    remove the ones that appear while a kill test runs, so repeated runs leave nothing."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("sem.mp-*")) if shm.is_dir() else set()
+    yield
+    if shm.is_dir():
+        for path in set(shm.glob("sem.mp-*")) - before:
+            path.unlink(missing_ok=True)

@@ -21,18 +21,6 @@ from shardstream.storage import open_store
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 
 
-@pytest.fixture
-def reap_killed_semaphores():
-    """SIGKILLed packs cannot unlink their multiprocessing semaphores (/dev/shm/sem.mp-*);
-    remove the ones that appear while a kill test runs, so repeated runs leave nothing."""
-    shm = Path("/dev/shm")
-    before = set(shm.glob("sem.mp-*")) if shm.is_dir() else set()
-    yield
-    if shm.is_dir():
-        for path in set(shm.glob("sem.mp-*")) - before:
-            path.unlink(missing_ok=True)
-
-
 def dataset_files(dest: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in dest.iterdir() if p.is_file()}
 

@@ -141,7 +141,8 @@ def pack_samples(
     )
     store.check_writable()
     report = _Report(dest=store.url)
-    if prepare_state(store, spec, overwrite=overwrite):
+    fix = "call pack_samples again with the same fn and options to finish it, pass overwrite=True to replace it"
+    if prepare_state(store, spec, overwrite=overwrite, fix=fix):
         totals = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME)).totals()
         return report.finish(started, store, totals, complete=True)
     state = read_stream_state(store, spec, part.index)
@@ -225,12 +226,17 @@ def _write(
         for item, result in results:
             report.num_inputs += 1
             bar.update(1)
+            if drop_first and isinstance(result, list):  # the input in progress when interrupted
+                _check_resumed(result, drop_first, journal.last_key, url)
+                result = result[drop_first:]
+            drop_first = 0
             problem = _problem_of(item, result, journal.last_key)
             if problem is not None:
                 if on_error is OnError.FAIL:
+                    first, _, trace = problem.reason.partition("\n")
                     raise SampleFnError(
-                        f"{problem.reason}; fix fn or the input and run the same call again to resume, "
-                        "or pass on_error='skip' to pack the rest and report it"
+                        f"{first}; fix fn or the input and run the same call again to resume, "
+                        f"or pass on_error='skip' to pack the rest and report it\n{trace}".rstrip()
                     )
                 journal.pending.append(problem)
                 report.problems.append(problem)
@@ -238,10 +244,6 @@ def _write(
             else:
                 assert isinstance(result, list)  # internal: _problem_of took the errors
                 samples = result
-            if drop_first:
-                _check_resumed(samples, drop_first, journal.last_key, url)
-                samples, journal.within = samples[drop_first:], drop_first
-                drop_first = 0
             for key, members in samples:
                 journal.write_sample(key, members)
                 journal.within += 1
@@ -355,6 +357,10 @@ def _in_processes(
         while ahead:
             yield from _result(*ahead.popleft())
         clean = True
+    except concurrent.futures.process.BrokenProcessPool as exc:
+        raise ShardstreamError(
+            f"a pack_samples worker died ({exc}); run the same call again to resume after the last published shard"
+        ) from exc
     finally:
         for _, future in ahead:
             future.cancel()
@@ -365,12 +371,7 @@ def _in_processes(
 
 
 def _result(task: list[Any], future: concurrent.futures.Future[list[InputResult]]) -> Iterator[tuple[Any, InputResult]]:
-    try:
-        return zip(task, future.result())
-    except concurrent.futures.process.BrokenProcessPool as exc:
-        raise ShardstreamError(
-            f"a pack_samples worker died ({exc}); run the same call again to resume after the last published shard"
-        ) from exc
+    return zip(task, future.result())
 
 
 def _pickled(fn: Callable[[Any], Any]) -> bytes:
@@ -384,9 +385,9 @@ def _pickled(fn: Callable[[Any], Any]) -> bytes:
 
 
 def _qualified_name(fn: Callable[[Any], Any]) -> str:
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{module}.{name}"
+    """fn's name without its module (a script's fn is ``__main__.fn`` run as a script, and
+    ``script.fn`` when imported: both are the same pack)."""
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
 def _short_repr(item: Any) -> str:

@@ -305,8 +305,15 @@ def merge_when_done(store: Store, spec: PackSpec, *, empty: str) -> dict[str, in
     return totals
 
 
-def prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
-    """Check what ``dest`` holds; wipe it for ``overwrite``; record ``spec``.
+def prepare_state(
+    store: Store,
+    spec: PackSpec,
+    *,
+    overwrite: bool,
+    fix: str = "run the same command as before to finish it, pass --overwrite to replace it",
+) -> bool:
+    """Check what ``dest`` holds; wipe it for ``overwrite``; record ``spec``. ``fix`` is what
+    the error for a ``dest`` in use tells the user to do (the CLI's words by default).
 
     Returns:
         True when ``dest`` already holds the finished result of this very pack.
@@ -321,10 +328,7 @@ def prepare_state(store: Store, spec: PackSpec, *, overwrite: bool) -> bool:
         if has_index or old_spec is not None:
             what = "a dataset" if has_index else "an unfinished pack made with other options"
             differences = f" ({old_spec.differences(spec)})" if old_spec is not None else ""
-            raise DestinationError(
-                f"{store.url} already holds {what}{differences}; run the same command as before to "
-                "finish it, pass --overwrite to replace it, or pick another DEST"
-            )
+            raise DestinationError(f"{store.url} already holds {what}{differences}; {fix}, or pick another DEST")
     else:
         wipe(store, old_spec)
     if not store.create_exclusive(SPEC_NAME, spec.to_json()):  # another part got there first

@@ -101,7 +101,7 @@ class ShardWriter:
         self._jpeg_quality = jpeg_quality
         store = self._store
         store.check_writable()
-        complete = prepare_state(store, self._spec, overwrite=overwrite)
+        complete = prepare_state(store, self._spec, overwrite=overwrite, fix="pass overwrite=True to replace it")
         state = read_stream_state(store, self._spec, part.index)
         if complete or state.num_shards or state.done is not None:
             what = "a dataset" if complete else f"shards of a ShardWriter (part {part.index}) that did not close"
