@@ -1,6 +1,8 @@
 """examples/train_torchrun.py and train_dali.py under a real torchrun: stopped mid-epoch at 2
 ranks, resumed at 3, they train on exactly the rest of the epoch; examples/train_lightning.py
-under Lightning's own DDP launcher, stopped mid-epoch and resumed from Lightning's checkpoint."""
+under Lightning's own DDP launcher, stopped mid-epoch and resumed from Lightning's checkpoint;
+examples/pack_from_parquet.py and pack_from_hf_dataset.py pack, read back and check every row,
+and exit with an error when a row did not come back."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_torchrun import free_port
 
 SCRIPT = Path(__file__).parents[1] / "examples" / "train_torchrun.py"
@@ -113,3 +116,83 @@ def test_train_from_hub_indexes_a_hub_webdataset_in_place_and_trains_exact_epoch
     assert done.returncode == 0, done.stderr[-3000:]
     assert "indexed 3 shards, 300 samples of hf://datasets/demo/webdataset-images/train" in done.stdout
     assert "epoch 0: 300 samples" in done.stdout and "epoch 1: 300 samples" in done.stdout
+
+
+def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(__file__).parents[1] / "examples" / name
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_pack_from_parquet_packs_row_groups_to_a_local_s3_server_and_reads_every_row_back():
+    done = run_example("pack_from_parquet.py", "--rows=120", "--workers=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "made captions.parquet: 120 rows in 5 row groups" in out, out
+    assert "started a local S3 server (SeaweedFS)" in out, out
+    assert "packed 5 inputs (120 samples," in out, out
+    assert "index s3://examples/captions/index.bin: 2 shards, 120 samples" in out, out
+    assert "read 120 samples from 2 shards" in out, out
+    assert "all 120 rows came back once, captions, labels and image sizes equal" in out, out
+
+
+def test_pack_from_parquet_in_two_parts_and_fails_on_a_dataset_of_other_rows(tmp_path):
+    dest = str(tmp_path / "captions")
+    done = run_example("pack_from_parquet.py", f"--dest={dest}", "--rows=80", "--workers=1", "--part=0/2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this part is done; the last part to finish writes the index" in done.stdout, done.stdout
+    assert "read " not in done.stdout
+    done = run_example("pack_from_parquet.py", f"--dest={dest}", "--rows=80", "--workers=2", "--part=1/2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "packed 2 inputs (30 samples," in done.stdout, done.stdout  # row groups 1 and 3 of 0..3
+    assert "all 80 rows came back once" in done.stdout, done.stdout
+
+    other = str(tmp_path / "other")
+    assert run_example("pack_from_parquet.py", f"--dest={other}", "--rows=50", "--workers=1").returncode == 0
+    # the same pack over more rows: pack_samples finds the dataset complete; the check does not
+    done = run_example("pack_from_parquet.py", f"--dest={other}", "--rows=60", "--workers=1")
+    assert done.returncode != 0
+    assert "nothing to do" in done.stdout and "all 60 rows" not in done.stdout, done.stdout
+    assert "MISMATCH: 60 rows, 50 samples read, 50 distinct keys, 10 rows missing" in done.stderr, done.stderr
+
+
+def test_pack_from_hf_dataset_writes_the_same_samples_with_shard_writer_and_pack_samples(tmp_path):
+    done = run_example("pack_from_hf_dataset.py", f"--dest={tmp_path}", "--rows=90", "--workers=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "made a datasets.Dataset of 90 rows" in out, out
+    assert "ShardWriter: packed 90 samples (" in out, out
+    assert f"index {tmp_path}/shard_writer/index.bin: 2 shards, 90 samples" in out, out
+    assert "pack_samples: packed 2 inputs (90 samples," in out, out
+    assert f"index {tmp_path}/pack_samples/index.bin: 2 shards, 90 samples" in out, out
+    assert "read back 90 samples written by ShardWriter and 90 by pack_samples" in out, out
+    assert "both datasets hold the same 90 samples, equal to the source rows" in out, out
+
+
+def test_pack_from_hf_dataset_check_exits_on_a_difference():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "examples" / "pack_from_hf_dataset.py"
+    spec = importlib.util.spec_from_file_location("pack_from_hf_dataset", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    dataset = example.make_dataset(3)
+    good = {
+        f"{i:08d}": ("digest", image.size, label, text)
+        for i, (image, label, text) in enumerate(zip(dataset["image"], dataset["label"], dataset["text"]))
+    }
+    example.check(good, dict(good), dataset)  # equal: no exit
+    wrong_caption = {**good, "00000001": (*good["00000001"][:3], "another caption")}
+    missing = {key: value for key, value in good.items() if key != "00000002"}
+    for written, packed, why in [
+        (good, wrong_caption, "1 keys differ between them (e.g. ['00000001'])"),
+        (wrong_caption, wrong_caption, "1 unlike their source row (e.g. ['00000001'])"),
+        (good, missing, "pack_samples' 2; 1 keys differ between them (e.g. ['00000002'])"),
+    ]:
+        with pytest.raises(SystemExit, match=re.escape(why)):
+            example.check(written, packed, dataset)

@@ -23,7 +23,7 @@ import pickle
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 from tqdm import tqdm
@@ -171,6 +171,7 @@ def pack_samples(
             journal.abort()
             raise
         finally:
+            results.close()  # stops the workers now, not when the generator is collected
             report.num_shards = journal.num_shards
     else:
         report.resumed = True
@@ -313,7 +314,7 @@ def _run_one(fn: Callable[[Any], Any], item: Any, jpeg_quality: int) -> InputRes
         return (f"{type(exc).__name__}: {exc}", trace.strip())
 
 
-def _inline(fn: Callable[[Any], Any], inputs: Iterator[Any], jpeg_quality: int) -> Iterator[tuple[Any, InputResult]]:
+def _inline(fn: Callable[[Any], Any], inputs: Iterator[Any], jpeg_quality: int) -> Generator[tuple[Any, InputResult]]:
     for item in inputs:
         yield item, _run_one(fn, item, jpeg_quality)
 
@@ -337,7 +338,7 @@ def _run_task(items: list[Any]) -> list[InputResult]:
 
 def _in_processes(
     fn_bytes: bytes, inputs: Iterator[Any], workers: int, inputs_per_task: int, jpeg_quality: int
-) -> Iterator[tuple[Any, InputResult]]:
+) -> Generator[tuple[Any, InputResult]]:
     """The results of ``fn`` over ``inputs`` in their order, from ``workers`` spawned
     processes, with at most ``4 x workers`` tasks under way."""
     pool = concurrent.futures.ProcessPoolExecutor(
