@@ -214,13 +214,17 @@ def test_reference_readers_and_the_cli_agree_with_the_written_dataset(tmp_path):
     assert len(list(idx.glob("*.idx"))) == 5
 
 
-def test_a_writer_to_s3_publishes_a_dataset_others_read(s3_config: S3Config, s3_bucket):
+def test_a_writer_to_s3_publishes_a_dataset_others_read(s3_config: S3Config, s3_bucket, tmp_path):
     url = f"s3://{s3_bucket}/written"
     with ShardWriter(url, s3=s3_config, max_samples_per_shard=7) as writer:
         for i in range(30):
             writer.write(write_fns.one_sample(i))
     assert keys_of(url, s3=s3_config) == [f"{i:06d}" for i in range(30)]
     assert open_index(url, s3=s3_config).num_shards == 5
+    cached = ShardDataset(url, s3=s3_config, shuffle=False, cache_dir=tmp_path / "cache", cache_limit_bytes=10**8)
+    for _ in range(2):  # the node cache fills, then serves the second epoch
+        assert [s["__key__"] for s in cached] == [f"{i:06d}" for i in range(30)]
+    assert cached.stats().cache_hits == 5
 
 
 def test_a_block_that_raises_publishes_no_index_and_no_half_shard_and_dest_is_then_refused(tmp_path):
