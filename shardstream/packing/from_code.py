@@ -2,8 +2,9 @@
 processes, deterministic whatever their number, resumable after a crash, split across machines.
 
 How it runs: this process walks ``inputs`` lazily (this part's share: input ``k`` goes to
-part ``k mod N``) and hands runs of ``inputs_per_task`` of them to ``workers`` spawned
-processes, at most ``4 x workers`` runs ahead. Each worker calls ``fn`` and encodes the
+part ``k mod N``) and hands runs of them (tasks of one input at first, then as many as
+``fn`` gets through in about 50 ms, or ``inputs_per_task``) to ``workers`` spawned
+processes, at most ``4 x workers`` tasks ahead. Each worker calls ``fn`` and encodes the
 samples (:mod:`.encode`); this process takes the results back in input order and writes
 them through one journaled stream per part (:mod:`.journal`), so the shards do not depend on
 the number of workers. Each record after a published shard says how many of the part's
@@ -46,6 +47,8 @@ EncodedSample = tuple[str, list[tuple[str, bytes]]]
 InputResult = list[EncodedSample] | tuple[str, str]
 
 _MAX_REPR = 300
+_TASK_S = 0.05  # automatic task size: inputs that take fn about this long
+_MAX_TASK_INPUTS = 1024
 
 
 def pack_samples(
@@ -63,7 +66,7 @@ def pack_samples(
     s3: S3Config | None = None,
     fetch: FetchConfig | None = None,
     progress: bool = True,
-    inputs_per_task: int = 16,
+    inputs_per_task: int | None = None,
     jpeg_quality: int = JPEG_QUALITY,
 ) -> PackReport:
     """Call ``fn(input)`` for each of ``inputs`` and pack the samples it returns into tar
@@ -99,7 +102,9 @@ def pack_samples(
         overwrite: replace what ``dest`` holds.
         s3, fetch: endpoint, credentials and multipart settings for ``s3://``.
         progress: a tqdm bar on stderr: inputs/s, samples/s and MB/s.
-        inputs_per_task: inputs sent to a worker at a time.
+        inputs_per_task: inputs sent to a worker at a time; None: one at first, then as
+            many as ``fn`` gets through in about 50 ms (so a few slow inputs, such as
+            Parquet row groups, spread over the workers, and fast ones go in batches).
         jpeg_quality: quality of PIL images saved as JPEG.
 
     Returns:
@@ -121,7 +126,7 @@ def pack_samples(
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"{workers=} must be >= 1")
-    if inputs_per_task < 1:
+    if inputs_per_task is not None and inputs_per_task < 1:
         raise ValueError(f"{inputs_per_task=} must be >= 1")
     if overwrite and part.count > 1:
         raise ValueError("overwrite=True with several parts would let one part wipe another's; empty DEST first")
@@ -331,32 +336,47 @@ def _init_worker(fn_bytes: bytes, jpeg_quality: int) -> None:
     _worker_fn, _worker_quality = pickle.loads(fn_bytes), jpeg_quality
 
 
-def _run_task(items: list[Any]) -> list[InputResult]:
+def _run_task(items: list[Any]) -> tuple[list[InputResult], float]:
+    """The results of a task, and the seconds it took."""
     assert _worker_fn is not None  # internal: set by _init_worker
-    return [_run_one(_worker_fn, item, _worker_quality) for item in items]
+    started = time.perf_counter()
+    return [_run_one(_worker_fn, item, _worker_quality) for item in items], time.perf_counter() - started
 
 
 def _in_processes(
-    fn_bytes: bytes, inputs: Iterator[Any], workers: int, inputs_per_task: int, jpeg_quality: int
+    fn_bytes: bytes, inputs: Iterator[Any], workers: int, inputs_per_task: int | None, jpeg_quality: int
 ) -> Generator[tuple[Any, InputResult]]:
     """The results of ``fn`` over ``inputs`` in their order, from ``workers`` spawned
-    processes, with at most ``4 x workers`` tasks under way."""
+    processes, with at most ``4 x workers`` tasks under way, each of ``inputs_per_task``
+    inputs (None: sized to take about ``_TASK_S``)."""
     pool = concurrent.futures.ProcessPoolExecutor(
         workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_init_worker,
         initargs=(fn_bytes, jpeg_quality),
     )
-    ahead: collections.deque[tuple[list[Any], concurrent.futures.Future[list[InputResult]]]] = collections.deque()
+    ahead: collections.deque[tuple[list[Any], concurrent.futures.Future[Any]]] = collections.deque()
     clean = False
+    size = inputs_per_task or 1
+    per_input_s: float | None = None  # fn's seconds per input, averaged over recent tasks
+
+    def take() -> Iterator[tuple[Any, InputResult]]:
+        nonlocal size, per_input_s
+        task, future = ahead.popleft()
+        results, seconds = future.result()
+        if inputs_per_task is None:
+            measured = seconds / len(task)
+            per_input_s = measured if per_input_s is None else 0.8 * per_input_s + 0.2 * measured
+            size = max(1, min(_MAX_TASK_INPUTS, round(_TASK_S / max(per_input_s, 1e-7))))
+        return zip(task, results)
+
     try:
-        tasks = iter(lambda: list(itertools.islice(inputs, inputs_per_task)), [])
-        for task in tasks:
+        while task := list(itertools.islice(inputs, size)):
             ahead.append((task, pool.submit(_run_task, task)))
             while len(ahead) >= 4 * workers:
-                yield from _result(*ahead.popleft())
+                yield from take()
         while ahead:
-            yield from _result(*ahead.popleft())
+            yield from take()
         clean = True
     except concurrent.futures.process.BrokenProcessPool as exc:
         raise ShardstreamError(
@@ -369,10 +389,6 @@ def _in_processes(
             for process in list(getattr(pool, "_processes", {}).values()):
                 process.kill()
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _result(task: list[Any], future: concurrent.futures.Future[list[InputResult]]) -> Iterator[tuple[Any, InputResult]]:
-    return zip(task, future.result())
 
 
 def _pickled(fn: Callable[[Any], Any]) -> bytes:
