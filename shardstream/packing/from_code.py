@@ -34,7 +34,7 @@ from ..errors import DestinationError, SampleFnError, ShardstreamError
 from ..index import MANIFEST_NAME, Manifest
 from ..storage import open_store
 from .encode import JPEG_QUALITY, encode_sample
-from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state
+from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
 from .pack import DEFAULT_MAX_SHARD_BYTES, PackReport, check_options, merge_when_done, prepare_state
 from .parts import Part, part_from_env
 from .sources import Problem, ProblemKind
@@ -133,16 +133,12 @@ def pack_samples(
     check_options(name, max_shard_bytes, max_samples_per_shard)
     fn_bytes = _pickled(fn) if workers > 1 else b""
     store = open_store(dest, s3=s3, fetch=fetch)
-    spec = PackSpec(
-        source=f"pack_samples:{_qualified_name(fn)}",
-        files_from=False,
+    spec = PackSpec.of_code(
+        f"pack_samples:{_qualified_name(fn)}",
         name=name,
         max_shard_bytes=max_shard_bytes,
         max_samples_per_shard=max_samples_per_shard,
         num_parts=part.count,
-        workers=1,  # one stream per part: the shards do not depend on the processes
-        shuffle=False,
-        seed=0,
     )
     store.check_writable()
     report = _Report(dest=store.url)
@@ -152,10 +148,7 @@ def pack_samples(
         return report.finish(started, store, totals, complete=True)
     state = read_stream_state(store, spec, part.index)
     if state.done is None:
-        own_records = f"{STATE_DIR}/s{part.index:05d}-"
-        store.remove_partials(
-            lambda n: spec.stream_of_shard(n) == part.index or n.startswith(own_records), folders=("", STATE_DIR)
-        )
+        remove_stream_partials(store, spec, part.index)
         report.resumed = state.num_shards > 0
         journal = JournaledWriter(store, spec, part.index, state)
         mine = itertools.islice(iter(inputs), part.index, None, part.count)

@@ -43,7 +43,15 @@ from ..storage import Store, write_pieces
 from .sources import Problem
 from .writer import PublishedShard, RotatingTarWriter
 
-__all__ = ["JournaledWriter", "PackSpec", "StreamRecord", "merge", "read_stream_state", "write_shard_record"]
+__all__ = [
+    "JournaledWriter",
+    "PackSpec",
+    "StreamRecord",
+    "merge",
+    "read_stream_state",
+    "remove_stream_partials",
+    "write_shard_record",
+]
 
 STATE_DIR = ".shardstream"
 SPEC_NAME = f"{STATE_DIR}/pack.json"
@@ -82,6 +90,24 @@ class PackSpec:
         one of this pack's."""
         match = re.fullmatch(re.escape(self.name) + r"-(\d{6,})\.tar(?:" + re.escape(TABLE_SUFFIX) + ")?", name)
         return int(match.group(1)) % self.num_streams if match else None
+
+    @classmethod
+    def of_code(
+        cls, source: str, *, name: str, max_shard_bytes: int, max_samples_per_shard: int | None, num_parts: int
+    ) -> PackSpec:
+        """The spec of samples written from code (``ShardWriter``, ``pack_samples``): one
+        stream per part, so the shards do not depend on how many processes make the samples."""
+        return cls(
+            source=source,
+            files_from=False,
+            name=name,
+            max_shard_bytes=max_shard_bytes,
+            max_samples_per_shard=max_samples_per_shard,
+            num_parts=num_parts,
+            workers=1,
+            shuffle=False,
+            seed=0,
+        )
 
     def to_json(self) -> bytes:
         doc = asdict(self)
@@ -182,6 +208,14 @@ def write_shard_record(store: Store, record: StreamRecord, published: PublishedS
     """Publish the shard's sample table (streamed from its spool), then ``record``."""
     write_pieces(store, published.name + TABLE_SUFFIX, published.table.pieces())
     store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
+
+
+def remove_stream_partials(store: Store, spec: PackSpec, stream: int) -> None:
+    """Drop what a killed writer of ``stream`` left behind: its partial shard, table and records."""
+    own_records = f"{STATE_DIR}/s{stream:05d}-"
+    store.remove_partials(
+        lambda name: spec.stream_of_shard(name) == stream or name.startswith(own_records), folders=("", STATE_DIR)
+    )
 
 
 class JournaledWriter:

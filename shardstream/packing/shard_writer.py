@@ -12,7 +12,7 @@ from ..errors import DestinationError
 from ..index import MANIFEST_NAME
 from ..storage import open_store
 from .encode import JPEG_QUALITY, encode_sample
-from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state
+from .journal import JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
 from .pack import DEFAULT_MAX_SHARD_BYTES, PackReport, check_options, merge_when_done, prepare_state
 from .parts import Part
 
@@ -86,16 +86,12 @@ class ShardWriter:
             raise ValueError(f"{jpeg_quality=} must be in 1..95")
         self._started = time.perf_counter()
         self._store = open_store(dest, s3=s3, fetch=fetch)
-        self._spec = PackSpec(
-            source="ShardWriter",
-            files_from=False,
+        self._spec = PackSpec.of_code(
+            "ShardWriter",
             name=name,
             max_shard_bytes=max_shard_bytes,
             max_samples_per_shard=max_samples_per_shard,
             num_parts=part.count,
-            workers=1,
-            shuffle=False,
-            seed=0,
         )
         self._part = part
         self._jpeg_quality = jpeg_quality
@@ -107,10 +103,7 @@ class ShardWriter:
             what = "a dataset" if complete else f"shards of a ShardWriter (part {part.index}) that did not close"
             fix = "pass overwrite=True to replace it" if part.count == 1 else "empty it and run every part again"
             raise DestinationError(f"{store.url} already holds {what}; {fix}, or pick another DEST")
-        own_records = f"{STATE_DIR}/s{part.index:05d}-"
-        store.remove_partials(
-            lambda n: self._spec.stream_of_shard(n) == part.index or n.startswith(own_records), folders=("", STATE_DIR)
-        )
+        remove_stream_partials(store, self._spec, part.index)
         self._journal = JournaledWriter(store, self._spec, part.index, state)
         self._num_samples = 0
         self._payload_bytes = 0

@@ -20,7 +20,7 @@ from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_sample_batches
-from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state
+from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
 from .sources import Problem, ProblemKind, Sample, SourceFile, iter_list_samples, iter_s3_samples, walk_samples
 
 __all__ = ["OnError", "StreamJob", "StreamResult", "run_stream"]
@@ -63,10 +63,7 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     result = StreamResult(resumed=state.num_shards > 0 or state.done is not None)
     if state.done is not None:
         return result
-    own_records = f"{STATE_DIR}/s{stream:05d}-"
-    store.remove_partials(
-        lambda name: spec.stream_of_shard(name) == stream or name.startswith(own_records), folders=("", STATE_DIR)
-    )
+    remove_stream_partials(store, spec, stream)
     walk_problems: list[Problem] = []
 
     def on_walk_problem(problem: Problem) -> None:
