@@ -52,7 +52,7 @@ import math
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ..config import FetchConfig, HttpConfig
@@ -395,9 +395,12 @@ class AzureStore(BucketStoreMixin):
         """A block-blob upload of ``name``, committed by ``commit`` (module doc)."""
         return _AzureSink(self, name)
 
-    async def _list_page(self, prefix: str, *, delimiter: bool, token: str | None) -> tuple[list[Any], str | None]:
-        """One page of blobs (and, with ``delimiter``, folders) under ``prefix``, with the token
-        of the next page (None after the last)."""
+    async def _list_page(
+        self, prefix: str, *, delimiter: bool, token: str | None
+    ) -> tuple[list[tuple[str, int]], list[str], str | None]:
+        """One page under ``prefix``: ``(key, size_bytes)`` of its blobs, the keys of its
+        folders (with ``delimiter``), and the token of the next page (None after the last)."""
+        from azure.storage.blob.aio import BlobPrefix
 
         async def page() -> tuple[list[Any], str | None]:
             container = await self._container()
@@ -413,45 +416,9 @@ class AzureStore(BucketStoreMixin):
                 return [], None
             return items, pages.continuation_token or None
 
-        return await self._run("list", page(), url=self.url_of(prefix), not_found=BucketNotFoundError)
-
-    def list_names(self, prefix: str = "") -> list[str]:
-        """Sorted names of the blobs whose name starts with ``prefix``, page by page (folder
-        placeholders, names ending in ``/``, are no files and are left out)."""
-        root = self.key_of("")
-
-        async def list_all() -> list[str]:
-            names: list[str] = []
-            token: str | None = None
-            while True:
-                items, token = await self._list_page(prefix, delimiter=False, token=token)
-                names.extend(item.name[len(root) :] for item in items)
-                if not token:
-                    return sorted(name for name in names if not name.endswith("/"))
-
-        return loop.run(list_all())
-
-    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
-        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
-        ``(name, size_bytes, is_dir)`` with names relative to this store's prefix (a folder's
-        own placeholder blob is left out)."""
-        from azure.storage.blob.aio import BlobPrefix
-
-        root = self.key_of("")
-        token: str | None = None
-        while True:
-            items, token = loop.run(self._list_page(prefix, delimiter=True, token=token))
-            for item in items:
-                name = item.name[len(root) :]
-                if isinstance(item, BlobPrefix):
-                    yield name, 0, True
-                elif name != prefix:
-                    yield name, int(item.size or 0), False
-            if not token:
-                return
-
-    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
-        """Nothing to do: blob containers have no directories."""
+        items, next_token = await self._run("list", page(), url=self.url_of(prefix), not_found=BucketNotFoundError)
+        files = [(item.name, int(item.size or 0)) for item in items if not isinstance(item, BlobPrefix)]
+        return files, [item.name for item in items if isinstance(item, BlobPrefix)], next_token
 
     def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
         """Nothing to remove: a killed writer leaves only uncommitted blocks, which are no blob,

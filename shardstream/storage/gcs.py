@@ -45,7 +45,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
@@ -419,56 +419,24 @@ class GcsStore(BucketStoreMixin):
         """A resumable upload of ``name``, finalised by ``commit`` (module doc)."""
         return _GcsSink(self, name)
 
-    async def _list_page(self, prefix: str, *, delimiter: bool, token: str | None) -> dict[str, Any]:
+    async def _list_page(
+        self, prefix: str, *, delimiter: bool, token: str | None
+    ) -> tuple[list[tuple[str, int]], list[str], str | None]:
+        """One page under ``prefix``: ``(key, size_bytes)`` of its objects, the keys of its
+        folders (with ``delimiter``), and the token of the next page (None after the last)."""
         params: dict[str, Any] = {"prefix": self.key_of("") + prefix, "maxResults": self.list_page_size}
         if delimiter:
             params["delimiter"] = "/"
         if token:
             params["pageToken"] = token
-        return await self._run(
+        page = await self._run(
             "list",
             self._call("GET", "b/{}/o", self.bucket, json_out=True, **params),
             url=self.url_of(prefix),
             not_found=BucketNotFoundError,
         )
-
-    def list_names(self, prefix: str = "") -> list[str]:
-        """Sorted names of the objects whose name starts with ``prefix``, page by page (folder
-        placeholder objects, names ending in ``/``, are no files and are left out)."""
-        root = self.key_of("")
-
-        async def list_all() -> list[str]:
-            names: list[str] = []
-            token: str | None = None
-            while True:
-                page = await self._list_page(prefix, delimiter=False, token=token)
-                names.extend(item["name"][len(root) :] for item in page.get("items", []))
-                token = page.get("nextPageToken")
-                if not token:
-                    return sorted(name for name in names if not name.endswith("/"))
-
-        return loop.run(list_all())
-
-    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
-        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
-        ``(name, size_bytes, is_dir)`` with names relative to this store's prefix (a folder's
-        own placeholder object is left out)."""
-        root = self.key_of("")
-        token: str | None = None
-        while True:
-            page = loop.run(self._list_page(prefix, delimiter=True, token=token))
-            for folder in page.get("prefixes", []):
-                yield folder[len(root) :], 0, True
-            for item in page.get("items", []):
-                name = item["name"][len(root) :]
-                if name != prefix:
-                    yield name, int(item.get("size", 0)), False
-            token = page.get("nextPageToken")
-            if not token:
-                return
-
-    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
-        """Nothing to do: GCS has no directories."""
+        files = [(item["name"], int(item.get("size", 0))) for item in page.get("items", [])]
+        return files, list(page.get("prefixes", [])), page.get("nextPageToken") or None
 
     def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
         """Nothing to find: an unfinished resumable upload (a killed writer's) is no object, cannot

@@ -13,7 +13,7 @@ import email.utils
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from ..config import FetchConfig, HttpConfig
@@ -156,19 +156,56 @@ class RemoteStoreMixin:
 
 class BucketStoreMixin(RemoteStoreMixin):
     """What the GCS and Azure stores share beside :class:`RemoteStoreMixin`: keys under
-    ``prefix``, small writes through ``_put``, one library operation bounded and translated
-    (``_translate``, the module's), and the steps of a ranged read that name the object's
-    version (``version_name``: "generation", "ETag")."""
+    ``prefix``, listing through ``_list_page``, small writes through ``_put``, one library
+    operation bounded and translated (``_translate``, the module's), and the steps of a
+    ranged read that name the object's version (``version_name``: "generation", "ETag")."""
 
     prefix: str
     endpoint: str
     version_name: str
     _translate: Callable[..., BaseException]
     _put: Callable[..., Awaitable[bool]]
+    # one page under a prefix: ([(key, size_bytes)], [folder keys], the next page's token or None)
+    _list_page: Callable[..., Awaitable[tuple[list[tuple[str, int]], list[str], str | None]]]
     pool_state: Callable[[], str]
 
     def key_of(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
+
+    def list_names(self, prefix: str = "") -> list[str]:
+        """Sorted names of the objects whose name starts with ``prefix``, page by page (folder
+        placeholders, names ending in ``/``, are no files and are left out)."""
+        root = self.key_of("")
+
+        async def list_all() -> list[str]:
+            names: list[str] = []
+            token: str | None = None
+            while True:
+                files, _, token = await self._list_page(prefix, delimiter=False, token=token)
+                names.extend(key[len(root) :] for key, _ in files)
+                if not token:
+                    return sorted(name for name in names if not name.endswith("/"))
+
+        return loop.run(list_all())
+
+    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
+        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
+        ``(name, size_bytes, is_dir)`` with names relative to this store's prefix (a folder's
+        own placeholder object is left out)."""
+        root = self.key_of("")
+        token: str | None = None
+        while True:
+            files, folders, token = loop.run(self._list_page(prefix, delimiter=True, token=token))
+            for folder in folders:
+                yield folder[len(root) :], 0, True
+            for key, size in files:
+                if key[len(root) :] != prefix:
+                    yield key[len(root) :], size, False
+            if not token:
+                return
+
+    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
+        """Nothing to do: buckets and containers have no directories."""
 
     def write_bytes(self, name: str, data: bytes) -> None:
         """Write a small object in one request (published whole or not at all)."""
