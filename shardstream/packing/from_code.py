@@ -245,12 +245,9 @@ def _write(
                 samples = result
             for key, members in samples:
                 journal.write_sample(key, members)
-                journal.within += 1
-                journal.last_key = key
                 report.num_samples += 1
                 report.payload_bytes += sum(len(payload) for _, payload in members)
-            journal.consumed += 1
-            journal.within = 0
+            journal.input_done()
             if progress and time.monotonic() - shown_at > 0.5:
                 shown_at = time.monotonic()
                 seconds = max(bar.format_dict["elapsed"], 1e-9)

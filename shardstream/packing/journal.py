@@ -223,9 +223,9 @@ class JournaledWriter:
     stood in its input, so a rerun resumes after it): what ``pack``, ``pack_samples`` and
     :class:`shardstream.ShardWriter` all write through.
 
-    The caller writes a sample, then moves the position: :attr:`consumed` (inputs done),
-    :attr:`within` (samples of the next input already written) and :attr:`last_key`. A shard
-    published before a sample records the position as it was after the previous one.
+    The position moves as samples are written and inputs done: :attr:`consumed` (inputs
+    done), :attr:`within` (samples of the next input already written) and :attr:`last_key`. A
+    shard published before a sample records the position as it was after the previous one.
     :attr:`pending` problems go into the next record.
     """
 
@@ -266,8 +266,19 @@ class JournaledWriter:
         self.num_shards += 1
 
     def write_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
-        """Append a sample (members sorted by name); may first publish and record a shard."""
+        """Append a sample of the input in progress (members sorted by name); may first
+        publish and record a shard."""
         self.writer.write_sample(key, members)
+        self.within += 1
+        self.last_key = key
+
+    def input_done(self, last_key: str | None = None) -> None:
+        """The input in progress is done (``last_key``: its key, for pack's inputs that gave
+        no member)."""
+        self.consumed += 1
+        self.within = 0
+        if last_key is not None:
+            self.last_key = last_key
 
     def finish(self, problems: tuple[Problem, ...] = ()) -> None:
         """Publish the shard in progress, then the stream's done record (with ``pending``

@@ -140,8 +140,7 @@ class ShardWriter:
                 "into one sample: give every sample its own key"
             )
         journal.write_sample(key, members)
-        journal.consumed += 1
-        journal.last_key = key
+        journal.input_done()
         self._num_samples += 1
         self._payload_bytes += sum(len(payload) for _, payload in members)
 

@@ -96,8 +96,7 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
                 _check(problem, job.on_error)
             journal.pending.extend(problems)
             result.problems.extend(problems)
-            journal.consumed += 1
-            journal.last_key = sample.key
+            journal.input_done(sample.key)
         journal.finish(tuple(walk_problems))
     except BaseException:
         journal.abort()
