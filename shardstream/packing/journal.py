@@ -47,6 +47,8 @@ __all__ = [
     "JournaledWriter",
     "PackSpec",
     "StreamRecord",
+    "StreamState",
+    "load_rows",
     "merge",
     "read_stream_state",
     "remove_stream_partials",
@@ -74,6 +76,7 @@ class PackSpec:
     shuffle: bool
     seed: int
     from_shards: bool = False  # SOURCE is tar shards whose samples are packed again (resharding)
+    listed: bool = False  # the source is listed once and planned into shards (packing.listing)
 
     @property
     def num_streams(self) -> int:
@@ -83,13 +86,27 @@ class PackSpec:
         return list(range(part, self.num_streams, self.num_parts))
 
     def shard_name(self, stream: int, seq: int) -> str:
-        return f"{self.name}-{seq * self.num_streams + stream:06d}.tar"
+        """Shard ``seq`` of ``stream``; for a listed pack, ``stream`` is the first shard of the
+        stream's range and the name is the planned shard's number."""
+        return f"{self.name}-{self.shard_number(stream, seq):06d}.tar"
+
+    def shard_number(self, stream: int, seq: int) -> int:
+        return stream + seq if self.listed else seq * self.num_streams + stream
+
+    def shard_of_name(self, name: str) -> int | None:
+        """The number of shard ``name`` (or of its sample table), or None if it is not one of
+        this pack's."""
+        match = re.fullmatch(re.escape(self.name) + r"-(\d{6,})\.tar(?:" + re.escape(TABLE_SUFFIX) + ")?", name)
+        return int(match.group(1)) if match else None
 
     def stream_of_shard(self, name: str) -> int | None:
         """The stream that writes shard ``name`` (or its sample table), or None if it is not
-        one of this pack's."""
-        match = re.fullmatch(re.escape(self.name) + r"-(\d{6,})\.tar(?:" + re.escape(TABLE_SUFFIX) + ")?", name)
-        return int(match.group(1)) % self.num_streams if match else None
+        one of this pack's (a listed pack's shard numbers map to streams through its listing:
+        0 here)."""
+        number = self.shard_of_name(name)
+        if number is None:
+            return None
+        return 0 if self.listed else number % self.num_streams
 
     @classmethod
     def of_code(
@@ -111,8 +128,9 @@ class PackSpec:
 
     def to_json(self) -> bytes:
         doc = asdict(self)
-        if not self.from_shards:  # as before resharding existed: earlier unfinished packs still resume
-            del doc["from_shards"]
+        for flag in ("from_shards", "listed"):  # as before they existed: earlier unfinished packs still resume
+            if not doc[flag]:
+                del doc[flag]
         return json.dumps({"version": 1, **doc}, sort_keys=True).encode()
 
     @property
@@ -153,6 +171,9 @@ class StreamRecord:
     last_key: str | None = None  # key of the last source sample consumed, checked on resume
     shard: dict[str, Any] | None = None  # name, bytes, num_samples, num_members, crc32
     within: int = 0  # pack_samples: samples of input ``consumed`` already written (its fn gave several)
+    # a listed pack's done record: every shard of the stream in order, {"shard": row or None,
+    # "problems": [...]}, so the merge reads one record per stream
+    rows: tuple[dict[str, Any], ...] | None = None
 
     def header(self) -> bytes:
         doc: dict[str, Any] = {
@@ -166,6 +187,8 @@ class StreamRecord:
         }
         if self.within:  # only pack_samples writes it; pack's records stay as they were
             doc["within"] = self.within
+        if self.rows is not None:
+            doc["rows"] = list(self.rows)
         return json.dumps(doc).encode() + b"\n"  # ASCII: problem paths may hold undecodable bytes
 
     @classmethod
@@ -188,6 +211,7 @@ class StreamRecord:
                 spec_digest=doc["spec"],
                 problems=tuple(Problem.from_json(p) for p in doc["problems"]),
                 within=int(doc.get("within", 0)),
+                rows=None if doc.get("rows") is None else tuple(doc["rows"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IndexFormatError(f"{url}: damaged pack record ({exc}); pack again with --overwrite") from exc
@@ -210,12 +234,19 @@ def write_shard_record(store: Store, record: StreamRecord, published: PublishedS
     store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
 
 
-def remove_stream_partials(store: Store, spec: PackSpec, stream: int) -> None:
-    """Drop what a killed writer of ``stream`` left behind: its partial shard, table and records."""
+def remove_stream_partials(store: Store, spec: PackSpec, stream: int, shards: range | None = None) -> None:
+    """Drop what a killed writer of ``stream`` left behind: its partial shard, table and
+    records (``shards``: a listed pack's range of the stream)."""
     own_records = f"{STATE_DIR}/s{stream:05d}-"
-    store.remove_partials(
-        lambda name: spec.stream_of_shard(name) == stream or name.startswith(own_records), folders=("", STATE_DIR)
-    )
+
+    def mine(name: str) -> bool:
+        if name.startswith(own_records):
+            return True
+        if shards is None:
+            return spec.stream_of_shard(name) == stream
+        return spec.shard_of_name(name) in shards
+
+    store.remove_partials(mine, folders=("", STATE_DIR))
 
 
 class JournaledWriter:
@@ -229,16 +260,20 @@ class JournaledWriter:
     :attr:`pending` problems go into the next record.
     """
 
-    def __init__(self, store: Store, spec: PackSpec, stream: int, state: StreamState) -> None:
+    def __init__(
+        self, store: Store, spec: PackSpec, stream: int, state: StreamState, *, first_shard: int | None = None
+    ) -> None:
         self.store, self.spec, self.stream = store, spec, stream
         self.consumed, self.within, self.last_key = state.consumed, state.within, state.last_key
         self.pending: list[Problem] = []
         self.num_shards = 0  # published by this run
+        self.rows: list[dict[str, Any]] | None = None if first_shard is None else []  # a listed pack's, this run
+        planned = first_shard is not None  # shards end where the listing's plan says (end_shard)
         self.writer = RotatingTarWriter(
             store,
-            shard_names=lambda seq: spec.shard_name(stream, seq),
-            max_shard_bytes=spec.max_shard_bytes,
-            max_samples_per_shard=spec.max_samples_per_shard,
+            shard_names=lambda seq: spec.shard_name(stream if first_shard is None else first_shard, seq),
+            max_shard_bytes=(1 << 62) if planned else spec.max_shard_bytes,
+            max_samples_per_shard=None if planned else spec.max_samples_per_shard,
             first_seq=state.num_shards,
             on_commit=self._on_commit,
         )
@@ -262,8 +297,31 @@ class JournaledWriter:
             within=self.within,
         )
         write_shard_record(self.store, record, published)
-        self.pending.clear()
+        self._recorded(record)
         self.num_shards += 1
+
+    def _recorded(self, record: StreamRecord) -> None:
+        if self.rows is not None:
+            self.rows.append({"shard": record.shard, "problems": [p.to_json() for p in record.problems]})
+        self.pending.clear()
+
+    def end_shard(self) -> None:
+        """A listed pack's planned shard is complete: publish and record it, or, when every
+        input of it was skipped, record that it is empty (so shard numbers stay the plan's)."""
+        if self.writer.in_progress:
+            self.writer.close()
+            return
+        record = StreamRecord(
+            stream=self.stream,
+            seq=self.writer.seq,
+            consumed=self.consumed,
+            last_key=self.last_key,
+            spec_digest=self.spec.digest,
+            problems=tuple(self.pending),
+        )
+        self.store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
+        self.writer.skip()
+        self._recorded(record)
 
     def write_sample(self, key: str, members: list[tuple[str, bytes]]) -> None:
         """Append a sample of the input in progress (members sorted by name); may first
@@ -280,9 +338,10 @@ class JournaledWriter:
         if last_key is not None:
             self.last_key = last_key
 
-    def finish(self, problems: tuple[Problem, ...] = ()) -> None:
+    def finish(self, problems: tuple[Problem, ...] = (), *, earlier_rows: list[dict[str, Any]] | None = None) -> None:
         """Publish the shard in progress, then the stream's done record (with ``pending``
-        and ``problems``)."""
+        and ``problems``; a listed pack's with every shard's row, ``earlier_rows`` being
+        those of the runs before this one)."""
         self.writer.close()
         done = StreamRecord(
             stream=self.stream,
@@ -292,6 +351,7 @@ class JournaledWriter:
             spec_digest=self.spec.digest,
             problems=tuple(self.pending) + problems,
             within=self.within,
+            rows=None if self.rows is None else (*(earlier_rows or ()), *self.rows),
         )
         self.store.write_bytes(StreamRecord.name(self.stream, None), done.header())
         self.pending.clear()
@@ -312,10 +372,10 @@ class StreamState:
     within: int = 0
 
 
-def _record_names(store: Store) -> dict[int, tuple[list[int], bool]]:
+def _record_names(store: Store, prefix: str = f"{STATE_DIR}/s") -> dict[int, tuple[list[int], bool]]:
     """Per stream: the sequence numbers recorded and whether it is done."""
     streams: dict[int, tuple[list[int], bool]] = {}
-    for name in store.list_names(f"{STATE_DIR}/s"):
+    for name in store.list_names(prefix):
         match = _RECORD.match(name)
         if match:
             seqs, done = streams.get(int(match.group(1)), ([], False))
@@ -333,7 +393,7 @@ def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
     Raises:
         DestinationError: its records have a gap (the state was edited or damaged).
     """
-    seqs, done = _record_names(store).get(stream, ([], False))
+    seqs, done = _record_names(store, f"{STATE_DIR}/s{stream:05d}-").get(stream, ([], False))
     if seqs != list(range(len(seqs))):
         raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
     if done:
@@ -348,7 +408,15 @@ def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
 def unfinished_streams(
     store: Store, spec: PackSpec, names: dict[int, tuple[list[int], bool]] | None = None
 ) -> list[int]:
-    """Streams without a done marker (``names``: a listing already made, to reuse)."""
+    """Streams without a done marker (``names``: a listing already made, to reuse). A listed
+    pack asks for each stream's marker, many at once, rather than list 10^6 shard records."""
+    if names is None and spec.listed:
+        streams = range(spec.num_streams)
+        with concurrent.futures.ThreadPoolExecutor(
+            MERGE_READS_IN_FLIGHT, thread_name_prefix="shardstream-merge"
+        ) as pool:
+            done = list(pool.map(lambda s: store.exists(StreamRecord.name(s, None)), streams))
+        return [s for s, d in zip(streams, done) if not d]
     names = _record_names(store) if names is None else names
     return [s for s in range(spec.num_streams) if not names.get(s, ([], False))[1]]
 
@@ -372,20 +440,70 @@ def _load_in_order(
                 future.cancel()
 
 
+class ManifestColumns:
+    """Manifest rows gathered into compact columns (about 40 bytes a shard), never a Python
+    object per shard."""
+
+    def __init__(self) -> None:
+        self.columns = {k: array.array("q") for k in ("bytes", "num_samples", "num_members", "crc32", "name_offsets")}
+        self.columns["name_offsets"].append(0)
+        self.blob = bytearray()
+
+    def add(self, row: dict[str, Any] | None, *, url: str) -> None:
+        """Append a row (name, bytes, num_samples, num_members, crc32 in hex).
+
+        Raises:
+            IndexFormatError: naming ``url``, where the row is damaged.
+        """
+        columns = self.columns
+        try:
+            row = row or {}
+            values = [int(row[key]) for key in ("bytes", "num_samples", "num_members")]
+            crc32 = int(row["crc32"], 16)
+            name = str(row["name"]).encode("utf-8")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{url}: damaged pack record ({exc!r}); pack again with --overwrite") from exc
+        for key, value in zip(("bytes", "num_samples", "num_members"), values):
+            columns[key].append(value)
+        columns["crc32"].append(crc32)
+        self.blob += name
+        columns["name_offsets"].append(len(self.blob))
+
+    def manifest(self, url: str) -> Manifest:
+        columns = self.columns
+        return Manifest(
+            url=url,
+            shard_bytes=np.frombuffer(columns["bytes"], dtype=np.int64),
+            shard_samples=np.frombuffer(columns["num_samples"], dtype=np.int64),
+            shard_members=np.frombuffer(columns["num_members"], dtype=np.int64),
+            crc32=np.frombuffer(columns["crc32"], dtype=np.int64).astype(np.uint32),
+            name_offsets=np.frombuffer(columns["name_offsets"], dtype=np.int64),
+            names=np.frombuffer(bytes(self.blob), dtype=np.uint8),
+        )
+
+
+def load_rows(store: Store, spec: PackSpec, stream: int, num_shards: int) -> list[dict[str, Any]]:
+    """A listed pack's done-record rows of the first ``num_shards`` shards ``stream`` recorded
+    (those of an interrupted run, read many at once)."""
+    records = _load_in_order(store, spec, ((stream, seq) for seq in range(num_shards)))
+    return [{"shard": r.shard, "problems": [p.to_json() for p in r.problems]} for r in records]
+
+
 def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
     """Write ``index.bin`` and ``pack-report.jsonl`` from the records of a finished pack.
 
-    Shards are listed by global number; one record is read at a time into compact columns
-    (about 40 bytes per shard), never a Python object per shard.
+    A listed pack's done records hold every row of their stream: one read per stream, many at
+    once, in shard order. Other packs' shards are read one record per shard (many at once), by
+    global number. Rows go into compact columns (:class:`ManifestColumns`).
 
     Returns:
-        The index totals, and every problem recorded.
+        The index totals, and every problem recorded (a listed pack's walk problems first).
 
     Raises:
         DestinationError: some streams (hence parts) have not finished.
         IndexFormatError: a record is damaged.
     """
-    names = _record_names(store)
+    names = None if spec.listed else _record_names(store)
     missing = unfinished_streams(store, spec, names)
     if missing:
         parts = sorted({s % spec.num_parts for s in missing})
@@ -394,39 +512,34 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
             "finished; run them (the same command with --part I/N), then `shardstream index merge`"
         )
     problems: list[Problem] = []
-    seqs_of = {s: len(names[s][0]) for s in range(spec.num_streams)}
-    columns = {k: array.array("q") for k in ("bytes", "num_samples", "num_members", "crc32", "name_offsets")}
-    columns["name_offsets"].append(0)
-    blob = bytearray()
-    order = (
-        (stream, seq)
-        for seq in range(max(seqs_of.values(), default=0))
-        for stream in range(spec.num_streams)
-        if seq < seqs_of[stream]
-    )
-    for record in _load_in_order(store, spec, order):
-        problems.extend(record.problems)
-        try:
-            row = record.shard or {}
-            for key in ("bytes", "num_samples", "num_members"):
-                columns[key].append(int(row[key]))
-            columns["crc32"].append(int(row["crc32"], 16))
-            blob += str(row["name"]).encode("utf-8")
-        except (KeyError, TypeError, ValueError) as exc:
-            url = store.url_of(StreamRecord.name(record.stream, record.seq))
-            raise IndexFormatError(f"{url}: damaged pack record ({exc!r}); pack again with --overwrite") from exc
-        columns["name_offsets"].append(len(blob))
-    manifest = Manifest(
-        url=store.url_of(MANIFEST_NAME),
-        shard_bytes=np.frombuffer(columns["bytes"], dtype=np.int64),
-        shard_samples=np.frombuffer(columns["num_samples"], dtype=np.int64),
-        shard_members=np.frombuffer(columns["num_members"], dtype=np.int64),
-        crc32=np.frombuffer(columns["crc32"], dtype=np.int64).astype(np.uint32),
-        name_offsets=np.frombuffer(columns["name_offsets"], dtype=np.int64),
-        names=np.frombuffer(bytes(blob), dtype=np.uint8),
-    )
-    for done in _load_in_order(store, spec, ((stream, None) for stream in range(spec.num_streams))):
-        problems.extend(done.problems)
+    columns = ManifestColumns()
+    done_records = _load_in_order(store, spec, ((stream, None) for stream in range(spec.num_streams)))
+    if spec.listed:
+        from .listing import read_listing_problems
+
+        problems.extend(read_listing_problems(store))
+        for done in done_records:
+            url = store.url_of(StreamRecord.name(done.stream, None))
+            for entry in done.rows or ():
+                problems.extend(Problem.from_json(p) for p in entry.get("problems", ()))
+                if entry.get("shard") is not None:
+                    columns.add(entry["shard"], url=url)
+            problems.extend(done.problems)
+    else:
+        assert names is not None  # listed above
+        seqs_of = {s: len(names[s][0]) for s in range(spec.num_streams)}
+        order = (
+            (stream, seq)
+            for seq in range(max(seqs_of.values(), default=0))
+            for stream in range(spec.num_streams)
+            if seq < seqs_of[stream]
+        )
+        for record in _load_in_order(store, spec, order):
+            problems.extend(record.problems)
+            columns.add(record.shard, url=store.url_of(StreamRecord.name(record.stream, record.seq)))
+        for done in done_records:
+            problems.extend(done.problems)
+    manifest = columns.manifest(store.url_of(MANIFEST_NAME))
     report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
     store.write_bytes(REPORT_NAME, report)
     write_pieces(store, MANIFEST_NAME, manifest.pieces())

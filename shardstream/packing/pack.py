@@ -33,13 +33,10 @@ from .journal import (
     merge,
     unfinished_streams,
 )
+from .listing import Listing, ensure_listing
 from .parts import Part, part_from_env
-from .sources import (
-    Problem,
-    check_source,
-    split_entries,
-)
-from .stream import OnError, StreamJob, StreamResult, run_stream
+from .sources import Problem, check_source
+from .stream import OnError, StreamJob, StreamResult, check_problem, run_stream
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
@@ -222,6 +219,7 @@ def pack(
         shuffle=shuffle,
         seed=seed,
         from_shards=from_shards,
+        listed=not from_shards,
     )
     store.check_writable()
     if prepare_state(store, spec, overwrite=overwrite):
@@ -240,7 +238,22 @@ def pack(
             already_complete=True,
         )
 
+    listed_problems: list[Problem] = []
     with _spooled_list(files_from) as list_path:
+        total_files = None
+        if spec.listed:
+            listing = list_once(
+                store,
+                spec,
+                list_path=list_path,
+                on_error=on_error,
+                shuffle_buffer=shuffle_buffer,
+                s3=s3,
+                found=listed_problems,
+            )
+            total_files = sum(
+                listing.files_in(*listing.shard_range(s, spec.num_streams)) for s in spec.streams_of_part(part.index)
+            )
         jobs = [
             StreamJob(
                 spec=spec,
@@ -254,13 +267,9 @@ def pack(
             )
             for stream in spec.streams_of_part(part.index)
         ]
-        total_files = None
-        if list_path is not None and progress:  # a list's length is known up front: show an ETA
-            with open(list_path, "rb") as listed:
-                total_files = sum(1 for _ in split_entries(listed)) // part.count
         results = _run_jobs(jobs, progress=progress, total_files=total_files)
 
-    problems = tuple(p for r in results for p in r.problems)
+    problems = (*listed_problems, *(p for r in results for p in r.problems))
     listed = " and --files-from" if files_from else ""
     totals = merge_when_done(store, spec, empty=f"{source_url}: holds no file to pack (check SOURCE{listed})")
     return PackReport(
@@ -274,6 +283,33 @@ def pack(
         seconds=time.perf_counter() - started,
         problems=problems,
         dataset_totals=totals,
+    )
+
+
+def list_once(
+    store: Store,
+    spec: PackSpec,
+    *,
+    list_path: str | None,
+    on_error: OnError,
+    shuffle_buffer: int,
+    s3: S3Config | None,
+    found: list[Problem] | None = None,
+) -> Listing:
+    """The pack's listing (:mod:`shardstream.packing.listing`), made here unless another part
+    made or is making it; ``found`` collects the problems when this process lists.
+
+    Raises:
+        UnreadableFileError, MemberNameError: a bad entry under ``on_error="fail"``.
+    """
+
+    def on_problem(problem: Problem) -> None:
+        check_problem(problem, on_error)
+        if found is not None:
+            found.append(problem)
+
+    return ensure_listing(
+        store, spec, list_path=list_path, on_problem=on_problem, shuffle_samples=shuffle_buffer, s3=s3
     )
 
 

@@ -4,9 +4,11 @@ Each source yields :class:`Sample` values in a deterministic order and reports e
 will not pack (or packs with a warning) to an ``on_problem`` callback; nothing is dropped
 silently.
 
-- A local directory is walked one directory listing at a time, sorted by name: the samples
-  of its files first (grouped by key, sorted by key), then its subdirectories in name order.
-- An S3 prefix is listed the same way, one "directory" (``Delimiter="/"``) page by page.
+- A local directory is walked depth first, each directory's entries sorted by name: the
+  samples of its files first (grouped by key, sorted by key), then its subdirectories in name
+  order. Up to 64 directories ahead of the one consumed are scanned on 16 threads.
+- An object-store prefix (``s3://``, ``gs://``, ``az://``) is walked the same way, one
+  "directory" (``Delimiter="/"``) at a time, directories listed concurrently.
 - A file list (newline- or NUL-separated paths relative to the source directory) is taken
   in its own order; consecutive entries with the same key form one sample, so a sample's
   files must be adjacent in the list (``sort`` it).
@@ -14,6 +16,7 @@ silently.
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -22,6 +25,7 @@ from typing import BinaryIO
 
 from ..errors import SourceError, SourceNotFoundError
 from ..format import RESERVED_FIELDS, split_key
+from ..storage import is_remote_url, open_store
 
 __all__ = [
     "Problem",
@@ -29,10 +33,14 @@ __all__ = [
     "Sample",
     "SourceFile",
     "check_source",
+    "group_samples",
     "iter_list_samples",
-    "iter_s3_samples",
+    "iter_source_samples",
     "walk_samples",
 ]
+
+LIST_THREADS = 16  # directories listed at once
+LIST_WINDOW = 64  # directories listed ahead of the one consumed
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +127,7 @@ def name_problem(member_name: str, path: str) -> Problem | None:
     return None
 
 
-def _samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sample]:
+def group_samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sample]:
     """Group files by key into samples sorted by key; report bad names and collisions.
 
     Two files collide when they give the same extension of one sample, compared
@@ -145,53 +153,6 @@ def _samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sample]
             continue
         members[ext.lower()] = file
     return [Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name))) for key in sorted(by_key)]
-
-
-def walk_samples(root: str, *, on_problem: OnProblem) -> Iterator[Sample]:
-    """Yield the samples under the local directory ``root`` (module doc).
-
-    Args:
-        root: an absolute directory path (see :func:`check_source`).
-        on_problem: called for each entry not packed, or packed with a warning.
-    """
-    yield from _walk_dir(root, "", on_problem)
-
-
-def _walk_dir(path: str, rel: str, on_problem: OnProblem) -> Iterator[Sample]:
-    try:
-        with os.scandir(path) as it:
-            entries = sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        on_problem(Problem(path, ProblemKind.UNREADABLE, f"cannot list directory: {exc.strerror or exc}"))
-        return
-    files: list[SourceFile] = []
-    subdirs: list[str] = []
-    for entry in entries:
-        problem = None
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                subdirs.append(entry.name)
-            elif entry.is_file():
-                files.append(SourceFile(rel + entry.name, entry.path, None))
-            elif entry.is_symlink():
-                problem = (
-                    Problem(entry.path, ProblemKind.NOT_REGULAR, "symlink to a directory (not followed)")
-                    if entry.is_dir()
-                    else Problem(entry.path, ProblemKind.UNREADABLE, "broken symlink")
-                )
-            else:
-                problem = Problem(entry.path, ProblemKind.NOT_REGULAR, "not a regular file (FIFO, socket or device)")
-        except FileNotFoundError:
-            problem = Problem(entry.path, ProblemKind.VANISHED, "vanished while listed")
-        except OSError as exc:
-            problem = Problem(entry.path, ProblemKind.UNREADABLE, exc.strerror or str(exc))
-        if problem is not None:
-            on_problem(problem)  # outside the try: it may raise an OSError subclass itself
-    del entries
-    yield from _samples(files, on_problem)
-    del files
-    for name in subdirs:
-        yield from _walk_dir(os.path.join(path, name), f"{rel}{name}/", on_problem)
 
 
 def split_entries(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
@@ -231,7 +192,7 @@ def iter_list_samples(root: str, list_path: str, *, on_problem: OnProblem) -> It
                 continue
             key = split_key(norm)[0]
             if key != group_key and group:
-                yield from _samples(group, on_problem)
+                yield from group_samples(group, on_problem)
                 group = []
             group_key = key
             try:
@@ -246,24 +207,112 @@ def iter_list_samples(root: str, list_path: str, *, on_problem: OnProblem) -> It
                 on_problem(Problem(path, ProblemKind.NOT_REGULAR, "not a regular file"))
                 continue
             group.append(SourceFile(norm, path, info.st_size))
-        yield from _samples(group, on_problem)
+        yield from group_samples(group, on_problem)
 
 
-def iter_s3_samples(store: object, *, on_problem: OnProblem) -> Iterator[Sample]:
-    """Yield the samples under an S3 prefix (an :class:`~shardstream.storage.s3.S3Store`),
-    one "directory" listing at a time. ``SourceFile.path`` is the object's ``s3://`` URL.
+ListDir = Callable[[str], tuple[list[SourceFile], list[str], list[Problem]]]
+
+
+def _ordered_walk(list_dir: ListDir, *, threads: int = LIST_THREADS, window: int = LIST_WINDOW) -> Iterator:
+    """``(files, problems)`` of each directory in walk order (a directory's files, then its
+    subdirectories in order, depth first), while up to ``window`` directories ahead are
+    listed on ``threads`` threads."""
+    futures: dict[str, concurrent.futures.Future] = {}
+    pending = [""]  # directories not consumed yet; the next one is last
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-list") as pool:
+        try:
+            while pending:
+                for rel in reversed(pending[-window:]):
+                    if rel not in futures:
+                        futures[rel] = pool.submit(list_dir, rel)
+                rel = pending.pop()
+                files, subdirs, problems = futures.pop(rel).result()
+                pending.extend(reversed(subdirs))
+                yield files, problems
+        finally:
+            for future in futures.values():
+                future.cancel()
+
+
+def _local_lister(root: str) -> ListDir:
+    def list_dir(rel: str) -> tuple[list[SourceFile], list[str], list[Problem]]:
+        path = os.path.join(root, rel) if rel else root
+        problems: list[Problem] = []
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            return [], [], [Problem(path, ProblemKind.UNREADABLE, f"cannot list directory: {exc.strerror or exc}")]
+        files: list[SourceFile] = []
+        subdirs: list[str] = []
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append(f"{rel}{entry.name}/")
+                elif entry.is_file():
+                    files.append(SourceFile(rel + entry.name, entry.path, entry.stat().st_size))
+                elif entry.is_symlink():
+                    problems.append(
+                        Problem(entry.path, ProblemKind.NOT_REGULAR, "symlink to a directory (not followed)")
+                        if entry.is_dir()
+                        else Problem(entry.path, ProblemKind.UNREADABLE, "broken symlink")
+                    )
+                else:
+                    problems.append(
+                        Problem(entry.path, ProblemKind.NOT_REGULAR, "not a regular file (FIFO, socket or device)")
+                    )
+            except FileNotFoundError:
+                problems.append(Problem(entry.path, ProblemKind.VANISHED, "vanished while listed"))
+            except OSError as exc:
+                problems.append(Problem(entry.path, ProblemKind.UNREADABLE, exc.strerror or str(exc)))
+        return files, subdirs, problems
+
+    return list_dir
+
+
+def _remote_lister(store) -> ListDir:
+    def list_dir(rel: str) -> tuple[list[SourceFile], list[str], list[Problem]]:
+        files: list[SourceFile] = []
+        subdirs: list[str] = []
+        for name, size, is_dir in store.list_dir(rel):
+            if is_dir:
+                subdirs.append(name)
+            elif not name.endswith("/"):  # "folder" marker objects hold no file
+                files.append(SourceFile(name, store.url_of(name), size))
+        subdirs.sort(key=lambda n: n.rstrip("/"))  # the local walk's order
+        return files, subdirs, []
+
+    return list_dir
+
+
+def iter_source_samples(
+    source: str,
+    *,
+    list_path: str | None,
+    on_problem: OnProblem,
+    s3=None,
+    threads: int = LIST_THREADS,
+) -> Iterator[Sample]:
+    """The samples of a pack's source in walk order, every file with its size.
+
+    Args:
+        source: an absolute local directory, or a store URL (``s3://``, ``gs://``, ``az://``).
+        list_path: a ``--files-from`` list (paths relative to ``source``), or None to walk it.
+        on_problem: called, in walk order, for each entry not packed or packed with a warning.
+        s3: the S3 endpoint and credentials for an ``s3://`` source.
+        threads: directories listed at once.
     """
-    yield from _s3_dir(store, "", on_problem)
+    if list_path is not None:
+        yield from iter_list_samples(source, list_path, on_problem=on_problem)
+        return
+    lister = _remote_lister(open_store(source, s3=s3)) if is_remote_url(source) else _local_lister(source)
+    for files, problems in _ordered_walk(lister, threads=threads):
+        for problem in problems:
+            on_problem(problem)
+        yield from group_samples(files, on_problem)
 
 
-def _s3_dir(store, rel: str, on_problem: OnProblem) -> Iterator[Sample]:
-    files: list[SourceFile] = []
-    subdirs: list[str] = []
-    for name, size, is_dir in store.list_dir(rel):
-        if is_dir:
-            subdirs.append(name)
-        elif not name.endswith("/"):  # "folder" marker objects hold no file
-            files.append(SourceFile(name, store.url_of(name), size))
-    yield from _samples(files, on_problem)
-    for name in sorted(subdirs, key=lambda n: n.rstrip("/")):  # the local walk's order
-        yield from _s3_dir(store, name, on_problem)
+def walk_samples(root: str, *, on_problem: OnProblem, threads: int = LIST_THREADS) -> Iterator[Sample]:
+    """The samples under the local directory ``root`` (an absolute path, see
+    :func:`check_source`) in walk order, each file with its size."""
+    return iter_source_samples(root, list_path=None, on_problem=on_problem, threads=threads)

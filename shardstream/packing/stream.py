@@ -1,13 +1,14 @@
-"""One stream of a pack (see :mod:`shardstream.packing.journal`): walk the source, take this
-stream's samples, read them ahead on a thread pool, write and record shards, and resume
-after the last record. Runs in a worker process, or inline for ``workers=1``."""
+"""One stream of a pack (see :mod:`shardstream.packing.journal`): take this stream's range of
+the planned shards from the pack's listing (:mod:`shardstream.packing.listing`), read their
+files ahead on a thread pool, write and record the shards, and resume after the last record.
+Resharding (``from_shards``) streams input shards ``stream, stream + streams, ...`` instead.
+Runs in a worker process, or inline for ``workers=1``."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
 import enum
-import itertools
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -20,10 +21,19 @@ from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_sample_batches
-from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
-from .sources import Problem, ProblemKind, Sample, SourceFile, iter_list_samples, iter_s3_samples, walk_samples
+from .journal import (
+    STATE_DIR,
+    JournaledWriter,
+    PackSpec,
+    StreamState,
+    load_rows,
+    read_stream_state,
+    remove_stream_partials,
+)
+from .listing import Listing
+from .sources import Problem, ProblemKind, Sample, SourceFile
 
-__all__ = ["OnError", "StreamJob", "StreamResult", "run_stream"]
+__all__ = ["OnError", "StreamJob", "StreamResult", "check_problem", "run_stream"]
 
 
 class OnError(enum.Enum):
@@ -63,47 +73,80 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     result = StreamResult(resumed=state.num_shards > 0 or state.done is not None)
     if state.done is not None:
         return result
+    if spec.listed:
+        return _run_listed(job, store, state, result, advance)
     remove_stream_partials(store, spec, stream)
-    walk_problems: list[Problem] = []
-
-    def on_walk_problem(problem: Problem) -> None:
-        _check(problem, job.on_error)
-        if stream == 0:  # every stream walks the whole source; one reports what it found
-            walk_problems.append(problem)
-
-    if spec.from_shards:
-        source_store, mine = None, _shard_samples(job)
-    else:
-        source_store, samples = _source_samples(job, on_walk_problem)
-        mine = itertools.islice(samples, stream, None, spec.num_streams)
+    mine = _shard_samples(job)
     if spec.shuffle:
         mine = shuffle_buffer(mine, capacity_samples=job.shuffle_buffer, rng=random.Random(f"{spec.seed}/{stream}"))
     mine = _skip_consumed(mine, state, url=store.url_of(STATE_DIR))
     journal = JournaledWriter(store, spec, stream, state)
     try:
-        items = (
-            ((sample, sample.members, []) for sample in mine) if spec.from_shards else _read_ahead(mine, source_store)
-        )
-        for sample, members, problems in items:
-            if members:
-                journal.write_sample(sample.key, members)
-                size = sum(len(p) for _, p in members)
-                result.num_files += len(members)
-                result.num_samples += 1
-                result.payload_bytes += size
-                advance(len(members), size)
-            for problem in problems:
-                _check(problem, job.on_error)
-            journal.pending.extend(problems)
-            result.problems.extend(problems)
+        for sample in mine:
+            journal.write_sample(sample.key, sample.members)
+            _count(result, sample.members, advance)
             journal.input_done(sample.key)
-        journal.finish(tuple(walk_problems))
+        journal.finish()
     except BaseException:
         journal.abort()
         raise
     finally:
         result.num_shards = journal.num_shards
-    result.problems.extend(walk_problems)
+    return result
+
+
+def _count(result: StreamResult, members: list[tuple[str, bytes]], advance: Callable[[int, int], None]) -> None:
+    size = sum(len(p) for _, p in members)
+    result.num_files += len(members)
+    result.num_samples += 1
+    result.payload_bytes += size
+    advance(len(members), size)
+
+
+def _run_listed(
+    job: StreamJob, store: Store, state: StreamState, result: StreamResult, advance: Callable[[int, int], None]
+) -> StreamResult:
+    """Write the stream's range of planned shards (:mod:`shardstream.packing.listing`), from
+    the first one it has not recorded."""
+    spec, stream = job.spec, job.stream
+    listing = Listing.load(store, spec.digest)
+    first, end = listing.shard_range(stream, spec.num_streams)
+    remove_stream_partials(store, spec, stream, range(first, end))
+    earlier = load_rows(store, spec, stream, state.num_shards)
+    start = first + state.num_shards
+    source_store = open_store(spec.source, s3=job.s3) if is_remote_url(spec.source) else None
+    shard_of: collections.deque[int] = collections.deque()
+
+    def planned() -> Iterator[Sample]:
+        for shard, sample in listing.iter_shards(store, spec.source, start, end):
+            shard_of.append(shard)
+            yield sample
+
+    journal = JournaledWriter(store, spec, stream, state, first_shard=first)
+    current = start
+    try:
+        for sample, members, problems in _read_ahead(planned(), source_store):
+            shard = shard_of.popleft()
+            while current < shard:
+                journal.end_shard()
+                current += 1
+            if members:
+                journal.write_sample(sample.key, members)
+                _count(result, members, advance)
+            for problem in problems:
+                check_problem(problem, job.on_error)
+            journal.pending.extend(problems)
+            result.problems.extend(problems)
+            journal.input_done(sample.key)
+        while current < end:
+            journal.end_shard()
+            current += 1
+        journal.finish(earlier_rows=earlier)
+    except BaseException:
+        journal.abort()
+        raise
+    finally:
+        result.num_shards = journal.num_shards
     return result
 
 
@@ -123,7 +166,7 @@ def _skip_consumed(samples: Iterator[Sample], state: Any, *, url: str) -> Iterat
     return samples
 
 
-def _check(problem: Problem, on_error: OnError) -> None:
+def check_problem(problem: Problem, on_error: OnError) -> None:
     """Raise for a problem that stops the pack under ``on_error="fail"``."""
     if problem.packed or on_error is OnError.SKIP:
         return
@@ -163,16 +206,6 @@ def _shard_samples(job: StreamJob) -> Iterator[Any]:
                         if ext not in ("__key__", "__shard__")
                     ],
                 )
-
-
-def _source_samples(job: StreamJob, on_problem: Callable[[Problem], None]) -> tuple[Store | None, Iterator[Sample]]:
-    spec = job.spec
-    if is_remote_url(spec.source):
-        source_store = open_store(spec.source, s3=job.s3)
-        return source_store, iter_s3_samples(source_store, on_problem=on_problem)
-    if job.list_path is not None:
-        return None, iter_list_samples(spec.source, job.list_path, on_problem=on_problem)
-    return None, walk_samples(spec.source, on_problem=on_problem)
 
 
 def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | None, Problem | None]:

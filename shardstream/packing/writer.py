@@ -102,6 +102,20 @@ class RotatingTarWriter:
         self._num_samples += 1
         self._num_members += len(entries)
 
+    @property
+    def in_progress(self) -> bool:
+        """Whether a shard is open (a sample was written since the last one was published)."""
+        return self._sink is not None
+
+    def skip(self) -> None:
+        """Move to the next sequence number without publishing a shard (a planned shard whose
+        every input was skipped)."""
+        if self._sink is not None:
+            raise RuntimeError("skip() with a shard in progress; close() it first")
+        self._table.close()
+        self.seq += 1
+        self._table = TableSpool(self.shard_names(self.seq))
+
     def close(self) -> None:
         """Publish the shard in progress, if any."""
         if self._sink is not None:

@@ -1,0 +1,368 @@
+"""List a pack's source once, plan its shards, and hand each stream its own range.
+
+A pack of files (a directory tree, ``--files-from``, an ``s3://``, ``gs://`` or ``az://``
+prefix) is listed **once** per pack, whatever the number of parts and workers:
+
+1. The source is walked in its deterministic order (:mod:`shardstream.packing.sources`), many
+   directories at a time: subdirectories of a local tree are scanned on a thread pool, and an
+   object store's "directories" (``Delimiter="/"`` common prefixes) are listed concurrently, while
+   the results are consumed in walk order. Each file's size comes with the listing (a ``stat``
+   for local files, the LIST answer for objects).
+2. With ``shuffle``, samples pass a seeded shuffle buffer.
+3. The samples are cut into shards by the writer's own rule (a shard ends before the sample
+   that would push it past ``max_shard_bytes``, headers, padding and end-of-archive included, or
+   past ``max_samples_per_shard``), so the shard of every sample is known before any is read.
+4. The plan is written as listing files ``DEST/.shardstream/list-NNNNNN.txt``, each holding
+   whole shards (a new file starts at the first shard boundary after :data:`LIST_FILE_ENTRIES`
+   files), then ``list-problems.jsonl`` (what the walk did not pack) and ``list-done.json``
+   (the files' shard ranges and totals; written last).
+
+Shard ``g`` is named ``NAME-{g:06d}.tar``; stream ``s`` of ``S`` writes shards
+``[s*N//S, (s+1)*N//S)`` and reads only the listing files holding them. The shards' bytes
+depend on the source and the options, never on how many machines, workers or which launcher
+wrote them.
+
+One process lists: the first to create ``list-lock.json``. It rewrites the lock every
+:data:`HEARTBEAT_S` seconds; the others wait for ``list-done.json`` and take the listing over when
+the lock has not moved for :data:`STALE_LOCK_S` seconds (its lister died). Two listers write the
+same bytes, so a race costs time, never correctness.
+
+A listing file's lines are samples: ``member\\0size\\0member\\0size...``, preceded by one JSON
+line ``{"first_shard": g, "shard_samples": [n, ...]}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..errors import DestinationError, IndexFormatError
+from ..format import END_OF_ARCHIVE, member_header, padded_size
+from ..shuffle import shuffle_buffer
+from ..storage import Store, is_remote_url
+from .sources import OnProblem, Problem, Sample, SourceFile, iter_source_samples
+
+__all__ = ["LIST_PREFIX", "Listing", "ensure_listing", "plan_shards", "write_listing"]
+
+LIST_PREFIX = ".shardstream/list-"  # beside the journal's records: one folder for all pack state
+LISTING_DONE = f"{LIST_PREFIX}done.json"
+LISTING_LOCK = f"{LIST_PREFIX}lock.json"
+LISTING_PROBLEMS = f"{LIST_PREFIX}problems.jsonl"
+LIST_FILE_ENTRIES = 1 << 16  # files per listing file (rounded up to a shard boundary)
+HEARTBEAT_S = 15.0
+STALE_LOCK_S = 120.0
+WAIT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A finished listing (``list-done.json``): totals, and per listing file ``(first_shard,
+    num_shards, num_files)``. Sizes are bytes."""
+
+    spec_digest: str
+    num_files: int
+    num_samples: int
+    num_shards: int
+    payload_bytes: int
+    files: tuple[tuple[int, int, int], ...]
+    files_from_sha1: str | None = None  # of the --files-from list that was listed
+
+    def shard_range(self, stream: int, num_streams: int) -> tuple[int, int]:
+        """The shards ``[first, end)`` stream ``stream`` of ``num_streams`` writes."""
+        return stream * self.num_shards // num_streams, (stream + 1) * self.num_shards // num_streams
+
+    def files_in(self, first: int, end: int) -> int:
+        """About how many source files the shards ``[first, end)`` hold (for a progress bar)."""
+        total = 0
+        for start, count, files in self.files:
+            overlap = min(end, start + count) - max(first, start)
+            if overlap > 0:
+                total += files * overlap // count
+        return total
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "version": 1,
+                "spec": self.spec_digest,
+                "num_files": self.num_files,
+                "num_samples": self.num_samples,
+                "num_shards": self.num_shards,
+                "payload_bytes": self.payload_bytes,
+                "files": [list(f) for f in self.files],
+                "files_from_sha1": self.files_from_sha1,
+            }
+        ).encode()
+
+    @classmethod
+    def load(cls, store: Store, spec_digest: str) -> Listing:
+        """Read ``list-done.json``.
+
+        Raises:
+            IndexFormatError: it is damaged or belongs to a pack with other options.
+        """
+        url = store.url_of(LISTING_DONE)
+        try:
+            doc = json.loads(store.read_bytes(LISTING_DONE))
+            listing = cls(
+                spec_digest=doc["spec"],
+                num_files=int(doc["num_files"]),
+                num_samples=int(doc["num_samples"]),
+                num_shards=int(doc["num_shards"]),
+                payload_bytes=int(doc["payload_bytes"]),
+                files=tuple((int(a), int(n), int(f)) for a, n, f in doc["files"]),
+                files_from_sha1=doc.get("files_from_sha1"),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IndexFormatError(f"{url}: damaged pack listing ({exc!r}); pack again with --overwrite") from exc
+        if listing.spec_digest != spec_digest:
+            raise IndexFormatError(f"{url}: listed for a pack with other options; pack again with --overwrite")
+        return listing
+
+    def iter_shards(self, store: Store, source_url: str, first: int, end: int) -> Iterator[tuple[int, Sample]]:
+        """``(shard, sample)`` for the samples of shards ``[first, end)``, in order, reading
+        only the listing files that hold them. A source file's path is its local path or URL."""
+        remote = is_remote_url(source_url)
+        for number, (start, count, _) in enumerate(self.files):
+            if start + count <= first or start >= end:
+                continue
+            name = list_file_name(number)
+            data = store.read_bytes(name)
+            header, _, body = data.partition(b"\n")
+            try:
+                doc = json.loads(header)
+                shard_samples = [int(n) for n in doc["shard_samples"]]
+                if int(doc["first_shard"]) != start or len(shard_samples) != count:
+                    raise ValueError("its header does not match list-done.json")
+            except (ValueError, KeyError, TypeError) as exc:
+                raise IndexFormatError(
+                    f"{store.url_of(name)}: damaged pack listing ({exc!r}); pack again with --overwrite"
+                ) from exc
+            lines = iter(body.split(b"\n"))
+            for shard, num_samples in enumerate(shard_samples, start):
+                for _ in range(num_samples):
+                    line = next(lines)
+                    if shard < first or shard >= end:
+                        continue
+                    fields = line.split(b"\0")
+                    files = []
+                    for i in range(0, len(fields), 2):
+                        member = fields[i].decode()
+                        path = f"{source_url}/{member}" if remote else os.path.join(source_url, member)
+                        files.append(SourceFile(member, path, int(fields[i + 1])))
+                    yield shard, Sample(_key_of(files[0].member_name), tuple(files))
+
+
+def _key_of(member_name: str) -> str:
+    from ..format import split_key
+
+    return split_key(member_name)[0]
+
+
+def list_file_name(number: int) -> str:
+    return f"{LIST_PREFIX}{number:06d}.txt"
+
+
+def sample_tar_bytes(sample: Sample) -> int:
+    """Bytes the sample takes in a tar shard (headers and padding), as the writer counts them."""
+    return sum(len(member_header(f.member_name, f.size or 0)) + padded_size(f.size or 0) for f in sample.files)
+
+
+def plan_shards(
+    samples: Iterator[Sample], *, max_shard_bytes: int, max_samples_per_shard: int | None
+) -> Iterator[tuple[bool, Sample]]:
+    """``(starts_a_shard, sample)``: the writer's rotation rule applied to listed sizes."""
+    shard_bytes = shard_samples = 0
+    for sample in samples:
+        size = sample_tar_bytes(sample)
+        new = shard_samples == 0 or (
+            shard_bytes + size + len(END_OF_ARCHIVE) > max_shard_bytes or shard_samples == max_samples_per_shard
+        )
+        if new:
+            shard_bytes = shard_samples = 0
+        shard_bytes += size
+        shard_samples += 1
+        yield new, sample
+
+
+# -- writing the listing, once per pack -------------------------------------------------------
+
+
+def write_listing(
+    store: Store,
+    spec,
+    samples: Iterator[Sample],
+    problems: list[Problem],
+    *,
+    shuffle_samples: int,
+    files_from_sha1: str | None = None,
+) -> Listing:
+    """Plan ``samples`` into shards and write the listing files, then ``problems.jsonl`` and
+    ``list-done.json`` (last: its presence means the listing is complete)."""
+    if spec.shuffle:
+        samples = shuffle_buffer(samples, capacity_samples=shuffle_samples, rng=random.Random(f"{spec.seed}"))
+    files_meta: list[tuple[int, int, int]] = []
+    totals = {"files": 0, "samples": 0, "bytes": 0}
+    body: list[bytes] = []
+    shard_samples: list[int] = []
+    first_shard = 0
+    file_entries = 0
+
+    def flush() -> None:
+        nonlocal first_shard, file_entries
+        header = json.dumps({"first_shard": first_shard, "shard_samples": shard_samples}).encode()
+        store.write_bytes(list_file_name(len(files_meta)), b"\n".join([header, *body]))
+        files_meta.append((first_shard, len(shard_samples), file_entries))
+        first_shard += len(shard_samples)
+        body.clear()
+        shard_samples.clear()
+        file_entries = 0
+
+    for new, sample in plan_shards(
+        samples, max_shard_bytes=spec.max_shard_bytes, max_samples_per_shard=spec.max_samples_per_shard
+    ):
+        if new:
+            if file_entries >= LIST_FILE_ENTRIES:
+                flush()
+            shard_samples.append(0)
+        shard_samples[-1] += 1
+        body.append(b"\0".join(b"%s\0%d" % (f.member_name.encode(), f.size or 0) for f in sample.files))
+        file_entries += len(sample.files)
+        totals["files"] += len(sample.files)
+        totals["samples"] += 1
+        totals["bytes"] += sum(f.size or 0 for f in sample.files)
+    if shard_samples:
+        flush()
+    store.write_bytes(LISTING_PROBLEMS, b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems))
+    listing = Listing(
+        spec_digest=spec.digest,
+        num_files=totals["files"],
+        num_samples=totals["samples"],
+        num_shards=first_shard,
+        payload_bytes=totals["bytes"],
+        files=tuple(files_meta),
+        files_from_sha1=files_from_sha1,
+    )
+    store.write_bytes(LISTING_DONE, listing.to_json())
+    return listing
+
+
+def read_listing_problems(store: Store) -> list[Problem]:
+    if not store.exists(LISTING_PROBLEMS):
+        return []
+    return [Problem.from_json(json.loads(line)) for line in store.read_bytes(LISTING_PROBLEMS).splitlines() if line]
+
+
+class _Heartbeat:
+    """Rewrites the listing lock every ``HEARTBEAT_S`` while this process lists."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="shardstream-list-lock", daemon=True)
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=HEARTBEAT_S)
+
+    def _run(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            try:
+                self.store.write_bytes(LISTING_LOCK, _lock_doc())
+            except Exception:  # noqa: BLE001 - a missed beat only lets a waiter list too
+                pass
+
+
+def _lock_doc() -> bytes:
+    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}).encode()
+
+
+def ensure_listing(
+    store: Store,
+    spec,
+    *,
+    list_path: str | None,
+    on_problem: OnProblem,
+    shuffle_samples: int,
+    s3=None,
+    wait_poll_s: float = WAIT_POLL_S,
+    stale_lock_s: float = STALE_LOCK_S,
+) -> Listing:
+    """The pack's listing: read when done, else made here (or awaited while another part
+    makes it, taken over when that part stops beating).
+
+    Raises:
+        the errors of ``on_problem`` (``on_error="fail"``), store errors, and
+        DestinationError: ``--files-from`` was given but another part made the listing without it.
+    """
+    list_sha1 = None if list_path is None else _sha1_of(list_path)
+    while True:
+        if store.exists(LISTING_DONE):
+            listing = Listing.load(store, spec.digest)
+            if list_sha1 is not None and listing.files_from_sha1 not in (None, list_sha1):
+                raise DestinationError(
+                    f"{store.url}: the --files-from list changed since this pack listed it; restore it, "
+                    "or pack again with --overwrite"
+                )
+            return listing
+        if store.create_exclusive(LISTING_LOCK, _lock_doc()) or _stale(store, stale_lock_s):
+            store.write_bytes(LISTING_LOCK, _lock_doc())
+            break
+        time.sleep(wait_poll_s)
+    if spec.files_from and list_path is None:
+        raise DestinationError(
+            f"{store.url}: this pack lists --files-from and its listing is not done; give --files-from again"
+        )
+    problems: list[Problem] = []
+
+    def collect(problem: Problem) -> None:
+        on_problem(problem)
+        problems.append(problem)
+
+    try:
+        with _Heartbeat(store):
+            samples = iter_source_samples(spec.source, list_path=list_path, on_problem=collect, s3=s3)
+            return write_listing(
+                store, spec, samples, problems, shuffle_samples=shuffle_samples, files_from_sha1=list_sha1
+            )
+    finally:  # a rerun (after a fix, on_error="fail") lists again at once
+        with contextlib.suppress(FileNotFoundError):
+            store.delete(LISTING_LOCK)
+
+
+def _sha1_of(path: str) -> str:
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stale(store: Store, stale_lock_s: float) -> bool:
+    """Whether the listing lock was left by a lister that stopped beating (or is unreadable)."""
+    try:
+        doc = json.loads(store.read_bytes(LISTING_LOCK))
+        beat, host, pid = float(doc["time"]), doc["host"], int(doc["pid"])
+    except FileNotFoundError:
+        return False
+    except Exception:  # noqa: BLE001 - a damaged lock: whoever reads it next relists
+        return True
+    if host == socket.gethostname() and pid != os.getpid():  # a lister on this machine: is it alive?
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+    return time.time() - beat > stale_lock_s
