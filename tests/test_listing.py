@@ -1,0 +1,166 @@
+"""The source is listed once per pack: shards that do not depend on the number of parts or
+workers, one LIST per directory page whatever the number of streams, and one lister among
+parts started together."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import all_files
+from test_pack_scale import dataset_files, make_tree, read_back
+
+from shardstream import Part, S3Config, pack
+from shardstream.format import split_key
+from shardstream.packing.journal import SPEC_NAME, PackSpec
+from shardstream.packing.listing import LISTING_DONE, LISTING_LOCK, Listing, ensure_listing
+from shardstream.storage import open_store
+from shardstream.testing.faults import FaultProxy
+
+
+def nested_tree(root: Path) -> Path:
+    """Files at the top, in classes, and two levels down, with a sample of two members."""
+    make_tree(root, classes=3, per_class=25, size=700)
+    for sub in ("deep/a", "deep/b", "deep/b/c"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        for i in range(6):
+            (root / sub / f"x{i}.bin").write_bytes(os.urandom(300 + 97 * i))
+    (root / "top.txt").write_bytes(b"top")
+    return root
+
+
+def pack_with(src: Path, dest: Path, *, parts: int = 1, workers: int = 1, **options) -> None:
+    for index in range(parts):
+        pack(src, dest, part=Part(index, parts), workers=workers, progress=False, **options)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shards_are_byte_identical_whatever_the_parts_and_workers(tmp_path, shuffle):
+    src = nested_tree(tmp_path / "src")
+    options = {"max_shard_bytes": 12_000, "shuffle": shuffle, "seed": 3, "shuffle_buffer": 40}
+    pack_with(src, tmp_path / "one", **options)
+    reference = dataset_files(tmp_path / "one")
+    assert sum(name.endswith(".tar") for name in reference) > 8  # several shards per stream below
+    for parts, workers in ((1, 3), (2, 2), (3, 1)):
+        dest = tmp_path / f"p{parts}w{workers}"
+        pack_with(src, dest, parts=parts, workers=workers, **options)
+        assert dataset_files(dest) == reference, (parts, workers)  # shards, tables, index.bin, report
+    assert read_back(tmp_path / "one") == all_files(src)
+
+
+def test_a_listed_pack_matches_the_writers_rotation(tmp_path):
+    """Planned shards end where the writer would end them: the same shards as the writer's
+    own rotation, which ShardWriter uses (tests/test_write.py compares it with pack too)."""
+    from shardstream import ShardWriter
+
+    src = nested_tree(tmp_path / "src")
+    pack(src, tmp_path / "packed", max_shard_bytes=9_000, max_samples_per_shard=5, progress=False)
+    spec = PackSpec.from_json(open_store(tmp_path / "packed").read_bytes(SPEC_NAME), url="spec")
+    store = open_store(tmp_path / "packed")
+    listing = Listing.load(store, spec.digest)
+    with ShardWriter(tmp_path / "written", max_shard_bytes=9_000, max_samples_per_shard=5) as writer:
+        for _, sample in listing.iter_shards(store, str(src), 0, listing.num_shards):
+            members = {split_key(f.member_name)[1]: Path(f.path).read_bytes() for f in sample.files}
+            writer.write({"__key__": sample.key, **members})
+    packed, written = dataset_files(tmp_path / "packed"), dataset_files(tmp_path / "written")
+    shards = sorted(n for n in packed if n.endswith(".tar"))
+    assert shards == sorted(n for n in written if n.endswith(".tar"))
+    assert all(packed[n] == written[n] for n in shards)
+
+
+def upload_tree(src: Path, url: str, s3: S3Config) -> None:
+    store = open_store(url, s3=s3)
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            store.write_bytes(path.relative_to(src).as_posix(), path.read_bytes())
+
+
+def test_an_s3_source_is_listed_once_whatever_the_streams(tmp_path, s3_server, s3_bucket, s3_config):
+    src = nested_tree(tmp_path / "src")
+    upload_tree(src, f"s3://{s3_bucket}/src", s3_config)
+    lists: list[str] = []
+
+    def count(method: str, path: str) -> bool:
+        if method == "GET" and path.rstrip("/") == f"/{s3_bucket}":  # a bucket GET is a LIST
+            lists.append(path)
+        return False
+
+    with FaultProxy(s3_server.info.endpoint_url, rates={}, match=count) as proxy:
+        via = S3Config(**{**s3_config.__dict__, "endpoint_url": proxy.endpoint_url})
+        listed = {}
+        for parts, workers in ((1, 1), (2, 2)):
+            lists.clear()
+            dest = f"s3://{s3_bucket}/out-{parts}-{workers}"
+            for index in range(parts):
+                pack(
+                    f"s3://{s3_bucket}/src",
+                    dest,
+                    part=Part(index, parts),
+                    workers=workers,
+                    max_shard_bytes=12_000,
+                    s3=via,
+                    progress=False,
+                )
+            listed[(parts, workers)] = len(lists)
+    directories = 1 + 3 + 4  # src, class0-2, deep, deep/a, deep/b, deep/b/c (one page each)
+    # the listing (one LIST per directory) plus the few LISTs of state and partials per stream
+    assert listed[(1, 1)] >= directories
+    # 4 streams add only their own state's LISTs: not one more walk of the source (4 walks before)
+    assert listed[(2, 2)] - listed[(1, 1)] < directories
+    for parts, workers in listed:
+        got = read_back(f"s3://{s3_bucket}/out-{parts}-{workers}", s3=s3_config)
+        assert got == all_files(src)
+
+
+def test_a_part_waits_for_the_lister_and_takes_over_a_dead_one(tmp_path):
+    src = nested_tree(tmp_path / "src")
+    dest = tmp_path / "out"
+
+    def part(index: int) -> None:
+        pack(src, dest, part=Part(index, 2), max_shard_bytes=12_000, progress=False)
+
+    # a lister on this machine that died (its pid is gone) is taken over at once
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (dest / ".shardstream").mkdir(parents=True)
+    lock = {"host": socket.gethostname(), "pid": int(dead.stdout), "time": time.time()}
+    (dest / LISTING_LOCK).write_text(json.dumps(lock))
+    started = time.monotonic()
+    part(0)
+    assert time.monotonic() - started < 30
+    assert not (dest / LISTING_LOCK).exists() and (dest / LISTING_DONE).exists()
+    part(1)
+    assert read_back(dest) == all_files(src)
+
+    # a live lister elsewhere is waited for, then taken over once its lock stops moving
+    store = open_store(tmp_path / "other")
+    spec = PackSpec.from_json(open_store(dest).read_bytes(SPEC_NAME), url="spec")
+    store.write_bytes(LISTING_LOCK, json.dumps({"host": "elsewhere", "pid": 1, "time": time.time()}).encode())
+    result = {}
+
+    def wait_and_list() -> None:
+        result["listing"] = ensure_listing(
+            store,
+            spec,
+            list_path=None,
+            on_problem=lambda p: None,
+            shuffle_samples=1,
+            wait_poll_s=0.05,
+            stale_lock_s=1.5,
+        )
+
+    waiter = threading.Thread(target=wait_and_list)
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(0.5)
+    assert waiter.is_alive() and not store.exists(LISTING_DONE)  # waiting while the lock is fresh
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    assert time.monotonic() - started >= 1.5
+    assert result["listing"] == Listing.load(open_store(dest), spec.digest)  # the same listing, made here
