@@ -174,9 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers",
         type=_positive_int,
-        default=os.cpu_count() or 1,
+        default=None,
         metavar="N",
-        help=f"processes writing shards (default: the CPU count, {os.cpu_count()})",
+        help=f"processes writing shards (default: the CPU count, {os.cpu_count()}; with --ray, "
+        "Ray tasks, default the cluster's CPU count)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="run the pack as tasks on the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto, the "
+        "cluster started on this machine); SOURCE and DEST must be reachable from every node",
     )
     p.add_argument(
         "--part",
@@ -240,6 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="shards scanned at once (default: the CPU count)",
     )
+    b.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="scan the shards in tasks on the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto)",
+    )
     b.add_argument("--overwrite", action="store_true", help="replace an index already there")
     b.add_argument(
         "--output",
@@ -281,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_samples_per_shard=args.max_samples_per_shard,
                 files_from=args.files_from,
                 on_error=OnError.SKIP if args.skip_unreadable else OnError(args.on_error),
-                workers=args.workers,
+                workers=args.workers or (None if args.ray else os.cpu_count() or 1),
                 part=args.part,
                 shuffle=args.shuffle,
                 seed=args.seed,
@@ -289,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 s3=_s3_config(args),
                 progress=not args.no_progress,
                 from_shards=args.from_shards,
+                ray=args.ray,
             )
             shown = [p for p in report.problems if not p.packed][:20]
             for problem in shown:
@@ -323,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     overwrite=args.overwrite,
                     output=args.output,
                     on_shard=lambda _: bar.update(),
+                    ray=args.ray,
                 )
             print(
                 f"wrote {manifest.url}: {manifest.num_shards} shards, {manifest.num_samples} samples, "

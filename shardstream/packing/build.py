@@ -20,6 +20,7 @@ twice. The shards must lie in one directory or S3 prefix; the index is written t
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import itertools
 import logging
 import os
@@ -86,6 +87,7 @@ def build_index(
     overwrite: bool = False,
     output: str | None = None,
     on_shard: Callable[[str], None] | None = None,
+    ray: str | None = None,
 ) -> Manifest:
     """Index existing shards (module doc): write each shard's table beside it, then
     ``index.bin``; or, with ``output``, all of it there, the shards untouched where they are
@@ -99,6 +101,9 @@ def build_index(
         output: a local directory or ``s3://`` prefix for the index and tables, which then
             records where the shards are (moving the shards breaks it; moving the index does not).
         on_shard: called with each shard's URL when it is done (a progress bar).
+        ray: scan the shards in tasks on the Ray cluster at this address (``"auto"``, or
+            ``RAY_ADDRESS``), batches of shards per task (:mod:`shardstream.packing.ray_run`);
+            every node must reach the shards and the output by the same URL or path.
 
     Returns:
         The manifest written.
@@ -131,7 +136,18 @@ def build_index(
             f"{store.url_of(MANIFEST_NAME)}: an index is already there; pass --overwrite to replace it"
         )
     scanned: dict[str, _Scanned] = {}
-    if workers <= 1 or len(urls) == 1:
+    if ray is not None:
+        from .ray_run import cluster_cpus, connect, map_on_ray
+
+        connect(None if ray == "auto" else ray)
+        cpus = cluster_cpus()
+        batch = max(1, min(256, len(urls) // (4 * cpus)))
+        scan = functools.partial(_scan, s3=s3, tables_url=store.url)
+        for url, result in map_on_ray(scan, urls, batch_size=batch, max_in_flight=2 * cpus, what="index build"):
+            scanned[url] = result
+            if on_shard is not None:
+                on_shard(url)
+    elif workers <= 1 or len(urls) == 1:
         for url in urls:
             scanned[url] = _scan(url, s3, store.url)
             if on_shard is not None:

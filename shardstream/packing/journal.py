@@ -422,10 +422,12 @@ def unfinished_streams(
 
 
 def _load_in_order(
-    store: Store, spec: PackSpec, order: Iterator[tuple[int, int | None]], *, max_inflight: int = MERGE_READS_IN_FLIGHT
+    store: Store, spec: PackSpec, order: Iterator[tuple[int, int | None]], *, max_inflight: int | None = None
 ) -> Iterator[StreamRecord]:
-    """The records ``order`` names, in that order, read ``max_inflight`` at a time (one GET
-    each on an object store: a sequential merge of 10^5 records would wait 10^5 round trips)."""
+    """The records ``order`` names, in that order, read ``max_inflight`` (default
+    :data:`MERGE_READS_IN_FLIGHT`) at a time (one GET each on an object store: a sequential
+    merge of 10^5 records would wait 10^5 round trips)."""
+    max_inflight = max_inflight or MERGE_READS_IN_FLIGHT
     ahead: collections.deque[concurrent.futures.Future[StreamRecord]] = collections.deque()
     with concurrent.futures.ThreadPoolExecutor(max_inflight, thread_name_prefix="shardstream-merge") as pool:
         try:

@@ -128,6 +128,7 @@ def pack(
     fetch: FetchConfig | None = None,
     progress: bool = True,
     from_shards: bool = False,
+    ray: str | None = None,
 ) -> PackReport:
     """Pack every file of ``source`` into tar shards and an index at ``dest``.
 
@@ -166,6 +167,10 @@ def pack(
             merge small shards). Input shard ``i`` is read by stream ``i mod (parts x
             workers)``; resume, parts and the report work as for files. Samples are grouped
             as readers group them; links in the input are skipped with a warning.
+        ray: run the streams as tasks on the Ray cluster at this address (``"auto"``: the one
+            started on this machine, or ``RAY_ADDRESS``), ``workers`` of them (None: the
+            cluster's CPU count); this process lists the source and writes the index
+            (:mod:`shardstream.packing.ray_run`). SOURCE and DEST must be reachable from every node.
 
     Returns:
         A :class:`PackReport`.
@@ -179,6 +184,13 @@ def pack(
     """
     started = time.perf_counter()
     on_error = OnError(on_error)
+    if ray is not None:
+        from .ray_run import cluster_cpus, connect
+
+        if part is not None and part.count > 1:
+            raise ValueError("ray= runs every part on the cluster; give no part")
+        connect(None if ray == "auto" else ray)
+        part, workers = Part(0, 1), workers or cluster_cpus()
     part = part or part_from_env() or Part(0, 1)
     if overwrite and part.count > 1:
         raise ValueError(
@@ -267,7 +279,12 @@ def pack(
             )
             for stream in spec.streams_of_part(part.index)
         ]
-        results = _run_jobs(jobs, progress=progress, total_files=total_files)
+        if ray is not None:
+            from .ray_run import run_streams_on_ray
+
+            results = run_streams_on_ray(jobs, progress=progress, total_files=total_files)
+        else:
+            results = _run_jobs(jobs, progress=progress, total_files=total_files)
 
     problems = (*listed_problems, *(p for r in results for p in r.problems))
     listed = " and --files-from" if files_from else ""

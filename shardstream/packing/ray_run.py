@@ -1,0 +1,217 @@
+"""Running a pack, or an index build, as tasks on a Ray cluster (``pack(..., ray=ADDRESS)``,
+``shardstream pack SOURCE DEST --ray [ADDRESS]``; the ``shardstream[ray]`` extra).
+
+The driver (the process that calls :func:`~shardstream.pack`) connects to the cluster, lists the
+source once (:mod:`shardstream.packing.listing`), and runs every pack stream as one Ray task
+of 1 CPU. A task packs its range of planned shards with the same code as a local worker and
+records each shard in the journal; when its worker process dies (killed, out of memory, its
+node lost) Ray runs it again (``max_retries``) and it resumes after its last record. The
+driver shows one tqdm bar (files/s, MB/s, streams done) fed by a small counter actor, and
+writes the index when every task is done. The shards are the same bytes as a one-machine
+pack of the same source and options.
+
+Every node must reach SOURCE and DEST by the same name: an object store (``s3://``,
+``gs://``, ``az://``) or a file system mounted at the same path everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from tqdm import tqdm
+
+from ..errors import ShardstreamError
+from .stream import StreamJob, StreamResult, run_stream
+
+__all__ = ["cluster_cpus", "connect", "map_on_ray", "run_streams_on_ray"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+TASK_RETRIES = 3  # runs of a task whose worker process died, after the first
+STALL_TIMEOUT_S = 1800.0  # no file packed and no task finished for this long: the job is stuck
+_POLL_S = 0.5
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ShardstreamError("packing on Ray needs the ray extra: pip install 'shardstream[ray]'") from None
+    return ray
+
+
+def connect(address: str | None = None) -> None:
+    """Connect this process to the Ray cluster at ``address`` (else ``RAY_ADDRESS``, else
+    ``"auto"``: the cluster started on this machine), unless it already is.
+
+    Raises:
+        ShardstreamError: ray is not installed, or no cluster answers at the address.
+    """
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ShardstreamError(
+            f"no Ray cluster at {address!r} ({exc}); start one (`ray start --head`) or pass its address"
+        ) from exc
+
+
+def cluster_cpus() -> int:
+    """CPUs of the connected cluster (at least 1)."""
+    return max(1, int(_ray().cluster_resources().get("CPU", 1)))
+
+
+class _Counter:
+    """Files and bytes packed, summed across tasks; the driver takes the sums it has not shown."""
+
+    def __init__(self) -> None:
+        self.files = self.nbytes = 0
+
+    def add(self, files: int, nbytes: int) -> None:
+        self.files += files
+        self.nbytes += nbytes
+
+    def take(self) -> tuple[int, int]:
+        taken = (self.files, self.nbytes)
+        self.files = self.nbytes = 0
+        return taken
+
+
+def _stream_task(job: StreamJob, counter: Any) -> StreamResult:
+    """One pack stream in a Ray worker, sending its progress to ``counter`` every 0.5 s."""
+    pending = [0, 0, time.monotonic()]
+
+    def advance(files: int, nbytes: int) -> None:
+        pending[0] += files
+        pending[1] += nbytes
+        if time.monotonic() - pending[2] > _POLL_S:
+            counter.add.remote(pending[0], pending[1])
+            pending[:] = [0, 0, time.monotonic()]
+
+    result = run_stream(job, advance)
+    counter.add.remote(pending[0], pending[1])
+    return result
+
+
+def _translate(exc: BaseException, what: str) -> BaseException:
+    """A task's error as the CLI shows it: our own errors as they were raised in the task."""
+    ray = _ray()
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ShardstreamError | ValueError | OSError):
+            return cause
+        return ShardstreamError(f"{what} failed on the cluster: {cause!r}")
+    if isinstance(exc, ray.exceptions.WorkerCrashedError | ray.exceptions.NodeDiedError):
+        return ShardstreamError(
+            f"{what}: its worker died {TASK_RETRIES + 1} times ({exc.__class__.__name__}); "
+            "run the same command again to resume"
+        )
+    return ShardstreamError(f"{what} failed on the cluster: {exc!r}")
+
+
+def run_streams_on_ray(
+    jobs: list[StreamJob], *, progress: bool, total_files: int | None = None, stall_timeout_s: float = STALL_TIMEOUT_S
+) -> list[StreamResult]:
+    """Run each pack stream as a Ray task (1 CPU, retried ``TASK_RETRIES`` times when its
+    worker dies) and drive one progress bar; the results in ``jobs`` order.
+
+    Raises:
+        the first task's error (a bad input file under ``on_error="fail"`` as the CLI names it),
+        ShardstreamError: a task's worker died on every try, or nothing moved for
+            ``stall_timeout_s`` seconds (the tasks are cancelled).
+    """
+    ray = _ray()
+    counter = ray.remote(num_cpus=0)(_Counter).remote()
+    task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)(_stream_task)
+    refs = [task.options(name=f"shardstream-pack-stream-{job.stream}").remote(job, counter) for job in jobs]
+    stream_of = {ref: job.stream for ref, job in zip(refs, jobs)}
+    bar = tqdm(
+        unit=" files", unit_scale=True, desc="packing on Ray", disable=not progress, file=sys.stderr, total=total_files
+    )
+    payload, moved_at, pending = 0, time.monotonic(), list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=_POLL_S)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - translated for the user
+                    raise _translate(exc, f"pack stream {stream_of[ref]}") from None
+            files, nbytes = ray.get(counter.take.remote(), timeout=60)
+            if files or ready:
+                moved_at = time.monotonic()
+            elif time.monotonic() - moved_at > stall_timeout_s:
+                raise ShardstreamError(
+                    f"the pack on Ray packed nothing for {stall_timeout_s:.0f} s ({len(pending)} streams "
+                    "unfinished); look at the cluster (`ray status`), then run the same command again to resume"
+                )
+            payload += nbytes
+            bar.update(files)
+            elapsed = max(bar.format_dict["elapsed"], 1e-9)
+            bar.set_postfix_str(f"{payload / 1e6 / elapsed:.1f} MB/s, {len(refs) - len(pending)}/{len(refs)} streams")
+        return ray.get(refs)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        bar.close()
+
+
+def _map_batch(fn: Callable[[T], R], batch: list[T]) -> list[R]:
+    return [fn(item) for item in batch]
+
+
+def map_on_ray(
+    fn: Callable[[T], R], items: Iterable[T], *, batch_size: int, max_in_flight: int, what: str
+) -> Iterator[tuple[T, R]]:
+    """``(item, fn(item))`` for every item, computed in Ray tasks of ``batch_size`` items (at
+    most ``max_in_flight`` tasks submitted at once), yielded as tasks finish.
+
+    Raises:
+        the first failing task's error (see :func:`run_streams_on_ray`).
+    """
+    ray = _ray()
+    task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)(_map_batch)
+    batches = iter(_batched(items, batch_size))
+    running: dict[Any, list[T]] = {}
+    try:
+        while True:
+            while len(running) < max_in_flight:
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                running[task.remote(fn, batch)] = batch
+            if not running:
+                return
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=STALL_TIMEOUT_S)
+            if not ready:
+                raise ShardstreamError(f"{what}: no Ray task finished for {STALL_TIMEOUT_S:.0f} s")
+            batch = running.pop(ready[0])
+            try:
+                results = ray.get(ready[0])
+            except Exception as exc:  # noqa: BLE001 - translated for the user
+                raise _translate(exc, what) from None
+            yield from zip(batch, results)
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)
+
+
+def _batched(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    batch: list[T] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
