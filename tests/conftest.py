@@ -135,3 +135,18 @@ def reap_killed_semaphores():
     if shm.is_dir():
         for path in set(shm.glob("sem.mp-*")) - before:
             path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real Ray cluster on this machine: a head and a second raylet, 1 CPU each
+    (:class:`shardstream.testing.ray_cluster.LocalRayCluster`), stopped after the session.
+    Drivers run as subprocesses with ``cluster.env()`` (``RAY_ADDRESS`` set)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # the test extra installs it: a missing Ray is a failed set-up
+        pytest.fail("Ray is not installed: pip install -e '.[test]' (or 'shardstream[ray]')")
+    from shardstream.testing.ray_cluster import LocalRayCluster
+
+    with LocalRayCluster(num_nodes=2, cpus_per_node=1) as cluster:
+        yield cluster

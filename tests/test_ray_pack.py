@@ -64,7 +64,7 @@ def task_processes() -> list[int]:
 
 DRIVER = """
 import json, sys
-from shardstream import pack
+from shardstream import S3Config, pack
 args = json.loads(sys.argv[1])
 report = pack(args["source"], args["dest"], ray=args["address"], workers=2, max_shard_bytes=12_000,
               s3=S3Config(**args["s3"]), progress=False)

@@ -282,7 +282,7 @@ def pack(
         if ray is not None:
             from .ray_run import run_streams_on_ray
 
-            results = run_streams_on_ray(jobs, progress=progress, total_files=total_files)
+            results = run_streams_on_ray(jobs, run_stream, progress=progress, total_files=total_files)
         else:
             results = _run_jobs(jobs, progress=progress, total_files=total_files)
 

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 from tqdm import tqdm
 
 from ..errors import ShardstreamError
-from .stream import StreamJob, StreamResult, run_stream
 
 __all__ = ["cluster_cpus", "connect", "map_on_ray", "run_streams_on_ray"]
 
@@ -85,7 +84,7 @@ class _Counter:
         return taken
 
 
-def _stream_task(job: StreamJob, counter: Any) -> StreamResult:
+def _stream_task(job: Any, counter: Any, run: Callable[..., Any]) -> Any:
     """One pack stream in a Ray worker, sending its progress to ``counter`` every 0.5 s."""
     pending = [0, 0, time.monotonic()]
 
@@ -96,7 +95,7 @@ def _stream_task(job: StreamJob, counter: Any) -> StreamResult:
             counter.add.remote(pending[0], pending[1])
             pending[:] = [0, 0, time.monotonic()]
 
-    result = run_stream(job, advance)
+    result = run(job, advance)
     counter.add.remote(pending[0], pending[1])
     return result
 
@@ -118,10 +117,16 @@ def _translate(exc: BaseException, what: str) -> BaseException:
 
 
 def run_streams_on_ray(
-    jobs: list[StreamJob], *, progress: bool, total_files: int | None = None, stall_timeout_s: float = STALL_TIMEOUT_S
-) -> list[StreamResult]:
-    """Run each pack stream as a Ray task (1 CPU, retried ``TASK_RETRIES`` times when its
-    worker dies) and drive one progress bar; the results in ``jobs`` order.
+    jobs: list[Any],
+    run: Callable[[Any, Callable[[int, int], None]], Any],
+    *,
+    progress: bool,
+    total_files: int | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
+) -> list[Any]:
+    """Run each pack stream (``run(job, advance)``, :func:`shardstream.packing.stream.run_stream`)
+    as a Ray task (1 CPU, retried ``TASK_RETRIES`` times when its worker dies) and drive one
+    progress bar; the results in ``jobs`` order.
 
     Raises:
         the first task's error (a bad input file under ``on_error="fail"`` as the CLI names it),
@@ -131,7 +136,7 @@ def run_streams_on_ray(
     ray = _ray()
     counter = ray.remote(num_cpus=0)(_Counter).remote()
     task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)(_stream_task)
-    refs = [task.options(name=f"shardstream-pack-stream-{job.stream}").remote(job, counter) for job in jobs]
+    refs = [task.options(name=f"shardstream-pack-stream-{job.stream}").remote(job, counter, run) for job in jobs]
     stream_of = {ref: job.stream for ref, job in zip(refs, jobs)}
     bar = tqdm(
         unit=" files", unit_scale=True, desc="packing on Ray", disable=not progress, file=sys.stderr, total=total_files

@@ -28,7 +28,7 @@ from ..errors import DestinationError, MissingDependencyError, SourceError
 from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from ..storage import Store, is_remote_url, open_store, write_pieces
 from .encode import JPEG_QUALITY, encode_sample
-from .journal import SPEC_NAME, PackSpec
+from .journal import SPEC_NAME, STATE_DIR, PackSpec
 from .pack import DEFAULT_MAX_SHARD_BYTES, check_options, wipe
 from .writer import PublishedShard, RotatingTarWriter
 
@@ -36,9 +36,7 @@ try:
     from ray.data import Datasink
     from ray.data.block import BlockAccessor
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever this is tested
-    raise MissingDependencyError(
-        "shardstream.packing.ray_sink needs Ray Data: pip install 'shardstream[ray]'"
-    ) from exc
+    raise MissingDependencyError("shardstream.packing.ray_sink needs Ray Data: pip install 'shardstream[ray]'") from exc
 
 __all__ = ["ShardDatasink"]
 
@@ -186,6 +184,7 @@ class ShardDatasink(Datasink):
             wipe(store, old_spec)
             for leftover in leftovers:
                 store.delete(leftover)
+            store.remove_empty_dirs((STATE_DIR,))
         store.remove_partials(lambda n: self._own.fullmatch(n) is not None or n == MANIFEST_NAME)
 
     def on_write_complete(self, write_result: Any) -> None:
