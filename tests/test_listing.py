@@ -164,3 +164,32 @@ def test_a_part_waits_for_the_lister_and_takes_over_a_dead_one(tmp_path):
     assert not waiter.is_alive()
     assert time.monotonic() - started >= 1.5
     assert result["listing"] == Listing.load(open_store(dest), spec.digest)  # the same listing, made here
+
+
+def test_a_planned_shard_whose_files_all_vanished_is_recorded_empty(tmp_path):
+    src = make_tree(tmp_path / "src", classes=1, per_class=12, size=500)
+    (src / "class0" / "0005.bin").unlink()
+    (src / "class0" / "0005.bin").symlink_to("/proc/self/mem")  # listed fine, fails when read: the pack stops
+    dest = tmp_path / "out"
+    with pytest.raises(Exception, match=r"0005\.bin"):
+        pack(src, dest, max_samples_per_shard=2, progress=False)  # shards 0, 1 written; 2 holds 0004, 0005
+    assert (dest / "data-000001.tar").exists() and not (dest / "data-000002.tar").exists()
+    for name in ("0006", "0007"):  # every file of planned shard 3 vanishes before it is read
+        for ext in ("bin", "cls"):
+            (src / "class0" / f"{name}.{ext}").unlink()
+    report = pack(src, dest, max_samples_per_shard=2, on_error="skip", progress=False)
+    assert report.dataset_totals is not None and report.dataset_totals["num_shards"] == 5  # of 6 planned
+    assert not (dest / "data-000003.tar").exists() and (dest / "data-000005.tar").exists()
+    kinds = {
+        json.loads(line)["path"].rsplit("/", 1)[-1]: json.loads(line)["kind"]
+        for line in open(dest / "pack-report.jsonl")
+    }
+    assert kinds == {
+        "0005.bin": "unreadable",
+        "0006.bin": "vanished",
+        "0006.cls": "vanished",
+        "0007.bin": "vanished",
+        "0007.cls": "vanished",
+    }
+    got = read_back(dest)
+    assert "class0/0005.bin" not in got and got == all_files(src)  # all_files skips the symlink too
