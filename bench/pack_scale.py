@@ -14,7 +14,10 @@ written to S3 in both layouts and merged:
 - the same, read 32 at a time;
 - one done record per stream holding its rows (what ``pack`` writes now), read 32 at a time.
 
-Run: ``python bench/pack_scale.py`` (10^5 objects and 10^5 shard records, ~6 min on 2 cores).
+The old layout is merged at ``--before-shards`` records (its time grows linearly: 10^5 records
+one at a time take ~5.5 min here).
+
+Run: ``python bench/pack_scale.py`` (10^5 objects, 10^5 shard records; ~6 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -69,6 +72,18 @@ def listing_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config
         walk(source, s3=via, threads=1)
     list_requests = len(lists)
     results = {"objects": len(names), "dirs": args.dirs, "list_requests_per_walk": list_requests}
+    if args.list_latency_ms:  # a remote store's round trip, added to every LIST at a proxy
+        delay_s = args.list_latency_ms / 1000
+
+        def lists_only(method: str, path: str) -> bool:
+            return method == "GET" and path.rstrip("/") == "/listbench"
+
+        with FaultProxy(server.info.endpoint_url, rates={"delay": 1.0}, delay_s=delay_s, match=lists_only) as proxy:
+            via = S3Config(**{**s3.__dict__, "endpoint_url": proxy.endpoint_url})
+            for label, threads in (("sequential walk", 1), ("listing, 16 at once", 16)):
+                seconds, _ = min(walk(source, s3=via, threads=threads) for _ in range(args.repeats))
+                results[f"{label}, +{args.list_latency_ms:g} ms a LIST"] = seconds
+                print(f"s3 {label} with {args.list_latency_ms:g} ms added to each LIST: {seconds:.2f} s")
     for label, threads in (("sequential walk (one stream, before)", 1), ("listing, 16 directories at once", 16)):
         seconds, found = min(walk(source, s3=s3, threads=threads) for _ in range(args.repeats))
         assert found == len(names), (found, len(names))
@@ -79,7 +94,7 @@ def listing_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config
         path = tree / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
-    for label, threads in (("local sequential walk", 1), ("local listing, 16 at once", 16)):
+    for label, threads in (("local sequential walk", 1), ("local listing, 4 at once (its default)", 4)):
         seconds, found = min(walk(str(tree), s3=None, threads=threads) for _ in range(args.repeats))
         results[label] = seconds
         print(f"{label}: {seconds:.2f} s, {found / seconds:,.0f} files/s (stat included)")
@@ -89,8 +104,9 @@ def listing_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config
 
 def merge_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config) -> dict:
     results = {}
-    per_stream = args.shards // args.streams
     for listed in (False, True):
+        shards = args.shards if listed else args.before_shards
+        per_stream = shards // args.streams
         bucket = f"mergebench{int(listed)}"
         server.create_bucket(bucket)
         store = open_store(f"s3://{bucket}/ds", s3=s3)
@@ -108,7 +124,7 @@ def merge_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config) 
         )
         store.write_bytes(journal.SPEC_NAME, spec.to_json())
 
-        def row(stream: int, seq: int, spec: PackSpec = spec) -> dict:
+        def row(stream: int, seq: int, spec: PackSpec = spec, per_stream: int = per_stream) -> dict:
             number = spec.shard_number(stream * per_stream if spec.listed else stream, seq)
             return {
                 "name": f"data-{number:06d}.tar",
@@ -155,9 +171,9 @@ def merge_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config) 
             totals, _ = merge(store, spec)
             seconds = time.perf_counter() - started
             journal.MERGE_READS_IN_FLIGHT = 32
-            assert totals["num_shards"] == args.shards, totals
-            results[label] = seconds
-            print(f"merge of {args.shards} shards, {label}: {seconds:.1f} s ({args.shards / seconds:,.0f} shards/s)")
+            assert totals["num_shards"] == shards, totals
+            results[label] = {"shards": shards, "seconds": seconds}
+            print(f"merge of {shards} shards, {label}: {seconds:.1f} s ({shards / seconds:,.0f} shards/s)")
     return results
 
 
@@ -166,7 +182,13 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100_000, help="objects in the source (default 10^5)")
     parser.add_argument("--dirs", type=int, default=100, help="directories they lie in (default 100)")
     parser.add_argument("--shards", type=int, default=100_000, help="shard records to merge (default 10^5)")
+    parser.add_argument(
+        "--before-shards", type=int, default=10_000, help="shard records of the old layout (default 10^4: minutes each)"
+    )
     parser.add_argument("--streams", type=int, default=100, help="streams that wrote them (default 100)")
+    parser.add_argument(
+        "--list-latency-ms", type=float, default=30.0, help="also walk with this added to every LIST (0: no)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="walks of each kind; the best is shown")
     parser.add_argument("--skip", choices=["listing", "merge"], action="append", default=[])
     parser.add_argument("--json", help="also write the figures to this file")

@@ -6,7 +6,8 @@ silently.
 
 - A local directory is walked depth first, each directory's entries sorted by name: the
   samples of its files first (grouped by key, sorted by key), then its subdirectories in name
-  order. Up to 64 directories ahead of the one consumed are scanned on 16 threads.
+  order. Up to 64 directories ahead of the one consumed are scanned on 4 threads (for
+  network file systems, where a scan waits on the server).
 - An object-store prefix (``s3://``, ``gs://``, ``az://``) is walked the same way, one
   "directory" (``Delimiter="/"``) at a time, directories listed concurrently.
 - A file list (newline- or NUL-separated paths relative to the source directory) is taken
@@ -39,7 +40,8 @@ __all__ = [
     "walk_samples",
 ]
 
-LIST_THREADS = 16  # directories listed at once
+LIST_THREADS = 16  # store "directories" listed at once (each LIST a round trip)
+LOCAL_LIST_THREADS = 4  # local directories scanned at once (page-cached scans are CPU-bound: more threads only contend)
 LIST_WINDOW = 64  # directories listed ahead of the one consumed
 
 
@@ -291,7 +293,7 @@ def iter_source_samples(
     list_path: str | None,
     on_problem: OnProblem,
     s3=None,
-    threads: int = LIST_THREADS,
+    threads: int | None = None,
 ) -> Iterator[Sample]:
     """The samples of a pack's source in walk order, every file with its size.
 
@@ -300,19 +302,21 @@ def iter_source_samples(
         list_path: a ``--files-from`` list (paths relative to ``source``), or None to walk it.
         on_problem: called, in walk order, for each entry not packed or packed with a warning.
         s3: the S3 endpoint and credentials for an ``s3://`` source.
-        threads: directories listed at once.
+        threads: directories listed at once (default: 16 for a store, 4 for a local tree).
     """
     if list_path is not None:
         yield from iter_list_samples(source, list_path, on_problem=on_problem)
         return
     lister = _remote_lister(open_store(source, s3=s3)) if is_remote_url(source) else _local_lister(source)
+    if threads is None:
+        threads = LIST_THREADS if is_remote_url(source) else LOCAL_LIST_THREADS
     for files, problems in _ordered_walk(lister, threads=threads):
         for problem in problems:
             on_problem(problem)
         yield from group_samples(files, on_problem)
 
 
-def walk_samples(root: str, *, on_problem: OnProblem, threads: int = LIST_THREADS) -> Iterator[Sample]:
+def walk_samples(root: str, *, on_problem: OnProblem, threads: int | None = None) -> Iterator[Sample]:
     """The samples under the local directory ``root`` (an absolute path, see
     :func:`check_source`) in walk order, each file with its size."""
     return iter_source_samples(root, list_path=None, on_problem=on_problem, threads=threads)
