@@ -168,8 +168,9 @@ def pack(
             workers)``; resume, parts and the report work as for files. Samples are grouped
             as readers group them; links in the input are skipped with a warning.
         ray: run the streams as tasks on the Ray cluster at this address (``"auto"``: the one
-            started on this machine, or ``RAY_ADDRESS``), ``workers`` of them (None: the
-            cluster's CPU count); this process lists the source and writes the index
+            started on this machine, or ``RAY_ADDRESS``), ``workers`` of them (pass
+            ``workers=None`` for the cluster's CPU count; the CLI's default); this process
+            lists the source and writes the index
             (:mod:`shardstream.packing.ray_run`). SOURCE and DEST must be reachable from every node.
 
     Returns:
