@@ -101,12 +101,10 @@ class PackSpec:
 
     def stream_of_shard(self, name: str) -> int | None:
         """The stream that writes shard ``name`` (or its sample table), or None if it is not
-        one of this pack's (a listed pack's shard numbers map to streams through its listing:
-        0 here)."""
+        one of this pack's. Not for a listed pack, whose streams own ranges of its listing."""
+        assert not self.listed, "a listed pack's streams own ranges: see Listing.shard_range"
         number = self.shard_of_name(name)
-        if number is None:
-            return None
-        return 0 if self.listed else number % self.num_streams
+        return None if number is None else number % self.num_streams
 
     @classmethod
     def of_code(

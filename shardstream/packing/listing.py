@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import DestinationError, IndexFormatError
-from ..format import END_OF_ARCHIVE, member_header, padded_size
+from ..format import END_OF_ARCHIVE, member_header, padded_size, split_key
 from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url
 from .sources import OnProblem, Problem, Sample, SourceFile, iter_source_samples
@@ -158,13 +158,7 @@ class Listing:
                         member = fields[i].decode()
                         path = f"{source_url}/{member}" if remote else os.path.join(source_url, member)
                         files.append(SourceFile(member, path, int(fields[i + 1])))
-                    yield shard, Sample(_key_of(files[0].member_name), tuple(files))
-
-
-def _key_of(member_name: str) -> str:
-    from ..format import split_key
-
-    return split_key(member_name)[0]
+                    yield shard, Sample(split_key(files[0].member_name)[0], tuple(files))
 
 
 def list_file_name(number: int) -> str:

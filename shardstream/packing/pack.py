@@ -331,8 +331,13 @@ def list_once(
     )
 
 
-def check_options(name: str, max_shard_bytes: int, max_samples_per_shard: int | None) -> None:
-    """Raise ValueError naming a bad shard name prefix or size limit."""
+def check_options(
+    name: str, max_shard_bytes: int, max_samples_per_shard: int | None, *, jpeg_quality: int | None = None
+) -> None:
+    """Raise ValueError naming a bad shard name prefix, size limit or JPEG quality (of the
+    writers that encode images)."""
+    if jpeg_quality is not None and not 1 <= jpeg_quality <= 95:
+        raise ValueError(f"{jpeg_quality=} must be in 1..95")
     if not name or "/" in name:
         raise ValueError(f"shard name prefix {name!r} must be a non-empty name without '/'")
     if max_shard_bytes <= 0:
@@ -410,9 +415,9 @@ def wipe(store: Store, old_spec: PackSpec | None) -> None:
         if name != SPEC_NAME:
             store.delete(name)
     if old_spec is not None:
-        old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.stream_of_shard(n) is not None)
+        old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.shard_of_name(n) is not None)
         store.remove_partials(
-            lambda n: old_spec.stream_of_shard(n) is not None or n.startswith(f"{STATE_DIR}/"), folders=("", STATE_DIR)
+            lambda n: old_spec.shard_of_name(n) is not None or n.startswith(f"{STATE_DIR}/"), folders=("", STATE_DIR)
         )
     store.remove_partials(lambda n: n in (MANIFEST_NAME, INDEX_NAME, REPORT_NAME))
     for name in [*sorted(old_names), REPORT_NAME, SPEC_NAME]:

@@ -113,9 +113,7 @@ class ShardDatasink(Datasink):
         fetch: FetchConfig | None = None,
         jpeg_quality: int = JPEG_QUALITY,
     ) -> None:
-        check_options(name, max_shard_bytes, max_samples_per_shard)
-        if not 1 <= jpeg_quality <= 95:
-            raise ValueError(f"{jpeg_quality=} must be in 1..95")
+        check_options(name, max_shard_bytes, max_samples_per_shard, jpeg_quality=jpeg_quality)
         text = os.fspath(dest)
         if not is_remote_url(text):  # write tasks run in other working directories
             text = str(Path(text.removeprefix("file://")).expanduser().absolute())

@@ -79,11 +79,9 @@ class ShardWriter:
         jpeg_quality: int = JPEG_QUALITY,
     ) -> None:
         part = part or Part(0, 1)
-        check_options(name, max_shard_bytes, max_samples_per_shard)
+        check_options(name, max_shard_bytes, max_samples_per_shard, jpeg_quality=jpeg_quality)
         if overwrite and part.count > 1:
             raise ValueError("overwrite=True with several parts would let one part wipe another's; empty DEST first")
-        if not 1 <= jpeg_quality <= 95:
-            raise ValueError(f"{jpeg_quality=} must be in 1..95")
         self._started = time.perf_counter()
         self._store = open_store(dest, s3=s3, fetch=fetch)
         self._spec = PackSpec.of_code(
