@@ -679,9 +679,17 @@ LOADER = ("torch.utils.data", "numpy", "PIL.Image", "shardstream.decode")
 EVERY = ("photos", "dir", "small", "tiny")
 READERS = {
     "s3-limit": Reader(
-        "aiobotocore 8x16MiB ranged GETs", "limit", "raw", "s3", read_s3_limit, ("aiobotocore.session",)
+        "aiobotocore 8x16MiB ranged GETs",
+        "limit",
+        "raw",
+        "s3",
+        read_s3_limit,
+        ("aiobotocore.session",),
+        corpora=("photos", "dir", "small"),
     ),
-    "s3-shardstream": Reader("shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS_S3),
+    "s3-shardstream": Reader(
+        "shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS_S3, corpora=("photos", "dir", "small")
+    ),
     "s3-wds-pipe": Reader("webdataset pipe:aws s3 cp", "webdataset", "raw", "s3", read_wds("pipe"), WDS),
     "s3-wds-boto3": Reader("webdataset boto3 gopen", "webdataset", "raw", "s3", read_wds("boto3"), WDS_S3),
     "s3-mosaic": Reader("mosaic streaming", "mosaic", "raw", "s3", read_mosaic("s3"), MOSAIC, clean_mosaic_shm),

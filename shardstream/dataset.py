@@ -12,6 +12,7 @@ are the epoch schedule's (:mod:`shardstream.reading.schedule`); reading is the e
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import gc
 import logging
 import os
@@ -230,7 +231,8 @@ class ShardDataset(IterableDataset):
         else:
             if resampled:
                 raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
-            resolved = [resolve_source(src.location, s3=s3) for src in sources]
+            with concurrent.futures.ThreadPoolExecutor(min(16, len(sources))) as pool:  # their indexes' GETs at once
+                resolved = list(pool.map(lambda src: resolve_source(src.location, s3=s3), sources))
             self.index = None
             self.shard_urls = _Chained([urls for urls, _ in resolved])  # O(sources): never listed
             shard_sets = [IndexedShards(index) if index is not None else BareShards(urls) for urls, index in resolved]

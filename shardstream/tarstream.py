@@ -22,6 +22,7 @@ log = logging.getLogger("shardstream")
 __all__ = [
     "Batch",
     "Hashed",
+    "Pieces",
     "ReadStream",
     "compression_of",
     "iter_members",
@@ -51,6 +52,21 @@ class Batch(list):  # type: ignore[type-arg]
     def __init__(self, samples: Any = (), nbytes: int = 0) -> None:
         super().__init__(samples)
         self.nbytes = nbytes
+
+
+class Pieces:
+    """Consecutive pieces of a shard's bytes handed on together: one ranged GET's body as the
+    HTTP client received it (pieces of up to 256 KiB, uncopied), so a slicer works out all
+    their samples at once instead of a piece at a time. ``len`` is their bytes."""
+
+    __slots__ = ("nbytes", "pieces")
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+        self.nbytes = sum(map(len, pieces))
+
+    def __len__(self) -> int:
+        return self.nbytes
 
 
 class ReadStream(Protocol):
@@ -247,6 +263,11 @@ class Hashed:
         self._chunks = stream_chunks(self._source)
         return self._counted()
 
+    def groups(self) -> Iterator[Any]:
+        """Like :meth:`chunks`, with the source's :class:`Pieces` where it has them."""
+        self._chunks = stream_chunks(self._source, grouped=True)
+        return self._counted()
+
     def drain(self) -> None:
         for _ in self.chunks() if self._chunks is None else self._counted():
             pass
@@ -254,16 +275,20 @@ class Hashed:
     def _counted(self) -> Iterator[Any]:
         assert self._chunks is not None  # internal invariant: chunks() set it
         for chunk in self._chunks:
-            if len(self.head) < 4:
-                self.head += bytes(chunk[: 4 - len(self.head)])
-            self.crc32 = zlib.crc32(chunk, self.crc32)
-            self.nbytes += len(chunk)
+            for piece in chunk.pieces if type(chunk) is Pieces else (chunk,):
+                if len(self.head) < 4:
+                    self.head += bytes(piece[: 4 - len(self.head)])
+                self.crc32 = zlib.crc32(piece, self.crc32)
+                self.nbytes += len(piece)
             yield chunk
 
 
-def stream_chunks(stream: Any, chunk_bytes: int = 1 << 20) -> Iterator[Any]:
+def stream_chunks(stream: Any, chunk_bytes: int = 1 << 20, *, grouped: bool = False) -> Iterator[Any]:
     """A shard stream's bytes in pieces: its own ``chunks()`` where it has them (the streams
-    of :mod:`shardstream.storage.fetch`, uncopied), else ``read(chunk_bytes)`` until it ends."""
+    of :mod:`shardstream.storage.fetch`, uncopied), else ``read(chunk_bytes)`` until it ends.
+    ``grouped``: its ``groups()`` where it has them, which may hand on :class:`Pieces`."""
+    if grouped and hasattr(stream, "groups"):
+        return iter(stream.groups())
     if hasattr(stream, "chunks"):
         return iter(stream.chunks())
     return iter(lambda: stream.read(chunk_bytes), b"")

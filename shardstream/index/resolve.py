@@ -10,13 +10,15 @@ A version 1 ``index.json`` still opens, converted in memory, at its old cost per
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import os
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
-from ..errors import ShardNotFoundError
+from ..errors import ShardNotFoundError, StorageConnectionError
 from ..format import SHARD_SUFFIXES
-from ..storage import LocalStore, is_remote_url, open_store, pin_urls, split_url, write_pieces
+from ..storage import LocalStore, is_remote_url, loop, open_store, pin_urls, split_url, write_pieces
 from .manifest import MANIFEST_NAME, Manifest
 from .table import ShardTable
 from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
@@ -44,6 +46,9 @@ class DatasetIndex:
         self._legacy_tables = legacy_tables
         self._tables: collections.OrderedDict[int, ShardTable] = collections.OrderedDict()
         self._store: Any = None
+        self._requests: collections.OrderedDict[int, concurrent.futures.Future[Any]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         return f"DatasetIndex({self.root!r}, num_shards={self.num_shards}, num_samples={self.num_samples})"
@@ -51,7 +56,12 @@ class DatasetIndex:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tables"], state["_store"] = collections.OrderedDict(), None
+        del state["_requests"], state["_lock"], state["_pid"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._requests, self._lock, self._pid = collections.OrderedDict(), threading.Lock(), os.getpid()
 
     @property
     def num_shards(self) -> int:
@@ -64,15 +74,6 @@ class DatasetIndex:
     def shard_url(self, i: int) -> str:
         return _join(self.manifest.shards_url or self.root, self.manifest.name(i))
 
-    @property
-    def tables_local(self) -> bool:
-        """The tables are local files (cheap to read: readers slice members by them)."""
-        return self._legacy_tables is not None or not is_remote_url(self.root)
-
-    def has_table(self, i: int) -> bool:
-        """Shard ``i``'s table is already in memory."""
-        return self._legacy_tables is not None or i in self._tables
-
     def table(self, i: int) -> ShardTable:
         """Shard ``i``'s sample table (read once, then kept among the last few used).
 
@@ -82,29 +83,86 @@ class DatasetIndex:
         """
         if self._legacy_tables is not None:
             return self._legacy_tables[i]
-        table = self._tables.get(i)
-        if table is None:
-            if self._store is None:
-                self._store = open_store(self.root, s3=self.s3)
-            name = self.manifest.table_name(i)
-            try:
-                data = self._store.read_bytes(name)
-            except ShardNotFoundError as exc:
-                raise ShardNotFoundError(
-                    f"{self._store.url_of(name)}: the sample table of shard {self.manifest.name(i)} is missing; "
-                    "re-run shardstream pack (or shardstream index upgrade)"
-                ) from exc
-            table = ShardTable.parse(
-                data,
-                url=self._store.url_of(name),
-                num_samples=int(self.manifest.shard_samples[i]),
-                num_members=int(self.manifest.shard_members[i]),
-            )
+        with self._lock:
+            table = self._tables.get(i)
+            if table is not None:
+                self._tables.move_to_end(i)
+                return table
+        store = self._table_store()
+        name = self.manifest.table_name(i)
+        try:
+            data = store.read_bytes(name)
+        except ShardNotFoundError as exc:
+            raise self._missing(i) from exc
+        return self._keep(i, data)
+
+    def request_table(self, i: int) -> Callable[[], ShardTable]:
+        """Start reading shard ``i``'s table now, without waiting for it (a remote table's GET
+        runs on the background loop beside the shard's own): returns the function that waits
+        for it and gives it, as :meth:`table` would. Local tables, and those in memory, are
+        read when that function is called. Requests not collected are dropped (cancelled)
+        beyond the last 64.
+
+        The function raises what :meth:`table` raises, and StorageConnectionError when the
+        GET has not answered within the store's bound on one request.
+        """
+        if self._legacy_tables is not None or i in self._tables or not is_remote_url(self.root):
+            return lambda: self.table(i)
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's requests run on its loop, not ours
+                self._requests, self._pid = collections.OrderedDict(), os.getpid()
+            future = self._requests.get(i)
+            if future is None:
+                store = self._table_store()
+                future = loop.submit(store.get_range(self.manifest.table_name(i), 0, None))
+                self._requests[i] = future
+                while len(self._requests) > _TABLES_KEPT:
+                    self._requests.popitem(last=False)[1].cancel()
+        return lambda: self._collect(i, future)
+
+    def _collect(self, i: int, future: concurrent.futures.Future[Any]) -> ShardTable:
+        store = self._table_store()
+        try:
+            if i in self._tables:
+                return self.table(i)
+            pieces, _, _ = future.result(store.request_limit_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise StorageConnectionError(
+                f"{store.url_of(self.manifest.table_name(i))}: no answer in {store.request_limit_s:.0f} s from "
+                f"{store.label} ({store.endpoint}); {store.pool_state()}"
+            ) from None
+        except ShardNotFoundError as exc:
+            raise self._missing(i) from exc
+        finally:
+            with self._lock:
+                if self._requests.get(i) is future:
+                    del self._requests[i]
+        return self._keep(i, b"".join(pieces))
+
+    def _table_store(self) -> Any:
+        if self._store is None:
+            self._store = open_store(self.root, s3=self.s3)
+        return self._store
+
+    def _missing(self, i: int) -> ShardNotFoundError:
+        return ShardNotFoundError(
+            f"{self._table_store().url_of(self.manifest.table_name(i))}: the sample table of shard "
+            f"{self.manifest.name(i)} is missing; re-run shardstream pack (or shardstream index upgrade)"
+        )
+
+    def _keep(self, i: int, data: bytes) -> ShardTable:
+        """Shard ``i``'s table parsed from ``data``, kept among the last few used."""
+        table = ShardTable.parse(
+            data,
+            url=self._table_store().url_of(self.manifest.table_name(i)),
+            num_samples=int(self.manifest.shard_samples[i]),
+            num_members=int(self.manifest.shard_members[i]),
+        )
+        with self._lock:
             self._tables[i] = table
             while len(self._tables) > _TABLES_KEPT:
                 self._tables.popitem(last=False)
-        else:
-            self._tables.move_to_end(i)
         return table
 
     def as_v1(self) -> Index:

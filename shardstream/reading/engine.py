@@ -31,6 +31,7 @@ What it promises:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -42,6 +43,7 @@ import numpy as np
 
 from ..config import FetchConfig, S3Config
 from ..errors import CorruptShardError, DecodeError, ShardNotFoundError
+from ..index import ShardTable
 from ..shuffle import shuffle_buffer
 from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
@@ -163,55 +165,65 @@ class ReadingEngine:
         """The wanted samples of each run in order, in batches, reading each run as one byte
         range of its shard (the whole shard when the run covers it; else the range from the
         shard's sample table); with ``on_error="skip"``, None for each sample of a run a
-        corrupt shard lost."""
+        corrupt shard lost.
+
+        Each run's sample table is asked for as its shard's bytes are (remote tables: a GET
+        beside the shard's, up to ``max_inflight_shards + 1`` runs ahead), so it is at hand
+        when the bytes come; the tables of runs cut from a shard come first (their byte
+        ranges are read from them), asked for together."""
         shards, counts = self.shards, self.shards.sample_counts
         assert counts is not None  # internal invariant: only planned reads come here
-        urls: list[str] = []
-        ranges: list[tuple[int, int] | None] = []
-        sizes: list[int | None] = []
-        for run in runs:
-            urls.append(shards.url(run.shard))
-            sizes.append(shards.size_bytes(run.shard))
-            if run.lo == 0 and run.hi == int(counts[run.shard]) - 1:
-                ranges.append(None)
-            else:
-                ends = shards.table(run.shard).sample_ends()
-                ranges.append((int(ends[run.lo - 1]) if run.lo else 0, int(ends[run.hi])))
+        tables = _TableRequests(shards, runs, ahead=fetch.max_inflight_shards + 1)
+        whole = [run.lo == 0 and run.hi == int(counts[run.shard]) - 1 for run in runs]
+        ranges: list[tuple[int, int] | None] = [None] * len(runs)
+        for r, table in tables.first([r for r, w in enumerate(whole) if not w]):
+            ends, run = table.sample_ends(), runs[r]
+            ranges[r] = (int(ends[run.lo - 1]) if run.lo else 0, int(ends[run.hi]))
+        tables.ask(1)  # the first table's GET goes out before the first shard's
         streams = iter_shard_streams(
-            urls, sizes_bytes=sizes, byte_ranges=ranges, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats
+            [shards.url(run.shard) for run in runs],
+            sizes_bytes=[shards.size_bytes(run.shard) for run in runs],
+            byte_ranges=ranges,
+            s3=self.s3,
+            fetch=fetch,
+            cache=self._cache(),
+            stats=stats,
         )
         # The streams come first in the zip, so the generator runs to its end after the last
         # run: that is where it finishes and commits the last shard's cache entry.
-        for (url, stream), run, byte_range in zip(streams, runs, ranges):
-            if self.on_error == "skip":
-                yield from _skip_corrupt(self._read_run(url, stream, run, byte_range), run, url)
-            else:
-                yield from self._read_run(url, stream, run, byte_range)
+        for r, ((url, stream), run, byte_range) in enumerate(zip(streams, runs, ranges)):
+            batches = self._read_run(url, stream, run, byte_range, tables.get(r))
+            yield from _skip_corrupt(batches, run, url) if self.on_error == "skip" else batches
 
-    def _read_run(self, url: str, stream: Any, run: PlanRun, byte_range: tuple[int, int] | None) -> Iterator[Batch]:
+    def _read_run(
+        self,
+        url: str,
+        stream: Any,
+        run: PlanRun,
+        byte_range: tuple[int, int] | None,
+        table_of: Callable[[], ShardTable],
+    ) -> Iterator[Batch]:
         """The wanted samples of one run, in batches, checked against the index.
 
-        Where the shard's table is at hand (a local dataset, or a byte range, which needed
-        the table to find), members are sliced at the table's offsets and each header is
-        checked against it (:mod:`shardstream.reading.slicer`); else the tar headers are parsed and
-        the sample count is checked."""
+        Members are sliced at the offsets of the shard's table (``table_of()``) and each
+        header is checked against it (:mod:`shardstream.reading.slicer`); a whole shard whose
+        table is missing is read by parsing its tar headers, and its sample count is
+        checked."""
         shards, counts = self.shards, self.shards.sample_counts
         assert counts is not None  # internal invariant: runs come from the index
         checked = None
         if self.verify_checksums and byte_range is None:
             stream = checked = Hashed(stream)
-        table = None
-        if byte_range is not None:
-            table = shards.table(run.shard)
-        elif shards.table_at_hand(run.shard):
-            try:
-                table = shards.table(run.shard)
-            except ShardNotFoundError:  # a whole shard reads without its table, parsed
-                table = None
+        try:
+            table = table_of()
+        except ShardNotFoundError:
+            if byte_range is not None:
+                raise
+            table = None  # a whole shard reads without its table, parsed
         if table is not None:
             slices = RunSlices(table, run.indices(), url=url)
             yield from iter_sliced_batches(
-                stream_chunks(stream), slices, base_offset=byte_range[0] if byte_range else 0
+                stream_chunks(stream, grouped=True), slices, base_offset=byte_range[0] if byte_range else 0
             )
         else:
             yield from _parsed_run(stream, run, url, int(counts[run.shard]), foreign=shards.foreign)
@@ -449,6 +461,48 @@ def _parsed_run(stream: Any, run: PlanRun, url: str, count: int, *, foreign: boo
             f"{url}: holds {i} samples but the index says {count}; the shard or its index is stale or damaged, "
             "re-pack or re-upload the dataset"
         )
+
+
+class _TableRequests:
+    """The sample tables of a lane's runs, asked for ahead of their turn (:meth:`get`), at most
+    ``ahead`` runs ahead, so a remote table's GET runs beside its shard's ranged GETs."""
+
+    def __init__(self, shards: ShardSet, runs: list[PlanRun], *, ahead: int) -> None:
+        self.shards, self.runs, self.ahead = shards, runs, ahead
+        self.asked: dict[int, Callable[[], ShardTable]] = {}
+        self.next = 0  # the first run not asked for yet
+
+    def first(self, wanted: list[int]) -> Iterator[tuple[int, ShardTable]]:
+        """``(run, table)`` for each of the ``wanted`` runs in order, their tables asked for
+        up to 64 at a time (and kept for :meth:`get`)."""
+        window = 64
+        pending = collections.deque()
+        for r in wanted:
+            pending.append(r)
+            self.asked[r] = self.shards.request_table(self.runs[r].shard)
+            if len(pending) >= window:
+                q = pending.popleft()
+                yield q, self._kept(q)
+        while pending:
+            q = pending.popleft()
+            yield q, self._kept(q)
+
+    def _kept(self, r: int) -> ShardTable:
+        table = self.asked[r]()
+        self.asked[r] = lambda: table
+        return table
+
+    def ask(self, upto: int) -> None:
+        """Ask for the tables of the runs before ``upto`` not asked for yet."""
+        while self.next < min(upto, len(self.runs)):
+            if self.next not in self.asked:
+                self.asked[self.next] = self.shards.request_table(self.runs[self.next].shard)
+            self.next += 1
+
+    def get(self, r: int) -> Callable[[], ShardTable]:
+        """Run ``r``'s table, as a function that waits for it; asks for the next runs' tables."""
+        self.ask(r + self.ahead)
+        return self.asked.pop(r, None) or self.shards.request_table(self.runs[r].shard)
 
 
 def _skip_corrupt(batches: Iterator[Batch], run: PlanRun, url: str) -> Iterator[Batch]:

@@ -10,7 +10,7 @@ kinds exist today: :class:`IndexedShards` (a dataset with an index) and :class:`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -57,8 +57,10 @@ class ShardSet(Protocol):
         """
         ...
 
-    def table_at_hand(self, shard: int) -> bool:
-        """Reading the table costs nothing worth a request (a local file, or already read)."""
+    def request_table(self, shard: int) -> Callable[[], ShardTable]:
+        """Start reading the shard's table without waiting for it (a remote one's GET runs in
+        the background); returns the function that waits for it and gives it, raising what
+        :meth:`table` raises."""
         ...
 
 
@@ -86,8 +88,8 @@ class IndexedShards:
     def table(self, shard: int) -> ShardTable:
         return self.index.table(shard)
 
-    def table_at_hand(self, shard: int) -> bool:
-        return self.index.tables_local or self.index.has_table(shard)
+    def request_table(self, shard: int) -> Callable[[], ShardTable]:
+        return self.index.request_table(shard)
 
 
 class BareShards:
@@ -115,5 +117,5 @@ class BareShards:
     def table(self, shard: int) -> ShardTable:
         raise ShardNotFoundError(f"{self.urls[shard]}: no sample table (the shards were given without an index)")
 
-    def table_at_hand(self, shard: int) -> bool:
-        return False
+    def request_table(self, shard: int) -> Callable[[], ShardTable]:
+        return lambda: self.table(shard)

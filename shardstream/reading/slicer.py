@@ -30,12 +30,13 @@ import numpy as np
 from ..errors import CorruptShardError
 from ..format import BLOCK_BYTES, RESERVED_FIELDS
 from ..index.table import ShardTable
-from ..tarstream import Batch, read_header
+from ..tarstream import Batch, Pieces, read_header
 
 __all__ = ["BATCH_SAMPLES", "RunSlices", "Sliced", "iter_sliced_batches"]
 
 BATCH_SAMPLES = 256  # samples checked and counted together, at most ...
 BATCH_BYTES = 1 << 20  # ... and about this many bytes of them (a first sample waits for no more)
+_HEAD_BYTES = 157  # a header's bytes that are checked: name (0-99), size (124-135), type (156)
 
 
 class RunSlices:
@@ -92,9 +93,9 @@ class RunSlices:
         self.expected = _expected_headers(names, self.name_starts, self.name_lengths, self.sizes)
         self.checked = self.name_lengths > 0
 
-    def batches(self, buf: Any, origin: int, i: int, j: int) -> Iterator[Batch]:
-        """Samples ``i`` to ``j - 1`` of the run (all inside ``buf``, whose byte ``x - origin``
-        is the shard's byte ``x``), checked, in batches of :data:`BATCH_SAMPLES`."""
+    def batches(self, view: _Flat | _Spread, i: int, j: int) -> Iterator[Batch]:
+        """Samples ``i`` to ``j - 1`` of the run (all inside ``view``), checked, in batches
+        of :data:`BATCH_SAMPLES`."""
         a = i
         while a < j:
             b = min(a + BATCH_SAMPLES, j, max(a + 1, int(np.searchsorted(self.ends, self.starts[a] + BATCH_BYTES))))
@@ -102,29 +103,28 @@ class RunSlices:
                 int(self.member_first[a]),
                 (int(self.member_first[b]) if b < self.num_samples else len(self.offsets)),
             )
-            error = self._check(buf, origin, ma, mb)
+            error = self._check(view, ma, mb)
             if error is None:
-                yield self._build(buf, origin, a, b, ma, mb)
+                yield self._build(view, a, b, ma, mb)
                 a = b
                 continue
             bad_member, exc = error
             c = int(np.searchsorted(self.member_first, bad_member, side="right")) - 1  # its sample
             if c > a:  # the samples before the damage, as a tar parser would have given them
-                yield self._build(buf, origin, a, c, ma, int(self.member_first[c]))
+                yield self._build(view, a, c, ma, int(self.member_first[c]))
             raise exc
 
-    def _build(self, buf: Any, origin: int, a: int, b: int, ma: int, mb: int) -> Batch | Sliced:
+    def _build(self, view: _Flat | _Spread, a: int, b: int, ma: int, mb: int) -> Batch | Sliced:
         url, keys = self.url, self.keys[a:b]
-        begin = self.offsets[ma:mb] - origin
-        end = begin + self.sizes[ma:mb]
+        bufs, where, begin, end = view.locate(self.offsets[ma:mb], self.offsets[ma:mb] + self.sizes[ma:mb])
         nbytes = int(self.sizes[ma:mb].sum())
         k = self.width
         if k == 1:
             (e0,) = self.uniform  # type: ignore[misc]
             return Sliced(
                 (
-                    {"__key__": key, "__shard__": url, e0: buf[s0:t0]}
-                    for key, s0, t0 in zip(keys, begin.tolist(), end.tolist())
+                    {"__key__": key, "__shard__": url, e0: bufs[w0][s0:t0]}
+                    for key, w0, s0, t0 in zip(keys, where.tolist(), begin.tolist(), end.tolist())
                 ),
                 b - a,
                 nbytes,
@@ -133,40 +133,32 @@ class RunSlices:
             e0, e1 = self.uniform  # type: ignore[misc]
             return Sliced(
                 (
-                    {"__key__": key, "__shard__": url, e0: buf[s0:t0], e1: buf[s1:t1]}
-                    for key, s0, t0, s1, t1 in zip(
-                        keys, begin[0::2].tolist(), end[0::2].tolist(), begin[1::2].tolist(), end[1::2].tolist()
-                    )
-                ),
-                b - a,
-                nbytes,
-            )
-        if k == 3:
-            e0, e1, e2 = self.uniform  # type: ignore[misc]
-            return Sliced(
-                (
-                    {"__key__": key, "__shard__": url, e0: buf[s0:t0], e1: buf[s1:t1], e2: buf[s2:t2]}
-                    for key, s0, t0, s1, t1, s2, t2 in zip(
+                    {"__key__": key, "__shard__": url, e0: bufs[w0][s0:t0], e1: bufs[w1][s1:t1]}
+                    for key, w0, s0, t0, w1, s1, t1 in zip(
                         keys,
-                        begin[0::3].tolist(),
-                        end[0::3].tolist(),
-                        begin[1::3].tolist(),
-                        end[1::3].tolist(),
-                        begin[2::3].tolist(),
-                        end[2::3].tolist(),
+                        where[0::2].tolist(),
+                        begin[0::2].tolist(),
+                        end[0::2].tolist(),
+                        where[1::2].tolist(),
+                        begin[1::2].tolist(),
+                        end[1::2].tolist(),
                     )
                 ),
                 b - a,
                 nbytes,
             )
         if k:
-            return Sliced(_samples(buf, url, keys, self.uniform, begin.tolist(), end.tolist()), b - a, nbytes)  # type: ignore[arg-type]
+            return Sliced(
+                _samples(bufs, url, keys, self.uniform, where.tolist(), begin.tolist(), end.tolist()),  # type: ignore[arg-type]
+                b - a,
+                nbytes,
+            )
         out = Batch(nbytes=nbytes)  # members that differ between samples: checked and built now
-        starts, ends = begin.tolist(), end.tolist()
+        wheres, starts, ends = where.tolist(), begin.tolist(), end.tolist()
         for key, first, count in zip(keys, self.first_list[a:b], self.counts[a:b]):
             sample = {"__key__": key, "__shard__": url}
             for m in range(first - ma, first - ma + count):
-                sample[self.exts[m + ma]] = buf[starts[m] : ends[m]]
+                sample[self.exts[m + ma]] = bufs[wheres[m]][starts[m] : ends[m]]
             if len(sample) != count + 2:
                 exts = self.exts[first : first + count]
                 twice = next(e for e in exts if exts.count(e) > 1)
@@ -179,16 +171,15 @@ class RunSlices:
             raise CorruptShardError(f"{url}: a member of this shard uses reserved extension {ext!r}")
         return out
 
-    def _check(self, buf: Any, origin: int, ma: int, mb: int) -> tuple[int, CorruptShardError] | None:
+    def _check(self, view: _Flat | _Spread, ma: int, mb: int) -> tuple[int, CorruptShardError] | None:
         """The first of members ``ma`` to ``mb - 1`` whose header disagrees with the table
         (module doc), and the error that says so; None if all agree."""
         headers = self.offsets[ma:mb] - BLOCK_BYTES
         expected = {field: rows[ma:mb] for field, rows in self.expected.items()}
-        for m in _mismatches(buf, origin, headers, expected, self.checked[ma:mb]):
+        for m in _mismatches(view.heads(headers), expected, self.checked[ma:mb]):
             offset = int(headers[m])
-            at = offset - origin
             try:
-                name, size, regular = read_header(bytes(buf[at : at + BLOCK_BYTES]), url=self.url, offset=offset)
+                name, size, regular = read_header(view.span(offset, offset + BLOCK_BYTES), url=self.url, offset=offset)
             except CorruptShardError as exc:
                 return ma + m, exc
             row = ma + m
@@ -226,14 +217,98 @@ class Sliced:
 
 
 def _samples(
-    buf: Any, url: str, keys: list[str], exts: tuple[str, ...], starts: list[int], ends: list[int]
+    bufs: list[Any],
+    url: str,
+    keys: list[str],
+    exts: tuple[str, ...],
+    where: list[int],
+    starts: list[int],
+    ends: list[int],
 ) -> Iterator[dict[str, Any]]:
     k = len(exts)
     for n, key in enumerate(keys):
         sample: dict[str, Any] = {"__key__": key, "__shard__": url}
         for m, ext in enumerate(exts, n * k):
-            sample[ext] = buf[starts[m] : ends[m]]
+            sample[ext] = bufs[where[m]][starts[m] : ends[m]]
         yield sample
+
+
+class _Flat:
+    """Shard bytes held in one buffer: ``buf``'s byte ``x - origin`` is the shard's byte ``x``
+    (a mapped shard, a window of one, or a piece)."""
+
+    __slots__ = ("buf", "origin")
+
+    def __init__(self, buf: Any, origin: int) -> None:
+        self.buf, self.origin = buf, origin
+
+    def span(self, a: int, b: int) -> bytes:
+        """Shard bytes ``a`` to ``b - 1``."""
+        return self.buf[a - self.origin : b - self.origin]
+
+    def locate(self, begin: np.ndarray, end: np.ndarray) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
+        """Where shard bytes ``begin[m]`` to ``end[m] - 1`` lie: ``bufs[where[m]][begin'[m]:end'[m]]``."""
+        return [self.buf], np.zeros(len(begin), np.intp), begin - self.origin, end - self.origin
+
+    def heads(self, headers: np.ndarray) -> np.ndarray:
+        """The first :data:`_HEAD_BYTES` of each 512-byte header at shard bytes ``headers``
+        (uint8, one row each)."""
+        buf, origin = self.buf, self.origin
+        skip = (-origin) % BLOCK_BYTES  # headers lie on the shard's 512-byte blocks
+        blocks = np.ndarray(((len(buf) - skip) // BLOCK_BYTES, BLOCK_BYTES), np.uint8, buffer=buf, offset=skip)
+        try:
+            return blocks[(headers - origin - skip) // BLOCK_BYTES, :_HEAD_BYTES]  # a copy: the map can close
+        finally:
+            del blocks
+
+
+class _Spread:
+    """Shard bytes ``origin`` onwards held in consecutive pieces (:class:`Pieces`: one ranged
+    GET's body as received). A member inside a piece is sliced from it; one that spans pieces
+    (about one a piece) is joined from them."""
+
+    __slots__ = ("ends", "pieces", "starts")
+
+    def __init__(self, pieces: list[bytes], origin: int) -> None:
+        self.pieces = pieces
+        lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        self.ends = origin + np.cumsum(lengths)
+        self.starts = self.ends - lengths
+
+    def span(self, a: int, b: int) -> bytes:
+        k = int(np.searchsorted(self.starts, a, side="right")) - 1
+        out = []
+        while a < b:
+            at = a - int(self.starts[k])
+            piece = self.pieces[k][at : at + b - a]
+            out.append(piece)
+            a += len(piece)
+            k += 1
+        return b"".join(out)
+
+    def locate(self, begin: np.ndarray, end: np.ndarray) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
+        where = np.searchsorted(self.starts, begin, side="right") - 1
+        base = self.starts[where]
+        begin, end = begin - base, end - base
+        across = np.flatnonzero(end > self.ends[where] - base)
+        bufs: list[Any] = self.pieces
+        if len(across):  # members that span pieces: joined, and sliced whole from the join
+            bufs = list(bufs)
+            for m in across.tolist():
+                bufs.append(self.span(int(begin[m] + base[m]), int(end[m] + base[m])))
+                where[m], begin[m], end[m] = len(bufs) - 1, 0, len(bufs[-1])
+        return bufs, where, begin, end
+
+    def heads(self, headers: np.ndarray) -> np.ndarray:
+        where = np.searchsorted(self.starts, headers, side="right") - 1
+        at = headers - self.starts[where]
+        inside = headers + _HEAD_BYTES <= self.ends[where]
+        pieces, span = self.pieces, self.span
+        rows = [
+            pieces[k][a : a + _HEAD_BYTES] if whole else span(h, h + _HEAD_BYTES)
+            for k, a, whole, h in zip(where.tolist(), at.tolist(), inside.tolist(), headers.tolist())
+        ]
+        return np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), _HEAD_BYTES)
 
 
 def iter_sliced_batches(chunks: Iterable[Any], run: RunSlices, *, base_offset: int = 0) -> Iterator[Batch]:
@@ -241,8 +316,8 @@ def iter_sliced_batches(chunks: Iterable[Any], run: RunSlices, *, base_offset: i
 
     Args:
         chunks: the shard's bytes from ``base_offset`` on, in pieces: ``bytes``, a memory map
-            of the whole shard, or an object whose ``window()`` gives ``(map, start, end)``
-            (bytes ``start`` to ``end`` of a mapped shard). Read to its end.
+            of the whole shard, an object whose ``window()`` gives ``(map, start, end)``
+            (bytes ``start`` to ``end`` of a mapped shard), or :class:`Pieces`. Read to its end.
         run: where the samples lie.
         base_offset: the shard byte the first chunk starts at.
 
@@ -256,34 +331,36 @@ def iter_sliced_batches(chunks: Iterable[Any], run: RunSlices, *, base_offset: i
     pos = base_offset
     tail: list[Any] = []  # the start of sample i, split between pieces
     tail_start = 0
+    view: _Flat | _Spread
     for chunk in chunks:
         if isinstance(chunk, mmap.mmap):
-            buf, origin, lo, hi = chunk, 0, pos, len(chunk)
+            view, lo, hi = _Flat(chunk, 0), pos, len(chunk)
+        elif type(chunk) is Pieces:
+            view, lo, hi = _Spread(chunk.pieces, pos), pos, pos + len(chunk)
         elif hasattr(chunk, "window"):
             buf, lo, hi = chunk.window()
-            origin = 0
+            view = _Flat(buf, 0)
         else:
-            buf = chunk if type(chunk) is bytes else bytes(chunk)
-            origin, lo, hi = pos, pos, pos + len(buf)
+            view, lo, hi = _Flat(chunk if type(chunk) is bytes else bytes(chunk), pos), pos, pos + len(chunk)
         pos = hi
         if i >= n:
             continue  # the rest of the shard (its end blocks): read through, not used
         if tail:
             need = int(ends[i])
             if need > hi:
-                tail.append(buf[lo - origin : hi - origin])
+                tail.append(view.span(lo, hi))
                 continue
-            tail.append(buf[lo - origin : need - origin])
-            yield from run.batches(b"".join(tail), tail_start, i, i + 1)
+            tail.append(view.span(lo, need))
+            yield from run.batches(_Flat(b"".join(tail), tail_start), i, i + 1)
             tail = []
             i += 1
         j = int(np.searchsorted(ends, hi, side="right"))
         if j > i:
-            yield from run.batches(buf, origin, i, j)
+            yield from run.batches(view, i, j)
             i = j
         if i < n and starts[i] < hi:
             tail_start = int(starts[i])
-            tail = [buf[tail_start - origin : hi - origin]]
+            tail = [view.span(tail_start, hi)]
     if i < n:
         raise CorruptShardError(
             f"{run.url}: ends at byte {pos}, but the index says sample {run.keys[i]!r} ends at byte "
@@ -292,16 +369,10 @@ def iter_sliced_batches(chunks: Iterable[Any], run: RunSlices, *, base_offset: i
         )
 
 
-def _mismatches(buf: Any, origin: int, headers: np.ndarray, expected: np.ndarray, checked: np.ndarray) -> list[int]:
-    """Positions of the members whose header (at shard bytes ``headers``; ``buf``'s byte
-    ``x - origin`` is the shard's byte ``x``) does not hold the ``expected`` bytes
-    (:func:`_expected_headers`; names only where ``checked``) or type "0" (a regular file)."""
-    skip = (-origin) % BLOCK_BYTES  # headers lie on the shard's 512-byte blocks
-    blocks = np.ndarray(((len(buf) - skip) // BLOCK_BYTES, BLOCK_BYTES), np.uint8, buffer=buf, offset=skip)
-    try:
-        found = blocks[(headers - origin - skip) // BLOCK_BYTES]  # a copy: the map can close after this
-    finally:
-        del blocks
+def _mismatches(found: np.ndarray, expected: dict[str, np.ndarray], checked: np.ndarray) -> list[int]:
+    """Positions of the members whose header's first bytes (``found``, a row each) do not
+    hold the ``expected`` bytes (:func:`_expected_headers`; names only where ``checked``) or
+    type "0" (a regular file)."""
     bad = (found[:, 124:135] != expected["size"]).any(axis=1) | (found[:, 156] != ord("0"))
     width = expected["name"].shape[1]
     bad |= (found[:, :width] != expected["name"]).any(axis=1) & checked

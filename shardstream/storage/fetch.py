@@ -43,7 +43,7 @@ from typing import Any
 
 from ..config import FetchConfig, S3Config
 from ..errors import CorruptShardError, StorageConnectionError
-from ..tarstream import ReadStream
+from ..tarstream import Pieces, ReadStream
 from . import loop as io_loop
 from .base import Counters, is_remote_url, split_url
 from .cache import BUSY
@@ -449,7 +449,8 @@ class _PartStream(_SlicedStream):
         self._chunk = b""
         self._pos = 0
         self._held = 0
-        self._pieces: Iterator[bytes] = iter(())  # the rest of the current part
+        self._part: list[bytes] = []  # the current part's pieces
+        self._pieces: Iterator[bytes] = iter(())  # the rest of them
         self._eof = False
 
     def _refill(self) -> bool:
@@ -462,6 +463,15 @@ class _PartStream(_SlicedStream):
         self._chunk, self._pos = b"", 0
         return False
 
+    def groups(self) -> Iterator[Pieces]:
+        """The stream as its parts, each the :class:`~shardstream.tarstream.Pieces` one
+        ranged GET received (for a slicer; not to be mixed with ``read`` or ``chunks``). A
+        part handed out is released when the next one is asked for."""
+        while not self._eof:
+            self._next_part()
+            if not self._eof:
+                yield Pieces(self._part)
+
     def _next_part(self) -> None:
         if self._held:
             self._producer.release(self._held)
@@ -470,7 +480,7 @@ class _PartStream(_SlicedStream):
         item = self._pending if self._pending is not None else _take(self._shard, self._wait_s)
         self._pending = None
         if item is _END:
-            self._eof = True
+            self._eof, self._part = True, []
         else:
             future, start, end = item
             self._held = end - start
@@ -478,7 +488,7 @@ class _PartStream(_SlicedStream):
                 pieces = future.result(self._wait_s)
             except concurrent.futures.TimeoutError:
                 raise _stalled(self._shard, self._wait_s, waiting_on=_get_wait(self._shard, start, end)) from None
-            self._pieces = iter(pieces)
+            self._part, self._pieces = pieces, iter(pieces)
         if self._stats is not None:
             self._stats.add("stall_s", time.perf_counter() - started)
 

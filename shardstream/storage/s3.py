@@ -90,6 +90,22 @@ def warn_plain_http(endpoint: str | None) -> None:
     )
 
 
+_loader: Any = None
+
+
+def _data_loader() -> Any:
+    """botocore's loader of service models, one per process and kept across forks: a client
+    made with it reads no JSON again (5 ms, not 60-80 ms), so a forked DataLoader worker's
+    first client, made with the parent's loader, costs its first GET nothing worth
+    counting. It holds parsed model files only, no connection or credentials."""
+    global _loader
+    if _loader is None:
+        from botocore.loaders import create_loader
+
+        _loader = create_loader()
+    return _loader
+
+
 async def _client_for(cfg: S3Config) -> Any:
     async with _clients.lock():
         clients = _clients.mine()
@@ -100,6 +116,7 @@ async def _client_for(cfg: S3Config) -> Any:
             from aiobotocore.session import AioSession
 
             session = AioSession(profile=cfg.profile) if cfg.profile else AioSession()
+            session.register_component("data_loader", _data_loader())
             context = session.create_client(
                 "s3",
                 endpoint_url=cfg.resolved_endpoint_url(),
