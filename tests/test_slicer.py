@@ -21,6 +21,7 @@ from shardstream.errors import CorruptShardError
 from shardstream.format import split_key
 from shardstream.index.table import ShardTable
 from shardstream.reading.slicer import RunSlices, iter_sliced_batches
+from shardstream.tarstream import Pieces
 
 
 def table_of(data: bytes, url: str = "mem.tar") -> ShardTable:
@@ -90,6 +91,25 @@ def test_pieces_of_any_size_give_the_same_samples():
         cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 300)))
         pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
         assert sliced(data, table, chunks=pieces) == expected
+
+
+def test_pieces_grouped_as_ranged_get_bodies_give_the_same_samples():
+    """A shard as the S3 reader hands it on: parts (Pieces) of pieces of any size, so
+    members and headers span pieces and parts; also a subset of the samples."""
+    data = make_tar(members(60))
+    table, expected = table_of(data), reference(data)
+    rng = random.Random(2)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 300)))
+        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+        parts, at = [], 0
+        while at < len(pieces):
+            n = rng.randint(1, 40)
+            parts.append(Pieces(pieces[at : at + n]))
+            at += n
+        assert sliced(data, table, chunks=parts) == expected
+        wanted = sorted(rng.sample(range(60), 7))
+        assert sliced(data, table, chunks=parts, samples=wanted) == [expected[i] for i in wanted]
 
 
 def test_a_subset_of_samples_and_a_byte_range():

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
-from ..errors import ShardNotFoundError, StorageConnectionError
+from ..errors import IndexFormatError, ShardNotFoundError, StorageConnectionError
 from ..format import SHARD_SUFFIXES
 from ..storage import LocalStore, is_remote_url, loop, open_store, pin_urls, split_url, write_pieces
 from .manifest import MANIFEST_NAME, Manifest
@@ -96,12 +96,14 @@ class DatasetIndex:
             raise self._missing(i) from exc
         return self._keep(i, data)
 
-    def request_table(self, i: int) -> Callable[[], ShardTable]:
+    def request_table(
+        self, i: int, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> Callable[[], ShardTable]:
         """Start reading shard ``i``'s table now, without waiting for it (a remote table's GET
         runs on the background loop beside the shard's own): returns the function that waits
         for it and gives it, as :meth:`table` would. Local tables, and those in memory, are
         read when that function is called. Requests not collected are dropped (cancelled)
-        beyond the last 64.
+        beyond the last 64. ``on_retry`` is told of each resumed GET.
 
         The function raises what :meth:`table` raises, and StorageConnectionError when the
         GET has not answered within the store's bound on one request.
@@ -114,7 +116,7 @@ class DatasetIndex:
             future = self._requests.get(i)
             if future is None:
                 store = self._table_store()
-                future = loop.submit(store.get_range(self.manifest.table_name(i), 0, None))
+                future = loop.submit(store.get_range(self.manifest.table_name(i), 0, None, on_retry=on_retry))
                 self._requests[i] = future
                 while len(self._requests) > _TABLES_KEPT:
                     self._requests.popitem(last=False)[1].cancel()
@@ -159,6 +161,12 @@ class DatasetIndex:
             num_samples=int(self.manifest.shard_samples[i]),
             num_members=int(self.manifest.shard_members[i]),
         )
+        shard = self.manifest.name(i)
+        if table.shard not in ("", "None") and table.shard.rsplit("/", 1)[-1] != shard.rsplit("/", 1)[-1]:
+            raise IndexFormatError(
+                f"{table.url}: is the sample table of shard {table.shard!r}, not of {shard!r}; the tables were "
+                "mixed up or copied over each other, re-run shardstream pack (or shardstream index build)"
+            )
         with self._lock:
             self._tables[i] = table
             while len(self._tables) > _TABLES_KEPT:

@@ -173,7 +173,9 @@ class ReadingEngine:
         ranges are read from them), asked for together."""
         shards, counts = self.shards, self.shards.sample_counts
         assert counts is not None  # internal invariant: only planned reads come here
-        tables = _TableRequests(shards, runs, ahead=fetch.max_inflight_shards + 1)
+        tables = _TableRequests(
+            shards, runs, ahead=fetch.max_inflight_shards + 1, on_retry=lambda exc: stats.add("retries", 1)
+        )
         whole = [run.lo == 0 and run.hi == int(counts[run.shard]) - 1 for run in runs]
         ranges: list[tuple[int, int] | None] = [None] * len(runs)
         for r, table in tables.first([r for r, w in enumerate(whole) if not w]):
@@ -467,8 +469,15 @@ class _TableRequests:
     """The sample tables of a lane's runs, asked for ahead of their turn (:meth:`get`), at most
     ``ahead`` runs ahead, so a remote table's GET runs beside its shard's ranged GETs."""
 
-    def __init__(self, shards: ShardSet, runs: list[PlanRun], *, ahead: int) -> None:
-        self.shards, self.runs, self.ahead = shards, runs, ahead
+    def __init__(
+        self,
+        shards: ShardSet,
+        runs: list[PlanRun],
+        *,
+        ahead: int,
+        on_retry: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.shards, self.runs, self.ahead, self.on_retry = shards, runs, ahead, on_retry
         self.asked: dict[int, Callable[[], ShardTable]] = {}
         self.next = 0  # the first run not asked for yet
 
@@ -479,7 +488,7 @@ class _TableRequests:
         pending = collections.deque()
         for r in wanted:
             pending.append(r)
-            self.asked[r] = self.shards.request_table(self.runs[r].shard)
+            self.asked[r] = self.shards.request_table(self.runs[r].shard, on_retry=self.on_retry)
             if len(pending) >= window:
                 q = pending.popleft()
                 yield q, self._kept(q)
@@ -496,13 +505,13 @@ class _TableRequests:
         """Ask for the tables of the runs before ``upto`` not asked for yet."""
         while self.next < min(upto, len(self.runs)):
             if self.next not in self.asked:
-                self.asked[self.next] = self.shards.request_table(self.runs[self.next].shard)
+                self.asked[self.next] = self.shards.request_table(self.runs[self.next].shard, on_retry=self.on_retry)
             self.next += 1
 
     def get(self, r: int) -> Callable[[], ShardTable]:
         """Run ``r``'s table, as a function that waits for it; asks for the next runs' tables."""
         self.ask(r + self.ahead)
-        return self.asked.pop(r, None) or self.shards.request_table(self.runs[r].shard)
+        return self.asked.pop(r, None) or self.shards.request_table(self.runs[r].shard, on_retry=self.on_retry)
 
 
 def _skip_corrupt(batches: Iterator[Batch], run: PlanRun, url: str) -> Iterator[Batch]:

@@ -57,10 +57,12 @@ class ShardSet(Protocol):
         """
         ...
 
-    def request_table(self, shard: int) -> Callable[[], ShardTable]:
+    def request_table(
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> Callable[[], ShardTable]:
         """Start reading the shard's table without waiting for it (a remote one's GET runs in
-        the background); returns the function that waits for it and gives it, raising what
-        :meth:`table` raises."""
+        the background, ``on_retry`` told of each resumed GET); returns the function that
+        waits for it and gives it, raising what :meth:`table` raises."""
         ...
 
 
@@ -88,8 +90,10 @@ class IndexedShards:
     def table(self, shard: int) -> ShardTable:
         return self.index.table(shard)
 
-    def request_table(self, shard: int) -> Callable[[], ShardTable]:
-        return self.index.request_table(shard)
+    def request_table(
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> Callable[[], ShardTable]:
+        return self.index.request_table(shard, on_retry=on_retry)
 
 
 class BareShards:
@@ -117,5 +121,7 @@ class BareShards:
     def table(self, shard: int) -> ShardTable:
         raise ShardNotFoundError(f"{self.urls[shard]}: no sample table (the shards were given without an index)")
 
-    def request_table(self, shard: int) -> Callable[[], ShardTable]:
+    def request_table(
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> Callable[[], ShardTable]:
         return lambda: self.table(shard)
