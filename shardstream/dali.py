@@ -8,9 +8,10 @@ same pipeline on the CPU, then a resize, a random horizontal flip and normalisat
 
 A feeder thread assembles whole batches of encoded bytes and labels ``prefetch_batches``
 ahead, read in this process or by DataLoader workers (``num_workers``) that send
-``batch_size`` encoded images per message, so DALI's ``fn.external_source`` callback only
-takes a ready batch off a queue; DALI copies it into its own pinned staging buffers for the
-GPU.
+``batch_size`` encoded images per message, in one shared-memory block
+(:class:`~shardstream.collate.ByteBatch`: not pickled), so DALI's ``fn.external_source``
+callback only takes a ready batch off a queue; DALI copies it into its own pinned staging
+buffers for the GPU.
 
 Epochs: each iteration of a :class:`DaliLoader` is one epoch of the dataset (call
 :meth:`DaliLoader.set_epoch`). It yields ``len(loader)`` batches on every rank, because
@@ -34,6 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from .collate import ByteBatch, ByteCollate
 from .dataset import ShardDataset
 from .decode.check import gpu_jpeg_problem
 from .decode.cpu import RandomResizedCrop
@@ -82,7 +84,7 @@ class _Item(NamedTuple):
     ``cpu`` (the image already decoded and augmented on the CPU: ``torch.uint8``
     ``(3, crop_px, crop_px)``), or neither (undecodable, skipped by ``on_error="skip"``)."""
 
-    data: bytes | None
+    data: bytes | np.ndarray | None  # an ndarray: a view into a worker's shared batch
     label: int
     cpu: torch.Tensor | None
     problem: str | None  # why it is not decoded by DALI (None: it is)
@@ -126,6 +128,38 @@ class _Encoder:
             if self.on_error == "raise":
                 raise error from exc
             return _Item(None, label, None, str(error), where)
+
+
+@dataclass(frozen=True)
+class _SharedEncoder:
+    """The workers' collate: a batch of :class:`_Item` s with the encoded images in one
+    shared-memory block (:class:`~shardstream.collate.ByteBatch`), which crosses to this
+    process without pickling; :meth:`items` gives the items back here, each image a numpy
+    view into the block (which DALI copies from)."""
+
+    encoder: _Encoder
+
+    def __call__(self, samples: list[dict[str, Any]]) -> ByteBatch:
+        return ByteCollate()(
+            [
+                {
+                    "__key__": x.where,
+                    "data": b"" if x.data is None else x.data,
+                    "encoded": x.data is not None,
+                    "label": x.label,
+                    "cpu": x.cpu,
+                    "problem": x.problem,
+                }
+                for x in self.encoder(samples)
+            ]
+        )
+
+    @staticmethod
+    def items(batch: ByteBatch) -> Iterator[_Item]:
+        for where, data, encoded, label, cpu, problem in zip(
+            batch.keys, batch.arrays("data"), batch["encoded"], batch["label"], batch["cpu"], batch["problem"]
+        ):
+            yield _Item(data if encoded else None, label, cpu, problem, where)
 
 
 class _Batch(NamedTuple):
@@ -458,14 +492,14 @@ class DaliLoader:
             self.dataset,
             batch_size=self.batch_size,
             num_workers=self.num_workers,
-            collate_fn=encoder,
+            collate_fn=_SharedEncoder(encoder),
             timeout=self.batch_timeout_s,
         )
         # The workers are forked here, in the caller's thread, before this epoch's feed thread
         # and DALI pipeline start: a fork while those threads run can copy a lock one of them
         # holds into the worker, which then never sends a batch.
         batches = iter(loader)
-        return (item for batch in batches for item in batch)
+        return (item for batch in batches for item in _SharedEncoder.items(batch))
 
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
         """``torch.uint8`` ``(B, 3, H, W)`` CPU images as the pipeline gives them: normalised

@@ -1,0 +1,409 @@
+"""Batches of raw bytes that cross from DataLoader workers through shared memory, not pickle.
+
+A DataLoader worker hands its batches to the training process through a pipe: the default
+collate gives a dict of lists of ``bytes``, which is pickled, written, read and unpickled
+(four copies and a Python object per payload), and caps raw bytes at a few hundred MB/s
+whatever the readers do. :class:`ByteCollate` puts a batch's payloads into one ``uint8``
+tensor instead (its offsets and labels in the same block), written by the worker into one of
+its *slots*: shared-memory files it keeps and reuses (``/dev/shm``, :mod:`shardstream.storage.shm`),
+so only the slot's name and the batch's layout are pickled. The training process maps the slot
+(once: mappings are kept) and, when the last view into the batch is gone (garbage-collected),
+marks the slot free in the worker's control file; the worker writes a later batch there. A
+worker that finds no free slot makes another, so nothing waits on the training process; a
+slot's pages are faulted in once, not every batch. Where ``/dev/shm`` has no room the batch is
+pickled instead (slower, never a crash).
+
+There, a :class:`ByteBatch` reads like the default collate's dict of lists (``batch["jpg"]``
+is a sequence of the samples' ``.jpg`` payloads), each payload a ``memoryview`` into the
+block (zero-copy: ``bytes(view)``, ``io.BytesIO(view)``, ``np.frombuffer(view, np.uint8)``
+and Pillow take it as it is). A view must not be written to.
+
+Usage::
+
+    dataset = ShardDataset(url, batch_size=64)
+    loader = DataLoader(dataset, batch_size=64, num_workers=8, collate_fn=ByteCollate(label_field="cls"))
+    for batch in loader:
+        images = batch["jpg"]  # 64 memoryviews
+        labels = batch.labels  # torch.int64 (64,)
+
+:class:`shardstream.dali.DaliLoader` feeds DALI from its workers this way.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import contextlib
+import mmap
+import os
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .storage.shm import SharedFile
+
+__all__ = ["ByteBatch", "ByteCollate"]
+
+_ALIGN = 8  # the offsets and labels (int64) start on an 8-byte boundary of the block
+MAX_SLOTS = 256  # a worker's slots (one control byte each); beyond, a batch is pickled
+_MIN_SLOT_BYTES = 1 << 20
+
+
+class ByteBatch(collections.abc.Mapping):  # type: ignore[type-arg]
+    """A batch of samples whose ``bytes`` members lie in one ``uint8`` block (module doc).
+
+    As a mapping it reads like the default collate's dict of lists: ``batch["__key__"]`` the
+    samples' keys, ``batch[field]`` for each member field a sequence of ``memoryview`` s (one a
+    sample, in order, into :attr:`data`), and the samples' other fields (``"__shard__"``,
+    ``"__source__"``, values that are not bytes) as lists.
+
+    Attributes:
+        data: ``torch.uint8`` tensor of shape ``(payload_bytes,)`` on the CPU (in shared
+            memory when it came from a DataLoader worker): every payload, one after another.
+        offsets: ``torch.int64`` tensor of shape ``(num_samples * len(fields) + 1,)``: member
+            ``f`` of sample ``i`` is ``data[offsets[i * F + f] : offsets[i * F + f + 1]]``
+            (``F = len(fields)``).
+        labels: ``torch.int64`` tensor of shape ``(num_samples,)``: the integer in each
+            sample's ``label_field`` member (ASCII digits, as ``.cls``), or None without one.
+        fields: the member fields held in :attr:`data`, in each sample's order.
+        keys: the samples' keys (``list[str]``).
+        extras: the samples' other fields, a list each.
+    """
+
+    def __init__(
+        self,
+        block: np.ndarray,
+        *,
+        payload_bytes: int,
+        fields: tuple[str, ...],
+        keys: list[str],
+        has_labels: bool,
+        extras: dict[str, list[Any]],
+        slot: tuple[str, str, int] | None = None,
+    ) -> None:
+        self._block = block  # uint8: payloads, then (8-aligned) the int64 offsets, then the labels
+        self._payload_bytes = payload_bytes
+        self.fields, self.keys, self.extras = fields, keys, extras
+        self._has_labels = has_labels
+        self._slot = slot  # (slot file, control file, slot number) in a worker; None: in memory
+        self._views: tuple[memoryview, list[int]] | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of payload in the batch."""
+        return self._payload_bytes
+
+    @property
+    def data(self) -> torch.Tensor:
+        return torch.from_numpy(self._block[: self._payload_bytes])
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        return torch.from_numpy(self._ends())
+
+    @property
+    def labels(self) -> torch.Tensor | None:
+        if not self._has_labels:
+            return None
+        at = _aligned(self._payload_bytes) + 8 * (len(self.keys) * len(self.fields) + 1)
+        return torch.from_numpy(self._block[at : at + 8 * len(self.keys)].view(np.int64))
+
+    def _ends(self) -> np.ndarray:
+        at = _aligned(self._payload_bytes)
+        return self._block[at : at + 8 * (len(self.keys) * len(self.fields) + 1)].view(np.int64)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        layout = (self._payload_bytes, self.fields, self.keys, self._has_labels, self.extras)
+        if self._slot is not None:  # written into a worker's slot: only its name crosses
+            return _from_slot, (*self._slot, len(self._block), *layout)
+        return _from_bytes, (self._block, *layout)
+
+    def __repr__(self) -> str:
+        return f"ByteBatch({self.num_samples} samples, fields={self.fields}, {self.nbytes} bytes)"
+
+    def __getitem__(self, field: str) -> Sequence[Any]:
+        if field == "__key__":
+            return self.keys
+        if field in self.extras:
+            return self.extras[field]
+        try:
+            f = self.fields.index(field)
+        except ValueError:
+            raise KeyError(
+                f"{field!r}: not a field of this batch (it has {['__key__', *self.fields, *self.extras]})"
+            ) from None
+        return _Members(self, f)
+
+    def __iter__(self) -> Iterator[str]:
+        yield "__key__"
+        yield from self.fields
+        yield from self.extras
+
+    def __len__(self) -> int:
+        return 1 + len(self.fields) + len(self.extras)
+
+    def arrays(self, field: str) -> list[np.ndarray]:
+        """The samples' ``field`` payloads as ``uint8`` numpy views into :attr:`data`."""
+        f, step = self.fields.index(field), len(self.fields)
+        ends = self._bounds()[1]
+        block = self._block
+        return [block[ends[at] : ends[at + 1]] for at in range(f, step * self.num_samples, step)]
+
+    def samples(self) -> Iterator[dict[str, Any]]:
+        """Each sample as a dict, as the dataset gave it (payloads as memoryviews)."""
+        members = [self[field] for field in self.fields]
+        for i, key in enumerate(self.keys):
+            sample: dict[str, Any] = {"__key__": key}
+            for field, values in zip(self.fields, members):
+                sample[field] = values[i]
+            for field, values in self.extras.items():
+                sample[field] = values[i]
+            yield sample
+
+    def pin_memory(self) -> ByteBatch:
+        """This batch copied into pinned memory (what ``DataLoader(pin_memory=True)`` calls)."""
+        pinned = torch.from_numpy(self._block).pin_memory()
+        return ByteBatch(
+            pinned.numpy(),
+            payload_bytes=self._payload_bytes,
+            fields=self.fields,
+            keys=self.keys,
+            has_labels=self._has_labels,
+            extras=self.extras,
+        )
+
+    def _bounds(self) -> tuple[memoryview, list[int]]:
+        if self._views is None:
+            self._views = (memoryview(self._block), self._ends().tolist())
+        return self._views
+
+
+class _Members(collections.abc.Sequence):  # type: ignore[type-arg]
+    """One field's payloads of a :class:`ByteBatch`, as memoryviews."""
+
+    def __init__(self, batch: ByteBatch, field: int) -> None:
+        self.batch, self.field = batch, field
+
+    def __len__(self) -> int:
+        return self.batch.num_samples
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = self.batch.num_samples
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} of a batch of {n}")
+        view, ends = self.batch._bounds()
+        at = (i % n) * len(self.batch.fields) + self.field
+        return view[ends[at] : ends[at + 1]]
+
+    def __iter__(self) -> Iterator[memoryview]:
+        view, ends = self.batch._bounds()
+        step = len(self.batch.fields)
+        for at in range(self.field, step * self.batch.num_samples, step):
+            yield view[ends[at] : ends[at + 1]]
+
+
+@dataclass(frozen=True)
+class ByteCollate:
+    """A DataLoader ``collate_fn``: samples (dicts from :class:`~shardstream.ShardDataset`
+    with ``decode=None``) -> one :class:`ByteBatch`.
+
+    Every ``bytes``-like member goes into the batch's one block; ``label_field``'s member is
+    parsed as an integer into ``labels`` instead; the other fields are kept as lists. In a
+    DataLoader worker the block is one of the worker's shared-memory slots, so it crosses to
+    the training process without pickling (module doc).
+
+    Args:
+        label_field: the member holding each sample's integer label (ASCII, e.g. ``"cls"``),
+            or None.
+
+    Raises:
+        ValueError: samples of a batch hold different member fields, or a label is not an
+            integer (names the shard and key).
+    """
+
+    label_field: str | None = None
+
+    def __call__(self, samples: Sequence[dict[str, Any]]) -> ByteBatch:
+        if not samples:
+            raise ValueError("ByteCollate: an empty batch")
+        first, label_field = samples[0], self.label_field
+        fields = tuple(
+            f for f, v in first.items() if f != label_field and isinstance(v, (bytes, bytearray, memoryview))
+        )
+        extras: dict[str, list[Any]] = {f: [] for f in first if f not in fields and f not in ("__key__", label_field)}
+        keys: list[str] = []
+        payloads: list[Any] = []
+        labels: list[int] = []
+        width = len(fields) + len(extras) + 1 + (label_field is not None)
+        for sample in samples:
+            try:
+                if len(sample) != width:
+                    raise KeyError
+                keys.append(sample["__key__"])
+                payloads += [sample[f] for f in fields]
+                for f, values in extras.items():
+                    values.append(sample[f])
+                if label_field is not None:
+                    labels.append(_label(sample, label_field))
+            except KeyError:
+                _refuse(sample, first)
+        sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
+        ends = np.zeros(len(payloads) + 1, np.int64)
+        np.cumsum(sizes, out=ends[1:])
+        total = int(ends[-1])
+        at = _aligned(total)
+        block, slot = _block(at + 8 * (len(ends) + len(labels)))
+        block[at : at + 8 * len(ends)].view(np.int64)[:] = ends
+        if labels:
+            block[at + 8 * len(ends) :].view(np.int64)[:] = labels
+        out = memoryview(block)
+        for payload, a, b in zip(payloads, ends[:-1].tolist(), ends[1:].tolist()):
+            out[a:b] = payload
+        return ByteBatch(
+            block,
+            payload_bytes=total,
+            fields=fields,
+            keys=keys,
+            has_labels=label_field is not None,
+            extras=extras,
+            slot=slot,
+        )
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class _Slots:
+    """A DataLoader worker's slots (module doc): shared-memory files it writes batches into,
+    and a control file of one byte a slot (1: a batch in it is in use, 0: free), which the
+    training process clears when it lets go of the batch."""
+
+    def __init__(self) -> None:
+        self.control = SharedFile("shardstream-batch", MAX_SLOTS)
+        buffer = self.control.buffer()
+        assert buffer is not None  # internal invariant: just created, by this process
+        self.flags = buffer
+        self.files: list[SharedFile] = []
+
+    def take(self, nbytes: int) -> tuple[np.ndarray, tuple[str, str, int]] | None:
+        """A free slot of at least ``nbytes`` (a new or larger one where none is), marked in
+        use: its block and ``(slot file, control file, number)``; None: no room left."""
+        free = [i for i in range(len(self.files)) if self.flags[i] == 0]
+        fits = [i for i in free if self.files[i].num_bytes >= nbytes]
+        if fits:
+            i = fits[0]
+        elif free or len(self.files) < MAX_SLOTS:
+            i = free[0] if free else len(self.files)
+            size = max(_MIN_SLOT_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+            try:
+                made = SharedFile("shardstream-batch", size)
+                with open(made.path, "r+b") as f:  # reserve the pages: no room is an error here, not a SIGBUS later
+                    os.posix_fallocate(f.fileno(), 0, size)
+            except OSError:
+                return None
+            if i == len(self.files):
+                self.files.append(made)
+            else:
+                self.files[i] = made  # the old file goes when the reader's last view of it does
+        else:
+            return None
+        buffer = self.files[i].buffer()
+        if buffer is None:
+            return None
+        self.flags[i] = 1
+        return np.frombuffer(buffer, np.uint8, nbytes), (self.files[i].path, self.control.path, i)
+
+
+_slots: dict[int, _Slots] = {}  # by process: a forked worker starts with none
+
+
+def _block(nbytes: int) -> tuple[np.ndarray, tuple[str, str, int] | None]:
+    """A ``uint8`` block of ``nbytes``: a worker's slot in a DataLoader worker (module doc),
+    else memory of this process."""
+    if torch.utils.data.get_worker_info() is not None:
+        pid = os.getpid()
+        if pid not in _slots:
+            _slots.clear()
+            try:
+                _slots[pid] = _Slots()
+            except OSError:
+                _slots[pid] = None  # type: ignore[assignment]
+        slots = _slots[pid]
+        taken = slots.take(nbytes) if slots is not None else None
+        if taken is not None:
+            return taken
+    return np.empty(nbytes, np.uint8), None
+
+
+def _from_bytes(block: np.ndarray, *layout: Any) -> ByteBatch:
+    payload_bytes, fields, keys, has_labels, extras = layout
+    return ByteBatch(block, payload_bytes=payload_bytes, fields=fields, keys=keys, has_labels=has_labels, extras=extras)
+
+
+_maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()  # slot and control files mapped here
+_maps_lock = threading.Lock()
+_MAPS_KEPT = 256
+
+
+def _mapped(path: str) -> mmap.mmap:
+    with _maps_lock:
+        mapping = _maps.get(path)
+        if mapping is None:
+            try:
+                with open(path, "r+b") as f:
+                    mapping = mmap.mmap(f.fileno(), 0)
+            except FileNotFoundError:
+                raise RuntimeError(
+                    f"{path}: the shared-memory batch of a DataLoader worker is gone (the worker exited, or "
+                    "something removed it from /dev/shm)"
+                ) from None
+            _maps[path] = mapping
+            while len(_maps) > _MAPS_KEPT:
+                _maps.popitem(last=False)  # closed when the last batch viewing it goes
+        else:
+            _maps.move_to_end(path)
+        return mapping
+
+
+def _from_slot(path: str, control: str, number: int, nbytes: int, *layout: Any) -> ByteBatch:
+    """The training process's side: the batch's block mapped from the worker's slot; the slot
+    is freed (its control byte cleared) when the block's last view is collected."""
+    block = np.frombuffer(_mapped(path), np.uint8, nbytes)
+    weakref.finalize(block, _free, control, number)
+    return _from_bytes(block, *layout)
+
+
+def _free(control: str, number: int) -> None:
+    with contextlib.suppress(RuntimeError, ValueError):
+        _mapped(control)[number] = 0
+
+
+def _label(sample: dict[str, Any], field: str) -> int:
+    raw = sample[field]
+    try:
+        return int(raw if isinstance(raw, (int, bytes, bytearray, str)) else bytes(raw))
+    except ValueError:
+        raise ValueError(
+            f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} member {field!r} is not an integer "
+            f"label ({bytes(raw[:40])!r}); pass ByteCollate(label_field=None) or the member that holds the label"
+        ) from None
+
+
+def _refuse(sample: dict[str, Any], first: dict[str, Any]) -> None:
+    raise ValueError(
+        f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} has fields {sorted(sample)}, but the "
+        f"batch's first sample {first.get('__key__')!r} has {sorted(first)}; ByteCollate needs the same members "
+        "in every sample of a batch (use a collate_fn of your own for datasets whose samples differ)"
+    )
