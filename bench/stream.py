@@ -660,6 +660,19 @@ def read_loader(batched: bool) -> Callable[[Setup], Progress]:
     return read
 
 
+def read_loader_bytes(setup: Setup) -> Progress:
+    """As ``read_loader(True)``, the batches collated by ``ByteCollate``: the payloads (JPEG
+    and label bytes, as there) in one shared-memory block, not pickled."""
+    from torch.utils.data import DataLoader
+
+    from shardstream import ShardDataset
+    from shardstream.collate import ByteCollate
+
+    dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
+    for batch in DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=ByteCollate()):
+        yield batch.num_samples, sum(len(v) for field in batch.fields for v in batch[field]), 0
+
+
 @dataclass(frozen=True)
 class Reader:
     label: str
@@ -715,6 +728,15 @@ READERS = {
         "local",
         read_loader(True),
         SS + LOADER,
+        corpora=("small",),
+    ),
+    "loader-bytes": Reader(
+        "shardstream, DataLoader batch_size=64, ByteCollate",
+        "shardstream",
+        "loader",
+        "local",
+        read_loader_bytes,
+        SS + LOADER + ("shardstream.collate",),
         corpora=("small",),
     ),
     "local-mosaic": Reader(
@@ -969,6 +991,41 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             ("small:loader-batched", "small:loader-unbatched"),
             ratio("small:loader-batched", "small:loader-unbatched"),
             0.0,
+            True,
+            "x",
+        ),
+        (
+            "S3 raw, small (18 KB samples): shardstream / S3 limit, same objects",
+            ("small:s3-shardstream", "small:s3-limit"),
+            ratio("small:s3-shardstream", "small:s3-limit"),
+            0.85,
+            True,
+            "x",
+        ),
+        (
+            "S3 raw, small: payload MB/s / the limit's MB/s of tar bytes (no target)",
+            ("small:s3-shardstream", "small:s3-limit"),
+            lambda: (
+                measured["small:s3-shardstream"].mb_per_s(*sizes["small"])
+                / measured["small:s3-limit"].mb_per_s(*sizes["small"])
+            ),
+            0.0,
+            True,
+            "x",
+        ),
+        (
+            "first sample from S3, small",
+            ("small:s3-shardstream",),
+            lambda: measured["small:s3-shardstream"].first_s,
+            0.5,
+            False,
+            " s",
+        ),
+        (
+            "small, DataLoader 2 workers: ByteCollate / default collate (pickled)",
+            ("small:loader-bytes", "small:loader-batched"),
+            ratio("small:loader-bytes", "small:loader-batched"),
+            3.0,
             True,
             "x",
         ),
