@@ -35,6 +35,7 @@ import collections
 import collections.abc
 import contextlib
 import mmap
+import multiprocessing.util
 import os
 import threading
 import weakref
@@ -296,6 +297,16 @@ class _Slots:
         assert buffer is not None  # internal invariant: just created, by this process
         self.flags = buffer
         self.files: list[SharedFile] = []
+        # A DataLoader worker ends in os._exit after multiprocessing's exit hooks, not
+        # weakref's: remove the files there. A worker killed outright leaves them to the
+        # next process's sweep of files whose process is gone (SharedFile).
+        multiprocessing.util.Finalize(self, _Slots.remove, args=(self.control, self.files), exitpriority=10)
+
+    @staticmethod
+    def remove(control: SharedFile, files: list[SharedFile]) -> None:
+        for shared in (control, *files):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(shared.path)
 
     def take(self, nbytes: int) -> tuple[np.ndarray, tuple[str, str, int]] | None:
         """A free slot of at least ``nbytes`` (a new or larger one where none is), marked in
@@ -315,8 +326,10 @@ class _Slots:
                 return None
             if i == len(self.files):
                 self.files.append(made)
-            else:
-                self.files[i] = made  # the old file goes when the reader's last view of it does
+            else:  # the old file's pages go when the reader's last view of them does
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.files[i].path)
+                self.files[i] = made
         else:
             return None
         buffer = self.files[i].buffer()
@@ -352,42 +365,55 @@ def _from_bytes(block: np.ndarray, *layout: Any) -> ByteBatch:
     return ByteBatch(block, payload_bytes=payload_bytes, fields=fields, keys=keys, has_labels=has_labels, extras=extras)
 
 
-_maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()  # slot and control files mapped here
-_maps_lock = threading.Lock()
-_MAPS_KEPT = 256
+_maps: dict[str, mmap.mmap] = {}  # slot and control files mapped in this (the training) process
+_maps_lock = threading.RLock()
 
 
 def _mapped(path: str) -> mmap.mmap:
-    with _maps_lock:
-        mapping = _maps.get(path)
-        if mapping is None:
-            try:
-                with open(path, "r+b") as f:
-                    mapping = mmap.mmap(f.fileno(), 0)
-            except FileNotFoundError:
-                raise RuntimeError(
-                    f"{path}: the shared-memory batch of a DataLoader worker is gone (the worker exited, or "
-                    "something removed it from /dev/shm)"
-                ) from None
-            _maps[path] = mapping
-            while len(_maps) > _MAPS_KEPT:
-                _maps.popitem(last=False)  # closed when the last batch viewing it goes
-        else:
-            _maps.move_to_end(path)
+    """``path`` (a worker's slot or control file) mapped, once. Mapping a new file drops the
+    mappings of workers that have exited (their batches keep their own reference)."""
+    mapping = _maps.get(path)
+    if mapping is not None:
         return mapping
+    with _maps_lock:
+        try:
+            with open(path, "r+b") as f:
+                mapping = mmap.mmap(f.fileno(), 0)
+        except FileNotFoundError:
+            raise RuntimeError(
+                f"{path}: the shared-memory batch of a DataLoader worker is gone (the worker exited, or "
+                "something removed it from /dev/shm)"
+            ) from None
+        for kept in [p for p in _maps if not _alive(p)]:
+            del _maps[kept]
+        _maps[path] = mapping
+        return mapping
+
+
+def _alive(path: str) -> bool:
+    """The process that made ``path`` (``shardstream-batch-PID-...``) still runs."""
+    try:
+        os.kill(int(os.path.basename(path).split("-")[2]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, IndexError, OverflowError):
+        return True
+    return True
 
 
 def _from_slot(path: str, control: str, number: int, nbytes: int, *layout: Any) -> ByteBatch:
     """The training process's side: the batch's block mapped from the worker's slot; the slot
-    is freed (its control byte cleared) when the block's last view is collected."""
+    is freed (its control byte cleared) when the block's last view is collected. The finalizer
+    takes the control file's mapping itself: it may run inside the garbage collector, in any
+    allocation, so it takes no lock."""
     block = np.frombuffer(_mapped(path), np.uint8, nbytes)
-    weakref.finalize(block, _free, control, number)
+    weakref.finalize(block, _free, _mapped(control), number)
     return _from_bytes(block, *layout)
 
 
-def _free(control: str, number: int) -> None:
-    with contextlib.suppress(RuntimeError, ValueError):
-        _mapped(control)[number] = 0
+def _free(flags: mmap.mmap, number: int) -> None:
+    with contextlib.suppress(ValueError):  # closed: the process is ending
+        flags[number] = 0
 
 
 def _label(sample: dict[str, Any], field: str) -> int:

@@ -83,14 +83,18 @@ def test_slices_what_tarfile_reads_in_every_format(fmt):
     assert sliced(data, table_of(data)) == reference(data)
 
 
+def cut(data: bytes, rng: random.Random) -> list[bytes]:
+    """``data`` in 2 to 301 pieces of random sizes."""
+    cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 300)))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+
+
 def test_pieces_of_any_size_give_the_same_samples():
     data = make_tar(members(60))
     table, expected = table_of(data), reference(data)
     rng = random.Random(1)
     for _ in range(20):
-        cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 300)))
-        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
-        assert sliced(data, table, chunks=pieces) == expected
+        assert sliced(data, table, chunks=cut(data, rng)) == expected
 
 
 def test_pieces_grouped_as_ranged_get_bodies_give_the_same_samples():
@@ -100,8 +104,7 @@ def test_pieces_grouped_as_ranged_get_bodies_give_the_same_samples():
     table, expected = table_of(data), reference(data)
     rng = random.Random(2)
     for _ in range(20):
-        cuts = sorted(rng.sample(range(1, len(data)), rng.randint(1, 300)))
-        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+        pieces = cut(data, rng)
         parts, at = [], 0
         while at < len(pieces):
             n = rng.randint(1, 40)
