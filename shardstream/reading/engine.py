@@ -18,9 +18,10 @@ What it promises:
 - **Bounded memory.** Bytes fetched and not yet consumed stay within the fetch config's
   ``max_buffer_bytes`` (shared by the lanes, :func:`share_buffer` shares a rank's budget
   among its workers); a sample that arrived before its turn is held only until its turn,
-  at most ``plan.capacity`` (the shuffle buffer) of them; per-shard tables are read one
-  run at a time. Nothing is listed per sample up front: a plan of 10^8 samples costs
-  what one of 10^4 does before its first sample, but for its runs (O(shards)).
+  at most ``plan.capacity`` (the shuffle buffer) of them; per-shard tables are held for
+  the runs read ahead (``max_inflight_shards + 1``) and the runs cut from a shard.
+  Nothing is listed per sample up front: a plan of 10^8 samples costs what one of 10^4
+  does before its first sample, but for its runs (O(shards)).
 - **Errors.** A malformed or truncated shard, one whose samples, keys or sizes disagree
   with the index, or (``verify_checksums``) whose CRC-32 does not match, raises
   :class:`~shardstream.errors.CorruptShardError` naming the shard URL (and member and byte
