@@ -8,7 +8,8 @@ torch antialiased resize) in ``--threads`` DataLoader workers; DALI runs
 ``--threads`` CPU threads, on the GPU (``mixed`` decoder) when torch and DALI see one. On a
 GPU machine the DALI path is also timed with shards streamed from a local S3 server
 (SeaweedFS), and the GPU's memory in use is printed. Each path reads one warm-up epoch, then
-the best of ``--repeat`` timed epochs is kept. A last DALI row feeds the same loader the
+the best of ``--repeat`` timed epochs is kept (DaliLoader's reading workers, ``--dali-workers``,
+persist across epochs: they are forked in the warm-up epoch, as in training). A last DALI row feeds the same loader the
 epoch's bytes from memory: the pipeline's own rate, the ceiling for any feed. The corpus is
 the benchmark's photo JPEGs (``bench/corpus.py``).
 
@@ -62,7 +63,7 @@ def pillow_epoch(source: str, args: argparse.Namespace) -> Callable[[], Iterable
 def dali_epoch(
     source: str, args: argparse.Namespace, device_id: int | None, workers: int, s3: object = None
 ) -> Callable[[], Iterable[int]]:
-    dataset = ShardDataset(source, s3=s3)
+    dataset = ShardDataset(source, s3=s3, batch_size=args.batch_size)
     loader = DaliLoader(
         dataset,
         batch_size=args.batch_size,
@@ -157,6 +158,13 @@ def main() -> None:
     for label, rate in rows:
         print(f"{label:60s} {rate:10.0f}")
     print(f"\nDALI / Pillow (local): {max(rate for _, rate in rows[1 : 1 + len(workers)]) / rows[0][1]:.2f}x")
+    if 0 in workers:  # issue 28: fed by workers, no slower than fed in-process
+        inproc = rows[1 + workers.index(0)][1]
+        for w, (_, rate) in zip(workers, rows[1 : 1 + len(workers)]):
+            if w:
+                verdict = "met" if rate >= inproc else "NOT met"
+                ratio = rate / inproc
+                print(f"DALI {kind} fed by {w} workers / fed in-process: {ratio:.2f}x  target >= 1.00x  {verdict}")
     if gpu:
         print(f"GPU memory taken by the DALI run: {gpu_used / 2**20:.0f} MiB")
     print("command: python bench/dali.py " + " ".join(sys.argv[1:]))

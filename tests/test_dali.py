@@ -76,6 +76,60 @@ def test_every_sample_once_per_epoch_and_epochs_restart(images_dir):
     assert epochs[0] != epochs[1]  # reshuffled
 
 
+def _reading_workers() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+@pytest.mark.timeout(180)
+def test_reading_workers_persist_across_epochs_and_close_stops_them(images_dir):
+    before = _reading_workers()
+    loader = DaliLoader(
+        ShardDataset(images_dir, shuffle_buffer=10, batch_size=4),
+        batch_size=4,
+        crop_px=16,
+        label_ext="id",
+        device_id=None,
+        num_workers=2,
+    )
+    seen = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        if epoch == 1:  # an epoch left after 2 batches: the next one is still whole and exact
+            for i, _ in enumerate(loader):
+                if i == 1:
+                    break
+            continue
+        ids = torch.cat([y for _, y in loader]).tolist()
+        assert sorted(ids) == list(range(NUM_IMAGES))
+        seen.append(_reading_workers() - before)
+    assert len(seen[0]) == 2 and seen[0] == seen[1]  # the same two processes, forked once
+    loader.close()
+    assert not (_reading_workers() & seen[0])
+    loader.set_epoch(3)
+    assert sorted(torch.cat([y for _, y in loader]).tolist()) == list(range(NUM_IMAGES))  # new workers
+    loader.close()
+
+
+@pytest.mark.timeout(180)
+def test_persistent_workers_false_forks_each_epoch(images_dir):
+    before = _reading_workers()
+    loader = DaliLoader(
+        ShardDataset(images_dir, batch_size=5),
+        batch_size=5,
+        crop_px=16,
+        label_ext="id",
+        device_id=None,
+        num_workers=2,
+        persistent_workers=False,
+    )
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sorted(torch.cat([y for _, y in loader]).tolist()) == list(range(NUM_IMAGES))
+        assert not _reading_workers() - before  # the epoch's workers have exited
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_state_dict_resumes_with_exactly_the_samples_not_yet_yielded(images_dir, num_workers):
     def loader_of(state=None):
