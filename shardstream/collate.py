@@ -34,8 +34,10 @@ from __future__ import annotations
 import collections
 import collections.abc
 import contextlib
+import itertools
 import mmap
 import multiprocessing.util
+import operator
 import os
 import threading
 import weakref
@@ -242,23 +244,28 @@ class ByteCollate:
         fields = tuple(
             f for f, v in first.items() if f != label_field and isinstance(v, (bytes, bytearray, memoryview))
         )
-        extras: dict[str, list[Any]] = {f: [] for f in first if f not in fields and f not in ("__key__", label_field)}
-        keys: list[str] = []
-        payloads: list[Any] = []
-        labels: list[int] = []
-        width = len(fields) + len(extras) + 1 + (label_field is not None)
-        for sample in samples:
-            try:
-                if len(sample) != width:
-                    raise KeyError
-                keys.append(sample["__key__"])
-                payloads += [sample[f] for f in fields]
-                for f, values in extras.items():
-                    values.append(sample[f])
-                if label_field is not None:
-                    labels.append(_label(sample, label_field))
-            except KeyError:
-                _refuse(sample, first)
+        others = [f for f in first if f not in fields and f not in ("__key__", label_field)]
+        width = len(fields) + len(others) + 1 + (label_field is not None)
+        try:  # a column at a time, in C (itemgetter, map); a sample that differs is named below
+            if any(len(sample) != width for sample in samples):
+                raise KeyError
+            keys: list[str] = [sample["__key__"] for sample in samples]
+            if len(fields) == 1:
+                payloads: list[Any] = list(map(operator.itemgetter(fields[0]), samples))
+            else:
+                payloads = list(itertools.chain.from_iterable(map(operator.itemgetter(*fields), samples)))
+            extras = {f: list(map(operator.itemgetter(f), samples)) for f in others}
+            labels = [] if label_field is None else list(map(operator.itemgetter(label_field), samples))
+        except KeyError:
+            _refuse(samples, first)
+            raise  # internal invariant: _refuse raises
+        if labels:
+            try:  # ASCII digits (.cls) or ints, at once; else each read as _label says, or named
+                if not set(map(type, labels)) <= {bytes, int}:
+                    raise TypeError
+                labels = list(map(int, labels))
+            except (TypeError, ValueError):
+                labels = [_label(sample, label_field) for sample in samples]  # type: ignore[arg-type]
         sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
         ends = np.zeros(len(payloads) + 1, np.int64)
         np.cumsum(sizes, out=ends[1:])
@@ -427,7 +434,9 @@ def _label(sample: dict[str, Any], field: str) -> int:
         ) from None
 
 
-def _refuse(sample: dict[str, Any], first: dict[str, Any]) -> None:
+def _refuse(samples: Sequence[dict[str, Any]], first: dict[str, Any]) -> None:
+    """Raise the error naming the first sample whose fields differ from ``first``'s."""
+    sample = next((s for s in samples if s.keys() != first.keys()), first)
     raise ValueError(
         f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} has fields {sorted(sample)}, but the "
         f"batch's first sample {first.get('__key__')!r} has {sorted(first)}; ByteCollate needs the same members "
