@@ -673,6 +673,39 @@ def read_loader_bytes(setup: Setup) -> Progress:
         yield batch.num_samples, sum(len(v) for field in batch.fields for v in batch[field]), 0
 
 
+_WARM: dict[str, Any] = {}  # the warmed loader of a ``*-epochs`` reader (its process runs one reader)
+
+
+def warm_loader(bytes_collate: bool) -> Callable[[Setup], None]:
+    """Untimed: a DataLoader with 2 persistent workers over the local shards (collated by
+    ``ByteCollate`` or the default collate) and its first epoch read, the workers' start in it."""
+
+    def prepare(setup: Setup) -> None:
+        from torch.utils.data import DataLoader
+
+        from shardstream import ShardDataset
+        from shardstream.collate import ByteCollate
+
+        dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
+        collate = {"collate_fn": ByteCollate()} if bytes_collate else {}
+        loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True, **collate)
+        for _ in loader:
+            pass
+        _WARM.update(loader=loader, dataset=dataset)
+
+    return prepare
+
+
+def read_warm_loader(setup: Setup) -> Progress:
+    """Epochs 2 and 3 of the warmed loader: the rate a training loop sees once its workers run."""
+    loader, dataset = _WARM["loader"], _WARM["dataset"]
+    for epoch in (1, 2):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            fields = [f for f in batch if not f.startswith("__")]
+            yield len(batch["__key__"]), sum(len(v) for f in fields for v in batch[f]), 0
+
+
 @dataclass(frozen=True)
 class Reader:
     label: str
@@ -737,6 +770,26 @@ READERS = {
         "local",
         read_loader_bytes,
         SS + LOADER + ("shardstream.collate",),
+        corpora=("small",),
+    ),
+    "loader-batched-epochs": Reader(
+        "shardstream, DataLoader batch_size=64, persistent workers, epochs 2-3",
+        "shardstream",
+        "loader",
+        "local",
+        read_warm_loader,
+        SS + LOADER,
+        warm_loader(False),
+        corpora=("small",),
+    ),
+    "loader-bytes-epochs": Reader(
+        "shardstream, DataLoader batch_size=64, ByteCollate, persistent workers, epochs 2-3",
+        "shardstream",
+        "loader",
+        "local",
+        read_warm_loader,
+        SS + LOADER + ("shardstream.collate",),
+        warm_loader(True),
         corpora=("small",),
     ),
     "local-mosaic": Reader(
@@ -1026,6 +1079,14 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             ("small:loader-bytes", "small:loader-batched"),
             ratio("small:loader-bytes", "small:loader-batched"),
             3.0,
+            True,
+            "x",
+        ),
+        (
+            "small, DataLoader 2 persistent workers, epochs 2-3: ByteCollate / default (no target)",
+            ("small:loader-bytes-epochs", "small:loader-batched-epochs"),
+            ratio("small:loader-bytes-epochs", "small:loader-batched-epochs"),
+            0.0,
             True,
             "x",
         ),
