@@ -21,8 +21,11 @@ first, so local reads measure the loader, not the disk. This needs a machine wit
 for it: run it on the 16-core machine (the ``device`` tool), where the README's table comes
 from; on 2 cores, ``--layouts 1x1,1x2,2x1`` checks that it runs.
 
+``--collate bytes`` collates with :class:`shardstream.collate.ByteCollate` (the batches' bytes
+cross from the workers in shared memory) instead of torch's default collate (pickled).
+
 Usage:
-    python bench/node.py [--num-images 10000] [--layouts 1x1,1x8,2x4,4x4,8x2] [--repeat 1]
+    python bench/node.py [--num-images 10000] [--layouts 1x1,1x8,2x4,4x4,8x2] [--repeat 1] [--collate bytes]
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ def rank_main(source: str, fetch: str) -> None:
     from torch.utils.data import DataLoader
 
     from shardstream import FetchConfig, S3Config, ShardDataset
+    from shardstream.collate import ByteCollate
 
     workers = int(os.environ["NODE_WORKERS"])
+    collate = {"collate_fn": ByteCollate()} if os.environ.get("NODE_COLLATE") == "bytes" else {}
     start = time.time()  # after the imports: the clock covers dataset construction to the last batch
     s3 = S3Config() if source.startswith("s3://") else None
     dataset = ShardDataset(source, shuffle=False, batch_size=BATCH, s3=s3, fetch=FetchConfig(**json.loads(fetch)))
@@ -65,6 +70,7 @@ def rank_main(source: str, fetch: str) -> None:
         timeout=300,
         persistent_workers=False,
         prefetch_factor=2 if workers else None,
+        **collate,
     ):
         samples += len(batch["__key__"])
         nbytes += sum(len(v) for field, values in batch.items() if not field.startswith("__") for v in values)
@@ -173,6 +179,12 @@ def main() -> None:
     parser.add_argument("--num-images", type=int, default=10_000)
     parser.add_argument("--layouts", default="1x1,1x8,2x4,4x4,8x2", help="ranks x workers, comma-separated")
     parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is shown")
+    parser.add_argument(
+        "--collate",
+        choices=("default", "bytes"),
+        default="default",
+        help="the DataLoader's collate: torch's default (batches pickled) or shardstream.collate.ByteCollate",
+    )
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument("--_rank", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_get", help=argparse.SUPPRESS)
@@ -231,6 +243,7 @@ def main() -> None:
                             "WORLD_SIZE": str(ranks),
                             "LOCAL_RANK": str(r),
                             "NODE_WORKERS": str(workers),
+                            "NODE_COLLATE": args.collate,
                         }
                         for r in range(ranks)
                     ]
@@ -290,7 +303,10 @@ def main() -> None:
         if ranks * workers >= 8:
             ok = limit_s / seconds >= 0.9 and (baseline is None or peak <= ranks * (baseline + budget))
             print(f"  {ranks}x{workers} {source}: {'met' if ok else 'NOT met'}")
-    print(f"command: python bench/node.py --num-images {args.num_images} --layouts {args.layouts}")
+    print(
+        f"command: python bench/node.py --num-images {args.num_images} --layouts {args.layouts} "
+        f"--collate {args.collate}"
+    )
 
 
 if __name__ == "__main__":
