@@ -522,7 +522,11 @@ class DaliLoader:
         # once, in the first epoch: a fork per epoch cost the training process 0.5-0.7 CPU-s
         # an epoch of 2,000 photos (copy-on-write faults, the workers' exit), 15% of the CPU
         # pipeline's rate on 2 cores.
-        batches = iter(loader)
+        try:
+            batches = iter(loader)
+        except BaseException:  # persistent workers that did not come back from the last epoch
+            self._loader = None
+            raise
         return (item for batch in batches for item in _SharedEncoder.items(batch))
 
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
@@ -608,6 +612,7 @@ class DaliLoader:
         self._consumed = 0
         policy = LastBatchPolicy.DROP if self.last_batch == "drop" else LastBatchPolicy.PARTIAL
         failures = 0  # in a row, with no batch from DALI between them
+        failed = True  # an epoch that raised: its workers are not reused
         try:
             while not (feed.ended and not feed.fed):
                 pipe = self._pipeline(feed)
@@ -647,8 +652,15 @@ class DaliLoader:
                         yield self._count(*self._on_cpu(batch))
                 finally:
                     del pipe
+            failed = False
+        except GeneratorExit:  # the caller left the epoch early: the workers are reset and reused
+            failed = False
+            raise
         finally:
-            if not feed.close():  # its thread still waits on the workers: they are not reused
+            # A reader that failed (a worker's error, a timeout), or that the feed thread still
+            # waits on, is let go: its workers exit when it is collected, and the next epoch
+            # forks new ones.
+            if not feed.close() or failed:
                 self._loader = None
             self._stats["skipped"] += feed.skipped
             feed.skipped = 0

@@ -113,6 +113,30 @@ def test_reading_workers_persist_across_epochs_and_close_stops_them(images_dir):
 
 
 @pytest.mark.timeout(180)
+def test_an_epoch_that_raises_lets_its_persistent_workers_go(tmp_path):
+    import gc
+    import time
+
+    src = tmp_path / "src"
+    make_image_dataset(src, num_images=12, num_classes=3, min_side_px=32, max_side_px=48)
+    next(iter(sorted(src.rglob("*.cls")))).write_text("dog")
+    pack(src, tmp_path / "ds", progress=False)
+    before = _reading_workers()
+    loader = DaliLoader(
+        ShardDataset(tmp_path / "ds", batch_size=4), batch_size=4, crop_px=16, device_id=None, num_workers=2
+    )
+    for _ in range(2):  # each epoch raises, naming the sample; the next one forks new workers
+        with pytest.raises(DecodeError, match="not an integer"):
+            list(loader)
+        gc.collect()
+        deadline = time.monotonic() + 30
+        while _reading_workers() - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _reading_workers() - before  # gone, though the loader lives on
+    assert loader.stats()["images"] == 0
+
+
+@pytest.mark.timeout(180)
 def test_persistent_workers_false_forks_each_epoch(images_dir):
     before = _reading_workers()
     loader = DaliLoader(
