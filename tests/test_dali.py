@@ -76,6 +76,11 @@ def test_every_sample_once_per_epoch_and_epochs_restart(images_dir):
     assert epochs[0] != epochs[1]  # reshuffled
 
 
+def _cpu_loader(dataset: ShardDataset, batch_size: int, **options) -> DaliLoader:
+    """A DaliLoader on the CPU with 16-px crops and the .id member as label."""
+    return DaliLoader(dataset, batch_size=batch_size, crop_px=16, label_ext="id", device_id=None, **options)
+
+
 def _reading_workers() -> set[int]:
     import multiprocessing
 
@@ -85,14 +90,7 @@ def _reading_workers() -> set[int]:
 @pytest.mark.timeout(180)
 def test_reading_workers_persist_across_epochs_and_close_stops_them(images_dir):
     before = _reading_workers()
-    loader = DaliLoader(
-        ShardDataset(images_dir, shuffle_buffer=10, batch_size=4),
-        batch_size=4,
-        crop_px=16,
-        label_ext="id",
-        device_id=None,
-        num_workers=2,
-    )
+    loader = _cpu_loader(ShardDataset(images_dir, shuffle_buffer=10, batch_size=4), 4, num_workers=2)
     seen = []
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -139,15 +137,7 @@ def test_an_epoch_that_raises_lets_its_persistent_workers_go(tmp_path):
 @pytest.mark.timeout(180)
 def test_persistent_workers_false_forks_each_epoch(images_dir):
     before = _reading_workers()
-    loader = DaliLoader(
-        ShardDataset(images_dir, batch_size=5),
-        batch_size=5,
-        crop_px=16,
-        label_ext="id",
-        device_id=None,
-        num_workers=2,
-        persistent_workers=False,
-    )
+    loader = _cpu_loader(ShardDataset(images_dir, batch_size=5), 5, num_workers=2, persistent_workers=False)
     for epoch in range(2):
         loader.set_epoch(epoch)
         assert sorted(torch.cat([y for _, y in loader]).tolist()) == list(range(NUM_IMAGES))
