@@ -250,8 +250,8 @@ class ByteCollate:
             if any(len(sample) != width for sample in samples):
                 raise KeyError
             keys: list[str] = [sample["__key__"] for sample in samples]
-            if len(fields) == 1:
-                payloads: list[Any] = list(map(operator.itemgetter(fields[0]), samples))
+            if len(fields) <= 1:
+                payloads: list[Any] = list(map(operator.itemgetter(*fields), samples)) if fields else []
             else:
                 payloads = list(itertools.chain.from_iterable(map(operator.itemgetter(*fields), samples)))
             extras = {f: list(map(operator.itemgetter(f), samples)) for f in others}

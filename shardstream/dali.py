@@ -21,13 +21,16 @@ yielded (``last_batch="partial"``, default) or dropped (``"drop"``).
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import io
 import logging
 import queue
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -193,6 +196,7 @@ class _Feed:
         self._args = (items, batch_size, drop_last)
         self.fed: collections.deque[_Batch] = collections.deque()  # handed to DALI, not yet given back
         self.error: BaseException | None = None  # what the reader raised
+        self.reader_failed = False  # the reader raised, whether or not the consumer saw it
         self.ended = False
         self.counts: collections.Counter[str] = collections.Counter()  # problems of CPU-decoded images
         self.skipped = 0
@@ -245,7 +249,10 @@ class _Feed:
                 self._put(batch)
             self._put(self._END)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            self.reader_failed = True
             self._put(exc)
+        finally:
+            self._args = None  # type: ignore[assignment]  # the reader goes with the thread, not with the feed
 
     def _get(self) -> Any:
         """The next batch (or end, or error) from the feed thread, waiting at most
@@ -288,6 +295,10 @@ class _Feed:
         self._thread.join(timeout=10)
         return not self._thread.is_alive()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
 
 def _reason(problem: str) -> str:
     """A problem without its byte offsets, to count alike ones together."""
@@ -328,6 +339,28 @@ def _label(sample: dict[str, Any], ext: str | None) -> int:
             f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} member {ext!r} is not an integer "
             f"label ({bytes(raw[:40])!r})"
         ) from None
+
+
+def _shut_down(loader: Any) -> None:
+    """Stop a DataLoader's workers: torch tells them to stop and joins each for at most 5 s,
+    then terminates it. Done in the caller's thread, not in one of its own: a thread left
+    running could hold a lock when the next epoch forks its workers."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        iterator._shutdown_workers()
+
+
+_OPEN: weakref.WeakSet[DaliLoader] = weakref.WeakSet()  # loaders that may hold persistent workers
+
+
+@atexit.register  # registered after multiprocessing's own exit hook, so it runs before it
+def _close_at_exit() -> None:
+    """At interpreter exit, stop every loader's persistent workers the way an epoch's end
+    does, so they run their exit hooks (removing their shared-memory slots); else
+    multiprocessing would terminate them."""
+    for loader in list(_OPEN):
+        with contextlib.suppress(Exception):
+            loader.close()
 
 
 class DaliLoader:
@@ -441,6 +474,8 @@ class DaliLoader:
         self.num_threads, self.num_workers = num_threads, num_workers
         self.persistent_workers = persistent_workers
         self._loader: Any = None  # the DataLoader whose workers persist across epochs
+        self._running = False  # an epoch of this loader is being iterated
+        self._retired: list[tuple[Any, _Feed]] = []  # loaders of failed epochs and their feeds, to stop
         self.prefetch_batches = prefetch_batches
         self.batch_timeout_s = batch_timeout_s
         self.last_batch = last_batch
@@ -451,12 +486,22 @@ class DaliLoader:
         self._reasons: collections.Counter[str] = collections.Counter()
 
     def close(self) -> None:
-        """Stop the persistent reading workers (``num_workers``), if any; the next epoch forks
-        new ones."""
+        """Stop the persistent reading workers (``num_workers``), if any, and those of epochs
+        that failed, waiting for them to exit (torch joins each for at most 5 s, then
+        terminates it); the next epoch forks new ones. An epoch running meanwhile fails.
+        Called at interpreter exit for every loader not closed, so that the workers exit
+        cleanly and remove their shared-memory slots."""
         loader, self._loader = self._loader, None
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
+        _shut_down(loader)
+        self._retire()
+
+    def _retire(self) -> None:
+        """Stop the workers of epochs that failed (in this, the caller's thread: before the
+        next epoch forks), but for those a feed thread is still inside; those are dropped."""
+        while self._retired:
+            loader, feed = self._retired.pop()
+            if not feed.running:
+                _shut_down(loader)
 
     def stats(self) -> dict[str, Any]:
         """Counters since this loader was made: ``images`` yielded, ``cpu_decoded`` (decoded
@@ -495,16 +540,32 @@ class DaliLoader:
             self.check_images,
         )
 
-    def _items(self) -> Iterator[_Item]:
+    def _items(self, keep: bool) -> Iterator[_Item]:
         """The samples as :class:`_Item` s in the dataset's order: read here, or by DataLoader
         workers that each send ``batch_size`` of them at a time (round-robin over workers,
-        each worker's last batch possibly short), which ``state_dict`` accounts for."""
+        each worker's last batch possibly short), which ``state_dict`` accounts for.
+
+        The workers are forked here, in the caller's thread, before the epoch's feed thread
+        and DALI pipeline start: a fork while those threads run can copy a lock one of them
+        holds into the worker, which then never sends a batch. With ``keep`` they are the
+        persistent workers (forked in the first epoch, reset in the next ones); else they are
+        the epoch's own.
+        """
         encoder = self._encoder()
         if self.num_workers == 0:
             return (encoder.item(sample) for sample in self.dataset)
         from torch.utils.data import DataLoader
 
-        loader = self._loader
+        self._retire()
+        loader = self._loader if keep else None
+        if loader is not None:
+            try:
+                batches = iter(loader)  # the workers reset for this epoch
+            except RuntimeError as exc:  # they did not come back from the last one (torch): new ones
+                log.warning("DaliLoader's reading workers did not reset (%s); starting new ones", exc)
+                self._loader = None
+                _shut_down(loader)
+                loader = None
         if loader is None:
             loader = DataLoader(
                 self.dataset,
@@ -512,21 +573,17 @@ class DaliLoader:
                 num_workers=self.num_workers,
                 collate_fn=_SharedEncoder(encoder),
                 timeout=self.batch_timeout_s,
-                persistent_workers=self.persistent_workers,
+                persistent_workers=keep,
             )
-            if self.persistent_workers:
+            if keep:
                 self._loader = loader
-        # The workers are forked here, in the caller's thread, before this epoch's feed thread
-        # and DALI pipeline start: a fork while those threads run can copy a lock one of them
-        # holds into the worker, which then never sends a batch. Persistent workers are forked
-        # once, in the first epoch: a fork per epoch cost the training process 0.5-0.7 CPU-s
-        # an epoch of 2,000 photos (copy-on-write faults, the workers' exit), 15% of the CPU
-        # pipeline's rate on 2 cores.
-        try:
-            batches = iter(loader)
-        except BaseException:  # persistent workers that did not come back from the last epoch
-            self._loader = None
-            raise
+                _OPEN.add(self)
+            try:
+                batches = iter(loader)
+            except BaseException:
+                if keep:
+                    self._loader = None
+                raise
         return (item for batch in batches for item in _SharedEncoder.items(batch))
 
     def _finish(self, images: torch.Tensor) -> torch.Tensor:
@@ -602,8 +659,21 @@ class DaliLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+        if self._running:
+            raise RuntimeError(
+                "DaliLoader: an epoch of this loader is still being iterated; finish it, or drop its iterator "
+                "(del it, or leave its loop), before starting another: two epochs at once would read the "
+                "dataset twice at once"
+            )
+        keep = self.persistent_workers
+        self._running = True
+        try:
+            items = self._items(keep)
+        except BaseException:
+            self._running = False
+            raise
         feed = _Feed(
-            self._items(),
+            items,
             batch_size=self.batch_size,
             drop_last=self.last_batch == "drop",
             prefetch_batches=self.prefetch_batches,
@@ -657,10 +727,14 @@ class DaliLoader:
             failed = False
             raise
         finally:
-            # A reader that failed (a worker's error, a timeout), or that the feed thread still
-            # waits on, is let go: its workers exit when it is collected, and the next epoch
-            # forks new ones.
-            if not feed.close() or failed:
+            self._running = False
+            # Persistent workers whose epoch failed (a worker's error, a timeout), or that the
+            # feed thread still waits on, are retired: the next epoch forks new ones, and stops
+            # these first (close() and the interpreter's exit do too), so the error is raised
+            # now, not after torch's joins of workers that may be stuck.
+            stopped = feed.close()
+            if keep and (failed or not stopped or feed.reader_failed) and self._loader is not None:
+                self._retired.append((self._loader, feed))
                 self._loader = None
             self._stats["skipped"] += feed.skipped
             feed.skipped = 0

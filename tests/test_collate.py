@@ -359,6 +359,12 @@ def _sample(key, **members):
     return {"__key__": key, "__shard__": "file:///data/shard-000003.tar", **members}
 
 
+def test_a_batch_with_no_bytes_members_keeps_labels_and_other_fields():
+    batch = ByteCollate(label_field="cls")([_sample("a", cls=b"1", n=3), _sample("b", cls=b"2", n=4)])
+    assert batch.fields == () and batch.nbytes == 0 and batch.data.numel() == 0
+    assert batch.labels.tolist() == [1, 2] and batch["n"] == [3, 4] and batch["__key__"] == ["a", "b"]
+
+
 def test_errors():
     collate = ByteCollate(label_field="cls")
     with pytest.raises(ValueError, match="empty batch"):

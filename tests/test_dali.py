@@ -111,10 +111,7 @@ def test_reading_workers_persist_across_epochs_and_close_stops_them(images_dir):
 
 
 @pytest.mark.timeout(180)
-def test_an_epoch_that_raises_lets_its_persistent_workers_go(tmp_path):
-    import gc
-    import time
-
+def test_an_epoch_that_raises_retires_its_persistent_workers(tmp_path):
     src = tmp_path / "src"
     make_image_dataset(src, num_images=12, num_classes=3, min_side_px=32, max_side_px=48)
     next(iter(sorted(src.rglob("*.cls")))).write_text("dog")
@@ -123,15 +120,51 @@ def test_an_epoch_that_raises_lets_its_persistent_workers_go(tmp_path):
     loader = DaliLoader(
         ShardDataset(tmp_path / "ds", batch_size=4), batch_size=4, crop_px=16, device_id=None, num_workers=2
     )
-    for _ in range(2):  # each epoch raises, naming the sample; the next one forks new workers
-        with pytest.raises(DecodeError, match="not an integer"):
-            list(loader)
-        gc.collect()
-        deadline = time.monotonic() + 30
-        while _reading_workers() - before and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _reading_workers() - before  # gone, though the loader lives on
+    with pytest.raises(DecodeError, match="not an integer"):
+        list(loader)
+    failed = _reading_workers() - before
+    assert len(failed) == 2
+    with pytest.raises(DecodeError, match="not an integer"):  # new workers: the failed ones are stopped first
+        list(loader)
+    again = _reading_workers() - before
+    assert len(again) == 2 and not again & failed
+    loader.close()  # stops the second epoch's, which failed too
+    assert not _reading_workers() - before
     assert loader.stats()["images"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_a_second_epoch_while_one_runs_is_refused_and_the_next_one_is_whole(images_dir):
+    loader = _cpu_loader(ShardDataset(images_dir, batch_size=5), 5, num_workers=2)
+    first = iter(loader)
+    next(first)
+    with pytest.raises(RuntimeError, match="still being iterated"):
+        next(iter(loader))
+    del first  # left early: its workers are reset for the next epoch
+    assert sorted(torch.cat([y for _, y in loader]).tolist()) == list(range(NUM_IMAGES))
+    loader.close()
+
+
+@pytest.mark.timeout(180)
+def test_persistent_workers_exit_cleanly_at_interpreter_exit_and_remove_their_slots(images_dir, tmp_path):
+    import subprocess
+
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import multiprocessing, sys\n"
+        "from shardstream import ShardDataset\n"
+        "from shardstream.dali import DaliLoader\n"
+        f"loader = DaliLoader(ShardDataset({str(images_dir)!r}, batch_size=5), batch_size=5, crop_px=16,\n"
+        "                    label_ext='id', device_id=None, num_workers=2)\n"
+        "assert sum(len(y) for _, y in loader) == 45\n"
+        "print(' '.join(str(p.pid) for p in multiprocessing.active_children()), flush=True)\n"
+    )  # ends with the loader open: no close()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pids = done.stdout.split()
+    assert len(pids) == 2
+    left = [p.name for p in Path("/dev/shm").glob("shardstream-batch-*") if p.name.split("-")[2] in pids]
+    assert not left, left
 
 
 @pytest.mark.timeout(180)
