@@ -83,7 +83,7 @@ def dali_memory_epoch(source: str, args: argparse.Namespace, device_id: int | No
         dataset, batch_size=args.batch_size, crop_px=args.crop_px, num_threads=args.threads, device_id=device_id
     )
     items = list(loader._items())  # bytes and labels, each image checked once here
-    loader._items = lambda: iter(items)  # type: ignore[method-assign]
+    loader._items = lambda keep=False: iter(items)  # type: ignore[method-assign]
     return lambda: (len(labels) for _, labels in loader)
 
 

@@ -540,7 +540,7 @@ class DaliLoader:
             self.check_images,
         )
 
-    def _items(self, keep: bool) -> Iterator[_Item]:
+    def _items(self, keep: bool = False) -> Iterator[_Item]:
         """The samples as :class:`_Item` s in the dataset's order: read here, or by DataLoader
         workers that each send ``batch_size`` of them at a time (round-robin over workers,
         each worker's last batch possibly short), which ``state_dict`` accounts for.
