@@ -637,6 +637,28 @@ def decode_memory_loader(setup: Setup) -> Progress:
     yield from batches(_MemoryShares())
 
 
+def batched_loader(setup: Setup, *, bytes_collate: bool, persistent: bool = False) -> tuple[Any, Any]:
+    """``(dataset, loader)``: shardstream over the local shards through a DataLoader with 2
+    workers and batches of 64, collated by torch's default collate (pickled) or by
+    ``ByteCollate`` (one shared-memory block)."""
+    from torch.utils.data import DataLoader
+
+    from shardstream import ShardDataset
+    from shardstream.collate import ByteCollate
+
+    dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
+    collate = {"collate_fn": ByteCollate()} if bytes_collate else {}
+    loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=persistent, **collate)
+    return dataset, loader
+
+
+def batch_progress(batch: Any) -> tuple[int, int, int]:
+    """A batch's samples and payload bytes (each member touched), as a default-collated dict
+    of lists or a ``ByteBatch``."""
+    payload = sum(len(v) for field, values in batch.items() if not field.startswith("__") for v in values)
+    return len(batch["__key__"]), payload, 0
+
+
 def read_loader(batched: bool) -> Callable[[Setup], Progress]:
     """shardstream from local disk through a DataLoader with 2 workers: samples cross one at
     a time (``batch_size=None``: each pickled on its own) or in batches of 64 collated in the
@@ -648,10 +670,7 @@ def read_loader(batched: bool) -> Callable[[Setup], Progress]:
         from shardstream import ShardDataset
 
         if batched:
-            dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
-            for batch in DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS):
-                keys = batch["__key__"]
-                yield len(keys), sum(len(v) for f, values in batch.items() if not f.startswith("__") for v in values), 0
+            yield from map(batch_progress, batched_loader(setup, bytes_collate=False)[1])
         else:
             dataset = ShardDataset(setup.local["shardstream"], shuffle=False)
             for sample in DataLoader(dataset, batch_size=None, num_workers=WORKERS):
@@ -663,32 +682,18 @@ def read_loader(batched: bool) -> Callable[[Setup], Progress]:
 def read_loader_bytes(setup: Setup) -> Progress:
     """As ``read_loader(True)``, the batches collated by ``ByteCollate``: the payloads (JPEG
     and label bytes, as there) in one shared-memory block, not pickled."""
-    from torch.utils.data import DataLoader
-
-    from shardstream import ShardDataset
-    from shardstream.collate import ByteCollate
-
-    dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
-    for batch in DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=ByteCollate()):
-        yield batch.num_samples, sum(len(v) for field in batch.fields for v in batch[field]), 0
+    yield from map(batch_progress, batched_loader(setup, bytes_collate=True)[1])
 
 
 _WARM: dict[str, Any] = {}  # the warmed loader of a ``*-epochs`` reader (its process runs one reader)
 
 
 def warm_loader(bytes_collate: bool) -> Callable[[Setup], None]:
-    """Untimed: a DataLoader with 2 persistent workers over the local shards (collated by
-    ``ByteCollate`` or the default collate) and its first epoch read, the workers' start in it."""
+    """Untimed: the batched loader with persistent workers (default collate or ``ByteCollate``)
+    and its first epoch read, the workers' start in it."""
 
     def prepare(setup: Setup) -> None:
-        from torch.utils.data import DataLoader
-
-        from shardstream import ShardDataset
-        from shardstream.collate import ByteCollate
-
-        dataset = ShardDataset(setup.local["shardstream"], shuffle=False, batch_size=BATCH)
-        collate = {"collate_fn": ByteCollate()} if bytes_collate else {}
-        loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, persistent_workers=True, **collate)
+        dataset, loader = batched_loader(setup, bytes_collate=bytes_collate, persistent=True)
         for _ in loader:
             pass
         _WARM.update(loader=loader, dataset=dataset)
@@ -701,9 +706,7 @@ def read_warm_loader(setup: Setup) -> Progress:
     loader, dataset = _WARM["loader"], _WARM["dataset"]
     for epoch in (1, 2):
         dataset.set_epoch(epoch)
-        for batch in loader:
-            fields = [f for f in batch if not f.startswith("__")]
-            yield len(batch["__key__"]), sum(len(v) for f in fields for v in batch[f]), 0
+        yield from map(batch_progress, loader)
 
 
 @dataclass(frozen=True)
