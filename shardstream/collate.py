@@ -250,9 +250,10 @@ class ByteCollate:
             if any(len(sample) != width for sample in samples):
                 raise KeyError
             keys: list[str] = [sample["__key__"] for sample in samples]
-            if len(fields) <= 1:
-                payloads: list[Any] = list(map(operator.itemgetter(*fields), samples)) if fields else []
-            else:
+            payloads: list[Any] = []
+            if len(fields) == 1:  # itemgetter of one field gives the value, of several a tuple
+                payloads = list(map(operator.itemgetter(fields[0]), samples))
+            elif fields:
                 payloads = list(itertools.chain.from_iterable(map(operator.itemgetter(*fields), samples)))
             extras = {f: list(map(operator.itemgetter(f), samples)) for f in others}
             labels = [] if label_field is None else list(map(operator.itemgetter(label_field), samples))

@@ -289,14 +289,14 @@ class _Feed:
         images = [_PLACEHOLDER if x.data is None else np.frombuffer(x.data, dtype=np.uint8) for x in item]
         return images, [np.array([x.label], dtype=np.int64) for x in item]
 
-    def close(self) -> bool:
-        """Stop the feed thread; False if it is still inside the reader after 10 s."""
+    def close(self) -> None:
+        """Stop the feed thread, waiting at most 10 s (it may be inside the reader)."""
         self._stop.set()
         self._thread.join(timeout=10)
-        return not self._thread.is_alive()
 
     @property
     def running(self) -> bool:
+        """The feed thread still runs (after :meth:`close`: still inside the reader)."""
         return self._thread.is_alive()
 
 
@@ -732,8 +732,8 @@ class DaliLoader:
             # feed thread still waits on, are retired: the next epoch forks new ones, and stops
             # these first (close() and the interpreter's exit do too), so the error is raised
             # now, not after torch's joins of workers that may be stuck.
-            stopped = feed.close()
-            if keep and (failed or not stopped or feed.reader_failed) and self._loader is not None:
+            feed.close()
+            if keep and (failed or feed.running or feed.reader_failed) and self._loader is not None:
                 self._retired.append((self._loader, feed))
                 self._loader = None
             self._stats["skipped"] += feed.skipped
