@@ -22,6 +22,11 @@ What makes it work:
   ``shardstream.loader_state_dict``, as in train_torchrun.py).
 - Every rank reads exactly ``len(dataset)`` samples per epoch, so DDP never waits on a rank
   with fewer batches.
+- With ``--devices`` > 1 the DataLoader workers start from a ``forkserver``, not by forking the
+  rank: Lightning's rank 0 runs a thread that watches the other ranks, and a process forked
+  while another of its threads holds a lock can wait on that lock forever (seen once in CI:
+  a worker stuck right after its fork, and rank 0 waiting on it). ``--batch-timeout-s`` makes
+  a worker that sends nothing an error rather than a hang.
 
 The dataset must hold `.jpg` images with `.cls` labels (as `shardstream demo` makes).
 """
@@ -94,6 +99,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per device")
     parser.add_argument("--size-px", type=int, default=64, help="crop size fed to the network")
     parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per device")
+    parser.add_argument(
+        "--batch-timeout-s", type=float, default=120.0, help="most seconds to wait for a worker's batch"
+    )
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--checkpoint-dir", type=Path, help="last.ckpt saved every --checkpoint-every steps; resumed")
@@ -117,6 +125,10 @@ def main() -> None:
         num_workers=args.num_workers,
         persistent_workers=args.num_workers > 0,
         pin_memory=args.accelerator == "gpu",
+        # forked workers of a rank with other threads running can hang at their start; a
+        # forkserver is a single-threaded process that forks them instead
+        multiprocessing_context="forkserver" if args.num_workers > 0 and args.devices > 1 else None,
+        timeout=args.batch_timeout_s if args.num_workers > 0 else 0,
     )
     callbacks = []
     if args.checkpoint_dir is not None:
