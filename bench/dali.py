@@ -12,9 +12,10 @@ the best of ``--repeat`` timed epochs is kept (DaliLoader's reading workers, ``-
 persist across epochs: they are forked in the warm-up epoch, as in training). The DALI loaders
 of ``--dali-workers`` are timed in interleaved rounds (one epoch of each a round), beside a
 second in-process loader whose ratio to the first is the run's noise; the target row (fed by
-workers against fed in-process) is the median of the rounds' paired ratios. A last DALI row feeds the same loader the
-epoch's bytes from memory: the pipeline's own rate, the ceiling for any feed. The corpus is
-the benchmark's photo JPEGs (``bench/corpus.py``).
+workers against fed in-process) is the median of the rounds' paired ratios, 1.00x or more.
+A last DALI row feeds the same loader the epoch's bytes from memory: the pipeline's own
+rate, the ceiling for any feed. The corpus is the benchmark's photo JPEGs
+(``bench/corpus.py``).
 
 Usage:
     python bench/dali.py [--num-images 2000] [--batch-size 64] [--crop-px 224] [--threads 2] [--repeat 2] [--s3]
@@ -117,12 +118,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--crop-px", type=int, default=224)
     parser.add_argument("--threads", type=int, default=2, help="DataLoader workers for Pillow, DALI CPU threads")
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=2, help="timed epochs (rounds) of each path, >= 1")
     parser.add_argument("--s3", action="store_true", help="also time DALI from S3 (always on a GPU)")
     parser.add_argument(
         "--dali-workers", default="0", help="DaliLoader num_workers (processes reading shards); a comma list times each"
     )
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     gpu = gpu_available()
@@ -183,7 +186,6 @@ def main() -> None:
     if 0 in workers:  # issue 28: fed by workers, no slower than fed in-process
         inproc = rates[workers.index(0)]
         noise = paired_ratios(rates[-1], inproc)
-        band = max(abs(1 - r) for r in noise)
         print(
             f"DALI {kind} in-process / in-process again, {len(noise)} paired epochs (the noise): median "
             f"{statistics.median(noise):.3f}x, {min(noise):.3f}-{max(noise):.3f}x"
@@ -192,16 +194,14 @@ def main() -> None:
             if w:
                 ratios = paired_ratios(runs, inproc)
                 ratio = statistics.median(ratios)
-                # no slower: the median paired ratio is 1.00x or more, or no further below it than
-                # the same in-process loader timed against itself in the same rounds strays
-                verdict = "met" if ratio >= 1 - band else "NOT met"
+                verdict = "met" if ratio >= 1.0 else "NOT met"
+                few = "" if len(ratios) >= 5 else f"  (only {len(ratios)} rounds: use --repeat 8)"
                 print(
                     f"DALI {kind} fed by {w} workers / fed in-process, {len(ratios)} paired epochs: median "
-                    f"{ratio:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}x)  target >= {1 - band:.3f}x "
-                    f"(1.00x less the noise)  {verdict}"
+                    f"{ratio:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}x)  target >= 1.00x  {verdict}{few}"
                 )
     if gpu:
-        print(f"GPU memory taken by the DALI run: {gpu_used / 2**20:.0f} MiB")
+        print(f"GPU memory taken by the DALI loaders of the run (all open at once): {gpu_used / 2**20:.0f} MiB")
     print("command: python bench/dali.py " + " ".join(sys.argv[1:]))
 
 

@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--size-px", type=int, default=64, help="crop size fed to the network")
     parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers per device")
     parser.add_argument(
-        "--batch-timeout-s", type=float, default=120.0, help="most seconds to wait for a worker's batch"
+        "--batch-timeout-s", type=float, default=120.0, help="most seconds to wait for a worker's batch (0: no limit)"
     )
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--devices", type=int, default=1)
