@@ -34,6 +34,7 @@ The dataset must hold `.jpg` images with `.cls` labels (as `shardstream demo` ma
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import time
 from pathlib import Path
 
@@ -119,6 +120,8 @@ def main() -> None:
         decode=CpuDecoder("torch", crop=crop),
         batch_size=args.batch_size,
     )
+    if args.num_workers > 0 and args.devices > 1:  # the forkserver imports these once, not each worker
+        multiprocessing.set_forkserver_preload(["torch", "lightning", "shardstream"])
     loader = StatefulDataLoader(
         dataset,
         batch_size=args.batch_size,

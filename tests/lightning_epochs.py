@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 from pathlib import Path
 
 import lightning as L
@@ -85,7 +86,17 @@ def main() -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader as Loader
     else:
         Loader = DataLoader  # noqa: N806
-    loader = Loader(dataset, batch_size=args.batch_size, num_workers=args.workers, persistent_workers=args.persistent)
+    ddp_workers = args.devices > 1 and args.workers > 0
+    if ddp_workers:  # as examples/train_lightning.py: a worker forked beside Lightning's observer thread can hang
+        multiprocessing.set_forkserver_preload(["torch", "lightning", "shardstream"])
+    loader = Loader(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        persistent_workers=args.persistent,
+        multiprocessing_context="forkserver" if ddp_workers else None,
+        timeout=120 if args.workers else 0,
+    )
     callbacks = []
     if args.max_steps > 0:
         callbacks.append(ModelCheckpoint(dirpath=args.out, every_n_train_steps=args.max_steps, save_last=True))
