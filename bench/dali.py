@@ -42,17 +42,6 @@ from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
 from shardstream.dali import DaliLoader, gpu_available
 
 
-def best_rate(epoch: Callable[[], Iterable[int]], repeat: int) -> float:
-    """Images/s of the fastest of ``repeat`` epochs after one warm-up epoch."""
-    sum(epoch())
-    best = 0.0
-    for _ in range(repeat):
-        started = time.perf_counter()
-        count = sum(epoch())
-        best = max(best, count / (time.perf_counter() - started))
-    return best
-
-
 def interleaved_rates(epochs: list[Callable[[], Iterable[int]]], rounds: int) -> list[list[float]]:
     """Images/s of each of ``epochs`` over ``rounds`` rounds, after one warm-up epoch each:
     each round times one epoch of each, in an order rotated every round, so the machine's
@@ -67,6 +56,11 @@ def interleaved_rates(epochs: list[Callable[[], Iterable[int]]], rounds: int) ->
             count = sum(epochs[i]())
             rates[i].append(count / (time.perf_counter() - started))
     return rates
+
+
+def best_rate(epoch: Callable[[], Iterable[int]], repeat: int) -> float:
+    """Images/s of the fastest of ``repeat`` epochs after one warm-up epoch."""
+    return max(interleaved_rates([epoch], repeat)[0])
 
 
 def paired_ratios(rates: list[float], base: list[float]) -> list[float]:

@@ -120,7 +120,10 @@ def main() -> None:
         decode=CpuDecoder("torch", crop=crop),
         batch_size=args.batch_size,
     )
-    if args.num_workers > 0 and args.devices > 1:  # the forkserver imports these once, not each worker
+    # forked workers of a rank with other threads running can hang at their start; a
+    # forkserver is a single-threaded process that forks them instead, with these imported once
+    ddp_workers = args.num_workers > 0 and args.devices > 1
+    if ddp_workers:
         multiprocessing.set_forkserver_preload(["torch", "lightning", "shardstream"])
     loader = StatefulDataLoader(
         dataset,
@@ -128,9 +131,7 @@ def main() -> None:
         num_workers=args.num_workers,
         persistent_workers=args.num_workers > 0,
         pin_memory=args.accelerator == "gpu",
-        # forked workers of a rank with other threads running can hang at their start; a
-        # forkserver is a single-threaded process that forks them instead
-        multiprocessing_context="forkserver" if args.num_workers > 0 and args.devices > 1 else None,
+        multiprocessing_context="forkserver" if ddp_workers else None,
         timeout=args.batch_timeout_s if args.num_workers > 0 else 0,
     )
     callbacks = []
