@@ -131,6 +131,14 @@ def _jpeg_corpus(
     return root
 
 
+def write_file_list(corpus: Path, path: Path) -> Path:
+    """``path`` made to list the corpus's members (relative paths, one a line, sorted): what
+    ``pack(files_from=...)`` takes, without the corpus's ``.complete`` marker."""
+    members = [p for p in sorted(corpus.rglob("*.*")) if p.suffix != "" and not p.name.startswith(".")]
+    path.write_text("".join(f"{p.relative_to(corpus)}\n" for p in members))
+    return path
+
+
 def tiny_corpus(num_files: int, *, size_bytes: int = 100) -> Path:
     """``num_files`` files of ``size_bytes`` random bytes, 1,000 per directory; made once."""
     root = CACHE / f"tiny-{num_files}-{size_bytes}"

@@ -29,42 +29,17 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import photo_corpus
+from corpus import photo_corpus, write_file_list
+from timing import best_rate, interleaved_rates, paired_ratios
 
 from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
 from shardstream.dali import DaliLoader, gpu_available
-
-
-def interleaved_rates(epochs: list[Callable[[], Iterable[int]]], rounds: int) -> list[list[float]]:
-    """Images/s of each of ``epochs`` over ``rounds`` rounds, after one warm-up epoch each:
-    each round times one epoch of each, in an order rotated every round, so the machine's
-    drift (these machines are noisy) falls on all of them alike and rates of one round can
-    be compared pair by pair."""
-    for epoch in epochs:
-        sum(epoch())
-    rates: list[list[float]] = [[] for _ in epochs]
-    for r in range(rounds):
-        for i in [(r + k) % len(epochs) for k in range(len(epochs))]:
-            started = time.perf_counter()
-            count = sum(epochs[i]())
-            rates[i].append(count / (time.perf_counter() - started))
-    return rates
-
-
-def best_rate(epoch: Callable[[], Iterable[int]], repeat: int) -> float:
-    """Images/s of the fastest of ``repeat`` epochs after one warm-up epoch."""
-    return max(interleaved_rates([epoch], repeat)[0])
-
-
-def paired_ratios(rates: list[float], base: list[float]) -> list[float]:
-    return [a / b for a, b in zip(rates, base)]
 
 
 def pillow_epoch(source: str, args: argparse.Namespace) -> Callable[[], Iterable[int]]:
@@ -133,14 +108,7 @@ def main() -> None:
     rows: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-dali-") as tmp:
         local = f"{tmp}/shards"
-        files = Path(tmp, "files.txt")  # the images and labels, not the corpus's completion marker
-        files.write_text(
-            "".join(
-                f"{p.relative_to(corpus)}\n"
-                for p in sorted(corpus.rglob("*.*"))
-                if p.suffix != "" and not p.name.startswith(".")
-            )
-        )
+        files = write_file_list(corpus, Path(tmp, "files.txt"))
         pack(corpus, local, max_shard_bytes=64 << 20, files_from=files, progress=False)
         rows.append(
             (

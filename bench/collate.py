@@ -1,0 +1,158 @@
+"""Raw bytes through DataLoader workers: ``ByteCollate`` against torch's default collate, in one run.
+
+Issue 28's target: raw bytes through ``DataLoader(num_workers=2)`` at 3x or more the pickled
+rate (torch's default collate) on the small corpus, in the same run. The corpus is
+``bench/corpus.py``'s small one (30,000 JPEGs of ~17 KB and a ``.cls`` label each, ~515 MB),
+packed by ``shardstream.pack`` into 64 MiB shards on local disk, which stay in the page cache.
+Every loader is ``ShardDataset(shuffle=False, batch_size=64)`` through
+``DataLoader(num_workers=2, batch_size=64)``:
+
+  - ``default``: torch's default collate (a batch is pickled through the workers' pipe),
+    persistent workers;
+  - ``default again``: a second, identical loader: the ratio of the two is the run's noise;
+  - ``ByteCollate``: ``shardstream.collate.ByteCollate`` (a batch's payloads in a worker's
+    shared-memory slot; its name and layout are pickled), persistent workers;
+  - ``default, fresh workers``: torch's default collate with ``persistent_workers=False``
+    (torch's default), whose workers are forked and joined in every epoch's time.
+
+Each loader reads one untimed epoch (its persistent workers start there), then ``--rounds``
+rounds are timed: one epoch of each loader a round, in an order rotated every round
+(``timing.interleaved_rates``), so the machine's drift falls on all of them alike and the
+rates of a round are compared pair by pair. The consumer counts each batch's samples and
+takes every payload's length, as a training loop hands them on (no decoding). Printed: each
+loader's median and best rate (samples/s and GB/s of payload); CPU seconds per epoch of the
+training process and of its workers (``/proc``, median over the rounds); the median and
+range of the paired ratios; and the target row: ``ByteCollate`` / ``default``, the median
+paired ratio, 3.00x or more. The from-construction rates (workers' start included) are
+``bench/stream.py``'s ``loader-batched`` and ``loader-bytes`` readers.
+
+Usage:
+    python bench/collate.py [--num-small 30000] [--rounds 9] [--batch-size 64] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from corpus import small_corpus, write_file_list
+from timing import interleaved_rates, paired_ratios, ratio_summary
+
+from shardstream import ShardDataset, pack
+from shardstream.collate import ByteCollate
+
+TARGET = 3.0
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children: those alive (``/proc``) and those reaped."""
+    me, total = os.getpid(), 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == me:
+            total += (int(fields[11]) + int(fields[12])) * TICK_S
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return total + reaped.ru_utime + reaped.ru_stime
+
+
+class Loader:
+    """One timed loader: its epochs (a count of samples a batch), payload bytes and CPU."""
+
+    def __init__(self, label: str, source: str, args: argparse.Namespace, *, bytes_collate: bool, persistent: bool):
+        from torch.utils.data import DataLoader
+
+        self.label = label
+        self.dataset = ShardDataset(source, shuffle=False, batch_size=args.batch_size)
+        collate = {"collate_fn": ByteCollate()} if bytes_collate else {}
+        self.loader = DataLoader(
+            self.dataset,
+            batch_size=args.batch_size,
+            num_workers=args.workers,
+            persistent_workers=persistent,
+            timeout=120,  # a stuck worker is an error, not a hang
+            **collate,
+        )
+        self.epoch_number = 0
+        self.payload_bytes = 0
+        self.main_cpu_s: list[float] = []
+        self.workers_cpu_s: list[float] = []
+
+    def epoch(self) -> Iterator[int]:
+        self.epoch_number += 1
+        self.dataset.set_epoch(self.epoch_number)
+        main, workers = time.process_time(), children_cpu_s()
+        payload = 0
+        for batch in self.loader:
+            payload += sum(len(v) for field, values in batch.items() if not field.startswith("__") for v in values)
+            yield len(batch["__key__"])
+        self.main_cpu_s.append(time.process_time() - main)
+        self.workers_cpu_s.append(children_cpu_s() - workers)
+        self.payload_bytes = payload
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-small", type=int, default=30_000, help="samples of the small-JPEG corpus")
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds (one epoch of each loader), >= 1")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader num_workers of every loader")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    corpus = small_corpus(args.num_small)
+    with tempfile.TemporaryDirectory(prefix="shardstream-bench-collate-") as tmp:
+        source = f"{tmp}/shards"
+        files = write_file_list(corpus, Path(tmp, "files.txt"))
+        pack(corpus, source, max_shard_bytes=64 << 20, files_from=files, progress=False)
+        loaders = [
+            Loader("default collate (pickled), persistent workers", source, args, bytes_collate=False, persistent=True),
+            Loader("the same again (the noise)", source, args, bytes_collate=False, persistent=True),
+            Loader("ByteCollate, persistent workers", source, args, bytes_collate=True, persistent=True),
+            Loader("default collate, workers forked each epoch", source, args, bytes_collate=False, persistent=False),
+        ]
+        epochs: list[Callable[[], Any]] = [loader.epoch for loader in loaders]
+        rates = interleaved_rates(epochs, args.rounds)
+    print(
+        f"\n{args.num_small} samples ({loaders[0].payload_bytes / 1e6:.0f} MB of payload) an epoch, "
+        f"DataLoader(num_workers={args.workers}, batch_size={args.batch_size}), {args.rounds} rounds, "
+        f"{os.cpu_count()} cores\n"
+    )
+    print(f"{'loader':48s} {'median/s':>9s} {'best/s':>9s} {'GB/s':>6s} {'CPU s/epoch: main':>18s} {'workers':>8s}")
+    for loader, runs in zip(loaders, rates):
+        timed = slice(1, None)  # the warm-up epoch's CPU is not a round's
+        print(
+            f"{loader.label:48s} {statistics.median(runs):9.0f} {max(runs):9.0f} "
+            f"{statistics.median(runs) * loader.payload_bytes / args.num_small / 1e9:6.2f} "
+            f"{statistics.median(loader.main_cpu_s[timed]):18.3f} {statistics.median(loader.workers_cpu_s[timed]):8.3f}"
+        )
+    default, again, byte_collate, fresh = rates
+    print(f"\ndefault again / default (the noise):               {ratio_summary(paired_ratios(again, default))}")
+    print(f"ByteCollate / default, workers forked each epoch:  {ratio_summary(paired_ratios(byte_collate, fresh))}")
+    ratios = paired_ratios(byte_collate, default)
+    ratio = statistics.median(ratios)
+    few = "" if len(ratios) >= 5 else f"  (only {len(ratios)} rounds: use --rounds 9)"
+    print(
+        f"ByteCollate / default collate, {len(ratios)} paired epochs: {ratio_summary(ratios)}  "
+        f"target >= {TARGET:.2f}x  {'met' if ratio >= TARGET else 'NOT met'}{few}"
+    )
+    print("command: python bench/collate.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
