@@ -27,7 +27,7 @@ paired ratio, 3.00x or more. The from-construction rates (workers' start include
 ``bench/stream.py``'s ``loader-batched`` and ``loader-bytes`` readers.
 
 Usage:
-    python bench/collate.py [--num-small 30000] [--rounds 9] [--batch-size 64] [--workers 2]
+    python bench/collate.py [--num-small 30000] [--rounds 9] [--batch-size 64] [--workers 2] [--prefetch-factor 2]
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class Loader:
             batch_size=args.batch_size,
             num_workers=args.workers,
             persistent_workers=persistent,
+            prefetch_factor=args.prefetch_factor,
             timeout=120,  # a stuck worker is an error, not a hang
             **collate,
         )
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds (one epoch of each loader), >= 1")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader num_workers of every loader")
+    parser.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader prefetch_factor of every loader")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
@@ -130,8 +132,8 @@ def main() -> None:
         rates = interleaved_rates(epochs, args.rounds)
     print(
         f"\n{args.num_small} samples ({loaders[0].payload_bytes / 1e6:.0f} MB of payload) an epoch, "
-        f"DataLoader(num_workers={args.workers}, batch_size={args.batch_size}), {args.rounds} rounds, "
-        f"{os.cpu_count()} cores\n"
+        f"DataLoader(num_workers={args.workers}, batch_size={args.batch_size}, "
+        f"prefetch_factor={args.prefetch_factor}), {args.rounds} rounds, {os.cpu_count()} cores\n"
     )
     print(f"{'loader':48s} {'median/s':>9s} {'best/s':>9s} {'GB/s':>6s} {'CPU s/epoch: main':>18s} {'workers':>8s}")
     for loader, runs in zip(loaders, rates):
