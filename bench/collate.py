@@ -45,30 +45,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import small_corpus, write_file_list
+from procs import processes
 from timing import interleaved_rates, paired_ratios, ratio_summary
 
 from shardstream import ShardDataset, pack
 from shardstream.collate import ByteCollate
 
 TARGET = 3.0
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu_s() -> float:
-    """CPU seconds of this process's children: those alive (``/proc``) and those reaped."""
-    me, total = os.getpid(), 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[1]) == me:
-            total += (int(fields[11]) + int(fields[12])) * TICK_S
+    """CPU seconds of this process's children: those alive and those reaped."""
+    me = os.getpid()
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return total + reaped.ru_utime + reaped.ru_stime
+    return sum(p.cpu_s for p in processes().values() if p.ppid == me) + reaped.ru_utime + reaped.ru_stime
 
 
 class Loader:

@@ -23,24 +23,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import photo_corpus, tiny_corpus
+from procs import process_cpu_s, processes
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 
 
 def tree_rss_bytes(pid: int) -> tuple[int, int]:
     """(sum, max) of the resident memory of ``pid`` and its descendants, in bytes."""
+    table = processes()
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(entry))
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError):
-            continue
+    for child, proc in table.items():
+        children.setdefault(proc.ppid, []).append(child)
+    rss = {p: proc.rss_bytes for p, proc in table.items()}
     todo, total, largest = [pid], 0, 0
     while todo:
         p = todo.pop()
@@ -93,12 +87,6 @@ def shardwriter_pack(root: Path, out: Path) -> None:
                 with open(file.path, "rb") as f:
                     record[file.member_name.rsplit("/", 1)[-1].split(".", 1)[1]] = f.read()
             sink.write(record)
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds used so far by process ``pid`` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def s3_upload_limit(info, total_bytes: int, *, part_bytes: int = 16 << 20, inflight: int = 8) -> None:

@@ -111,6 +111,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import CACHE, photo_corpus, small_corpus, tiny_corpus
 from pack import tree_rss_bytes
+from procs import process_cpu_s
 
 BUCKET = "bench"
 IMAGE_EXT = "jpg"
@@ -905,12 +906,6 @@ class Result:
         if self.bytes:
             return self.bytes / self.seconds / 1e6
         return self.samples_per_s(num_samples) * payload_bytes / num_samples / 1e6
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds used so far by process ``pid`` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_reader(
