@@ -21,8 +21,9 @@ rounds are timed: one epoch of each loader a round, in an order rotated every ro
 rates of a round are compared pair by pair. The consumer counts each batch's samples and
 takes every payload's length, as a training loop hands them on (no decoding). Printed: each
 loader's median and best rate (samples/s and GB/s of payload); CPU seconds per epoch of the
-training process and of its workers (``/proc``, median over the rounds); the median and
-range of the paired ratios; and the target row: ``ByteCollate`` / ``default``, the median
+training process and of its workers (``/proc``) and the training process's voluntary
+context switches per epoch (``getrusage``: how often it blocked), medians over the rounds;
+the median and range of the paired ratios; and the target row: ``ByteCollate`` / ``default``, the median
 paired ratio, 3.00x or more. The from-construction rates (workers' start included) are
 ``bench/stream.py``'s ``loader-batched`` and ``loader-bytes`` readers.
 
@@ -33,6 +34,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import statistics
@@ -45,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import small_corpus, write_file_list
-from procs import processes
+from procs import process_cpu_s, processes
 from timing import interleaved_rates, paired_ratios, ratio_summary
 
 from shardstream import ShardDataset, pack
@@ -55,10 +57,21 @@ TARGET = 3.0
 
 
 def children_cpu_s() -> float:
-    """CPU seconds of this process's children: those alive and those reaped."""
+    """CPU seconds of this process's children (the DataLoaders' workers): those alive and
+    those reaped. The children are read from ``/proc/self/task/PID/children`` (the main
+    thread's: the DataLoaders fork their workers there), else from the process table."""
     me = os.getpid()
+    try:
+        with open(f"/proc/self/task/{me}/children") as f:
+            pids = [int(pid) for pid in f.read().split()]
+    except OSError:
+        pids = [pid for pid, proc in processes().items() if proc.ppid == me]
+    alive = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):  # it ended meanwhile: counted as reaped, or soon
+            alive += process_cpu_s(pid)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return sum(p.cpu_s for p in processes().values() if p.ppid == me) + reaped.ru_utime + reaped.ru_stime
+    return alive + reaped.ru_utime + reaped.ru_stime
 
 
 class Loader:
@@ -83,16 +96,19 @@ class Loader:
         self.payload_bytes = 0
         self.main_cpu_s: list[float] = []
         self.workers_cpu_s: list[float] = []
+        self.switches: list[int] = []  # the training process's voluntary context switches
 
     def epoch(self) -> Iterator[int]:
         self.epoch_number += 1
         self.dataset.set_epoch(self.epoch_number)
-        main, workers = time.process_time(), children_cpu_s()
+        workers = children_cpu_s()  # first: reading them is not the training process's CPU
+        switches, main = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw, time.process_time()
         payload = 0
         for batch in self.loader:
             payload += sum(len(v) for field, values in batch.items() if not field.startswith("__") for v in values)
             yield len(batch["__key__"])
         self.main_cpu_s.append(time.process_time() - main)
+        self.switches.append(resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches)
         self.workers_cpu_s.append(children_cpu_s() - workers)
         self.payload_bytes = payload
 
@@ -125,13 +141,17 @@ def main() -> None:
         f"DataLoader(num_workers={args.workers}, batch_size={args.batch_size}, "
         f"prefetch_factor={args.prefetch_factor}), {args.rounds} rounds, {os.cpu_count()} cores\n"
     )
-    print(f"{'loader':48s} {'median/s':>9s} {'best/s':>9s} {'GB/s':>6s} {'CPU s/epoch: main':>18s} {'workers':>8s}")
+    print(
+        f"{'loader':48s} {'median/s':>9s} {'best/s':>9s} {'GB/s':>6s} {'CPU s/epoch: main':>18s} {'workers':>8s} "
+        f"{'main vol. switches/epoch':>25s}"
+    )
     for loader, runs in zip(loaders, rates):
         timed = slice(1, None)  # the warm-up epoch's CPU is not a round's
+        main_s, workers_s = statistics.median(loader.main_cpu_s[timed]), statistics.median(loader.workers_cpu_s[timed])
         print(
             f"{loader.label:48s} {statistics.median(runs):9.0f} {max(runs):9.0f} "
             f"{statistics.median(runs) * loader.payload_bytes / args.num_small / 1e9:6.2f} "
-            f"{statistics.median(loader.main_cpu_s[timed]):18.3f} {statistics.median(loader.workers_cpu_s[timed]):8.3f}"
+            f"{main_s:18.3f} {workers_s:8.3f} {statistics.median(loader.switches[timed]):25.0f}"
         )
     default, again, byte_collate, fresh = rates
     print(f"\ndefault again / default (the noise):               {ratio_summary(paired_ratios(again, default))}")

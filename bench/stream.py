@@ -1075,7 +1075,7 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             " s",
         ),
         (
-            "small, 2 workers: ByteCollate / default collate, once running (no target: bench/collate.py)",
+            "small, 2 workers: ByteCollate / default, once running (no target)",
             ("small:loader-bytes-epochs", "small:loader-batched-epochs"),
             ratio("small:loader-bytes-epochs", "small:loader-batched-epochs"),
             0.0,
@@ -1083,7 +1083,7 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             "x",
         ),
         (
-            "small, 2 workers: the same from construction, the workers' start in it (no target)",
+            "small, 2 workers: the same from construction (no target)",
             ("small:loader-bytes", "small:loader-batched"),
             ratio("small:loader-bytes", "small:loader-batched"),
             0.0,
