@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .reading.slicer import FileRun
 from .storage.shm import SharedFile
 
 __all__ = ["ByteBatch", "ByteCollate"]
@@ -57,13 +58,16 @@ MAX_SLOTS = 256  # a worker's slots (one control byte each); beyond, a batch is 
 _MIN_SLOT_BYTES = 1 << 20
 
 
-class ByteBatch(collections.abc.Mapping):  # type: ignore[type-arg]
+class ByteBatch:
     """A batch of samples whose ``bytes`` members lie in one ``uint8`` block (module doc).
 
-    As a mapping it reads like the default collate's dict of lists: ``batch["__key__"]`` the
-    samples' keys, ``batch[field]`` for each member field a sequence of ``memoryview`` s (one a
-    sample, in order, into :attr:`data`), and the samples' other fields (``"__shard__"``,
-    ``"__source__"``, values that are not bytes) as lists.
+    It reads like the default collate's dict of lists (``keys()``, ``items()``, ``[...]``,
+    ``dict(batch)``): ``batch["__key__"]`` the samples' keys, ``batch[field]`` for each member
+    field a sequence of ``memoryview`` s (one a sample, in order, into :attr:`data`), and the
+    samples' other fields (``"__shard__"``, ``"__source__"``, values that are not bytes) as
+    lists. It is not a ``collections.abc.Mapping``, so that torch's ``default_convert``
+    (``DataLoader(batch_size=None)``), ``pin_memory`` and frameworks that rebuild mappings
+    (moving a batch to a device) hand it on as it is rather than take it apart.
 
     Attributes:
         data: ``torch.uint8`` tensor of shape ``(payload_bytes,)`` on the CPU (in shared
@@ -154,6 +158,21 @@ class ByteBatch(collections.abc.Mapping):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return 1 + len(self.fields) + len(self.extras)
 
+    def __contains__(self, field: object) -> bool:
+        return field == "__key__" or field in self.fields or field in self.extras
+
+    def keys(self) -> list[str]:
+        return list(self)
+
+    def values(self) -> list[Sequence[Any]]:
+        return [self[field] for field in self]
+
+    def items(self) -> list[tuple[str, Sequence[Any]]]:
+        return [(field, self[field]) for field in self]
+
+    def get(self, field: str, default: Any = None) -> Any:
+        return self[field] if field in self else default
+
     def arrays(self, field: str) -> list[np.ndarray]:
         """The samples' ``field`` payloads as ``uint8`` numpy views into :attr:`data`."""
         f, step = self.fields.index(field), len(self.fields)
@@ -237,7 +256,9 @@ class ByteCollate:
 
     label_field: str | None = None
 
-    def __call__(self, samples: Sequence[dict[str, Any]]) -> ByteBatch:
+    def __call__(self, samples: Sequence[dict[str, Any]] | ByteBatch) -> ByteBatch:
+        if isinstance(samples, ByteBatch):  # made by the dataset (ShardDataset(collate=...)): as it is
+            return samples
         if not samples:
             raise ValueError("ByteCollate: an empty batch")
         first, label_field = samples[0], self.label_field
@@ -288,6 +309,67 @@ class ByteCollate:
             extras=extras,
             slot=slot,
         )
+
+    def gather(self, pieces: Sequence[tuple[FileRun, int, int]]) -> ByteBatch | None:
+        """One batch read straight from local shard files: samples ``i`` to ``j - 1`` of each
+        ``(run, i, j)``, in order, their payloads read into the block by ``preadv`` (no
+        sample dict, no ``bytes`` object, one copy); what :class:`~shardstream.ShardDataset`
+        calls with ``collate=ByteCollate(...)`` for reads in shard order. None: the runs hold
+        different members (the caller collates their samples instead, which names them).
+
+        Raises:
+            CorruptShardError: a shard is shorter than its index says, or a header disagrees
+                with it (naming shard, member and byte).
+            ValueError: a label is not an integer (naming shard and key).
+        """
+        extensions = pieces[0][0].extensions
+        if any(run.extensions != extensions for run, _, _ in pieces):
+            return None
+        label = self.label_field
+        aside = extensions.index(label) if label in extensions else None
+        if label is not None and aside is None:
+            return None
+        fields = tuple(e for e in extensions if e != label)
+        kept = [run.kept_sizes(i, j, aside) for run, i, j in pieces]
+        ends = np.zeros(sum(map(len, kept)) + 1, np.int64)
+        np.cumsum(np.fromiter(itertools.chain.from_iterable(kept), np.int64, len(ends) - 1), out=ends[1:])
+        keys = list(itertools.chain.from_iterable(run.keys[i:j] for run, i, j in pieces))
+        total = int(ends[-1])
+        at = _aligned(total)
+        block, slot = _block(at + 8 * (len(ends) + (len(keys) if label is not None else 0)))
+        out = memoryview(block)
+        labels: list[int] = []
+        put = 0
+        for (run, i, j), part in zip(pieces, kept):
+            size = sum(part)
+            raw = run.read_into(i, j, out[put : put + size], aside=aside)
+            put += size
+            if label is not None:
+                labels += _labels(raw, run, i, label)
+        block[at : at + 8 * len(ends)].view(np.int64)[:] = ends
+        if label is not None:
+            block[at + 8 * len(ends) :].view(np.int64)[:] = labels
+        shards = list(itertools.chain.from_iterable(itertools.repeat(run.url, j - i) for run, i, j in pieces))
+        return ByteBatch(
+            block,
+            payload_bytes=total,
+            fields=fields,
+            keys=keys,
+            has_labels=label is not None,
+            extras={"__shard__": shards},
+            slot=slot,
+        )
+
+
+def _labels(raw: list[bytes], run: FileRun, first: int, field: str) -> list[int]:
+    """Integer labels of samples ``first`` on of ``run``, from their ``field`` members."""
+    try:
+        return list(map(int, raw))
+    except ValueError:
+        return [
+            _label({"__key__": key, "__shard__": run.url, field: value}, field)
+            for key, value in zip(run.keys[first:], raw)
+        ]
 
 
 def _aligned(n: int) -> int:

@@ -31,6 +31,7 @@ from .reading.epochs import EpochBoard, PassState, PassView
 from .reading.mixture import Source
 from .reading.schedule import STATE_FORMAT, EpochSchedule, MixtureSchedule
 from .reading.shards import BareShards, IndexedShards
+from .reading.slicer import FileRun
 from .reading.stats import ReaderStats, StatsBoard, StatsSnapshot
 from .tarstream import Batch
 
@@ -116,6 +117,15 @@ class ShardDataset(IterableDataset):
             of ``num_workers > 1`` workers ends with its own short batch, up to
             ``num_workers - 1`` batches more than ``len(loader)``, which such loops never
             read (logged once). None: the DataLoader does not batch, or has one worker.
+        collate: make each reader (each DataLoader worker) hand out whole batches:
+            ``collate(samples)`` of every ``batch_size`` consecutive samples it reads (its
+            last batch short), as a DataLoader's ``collate_fn`` would; read such a dataset
+            with ``DataLoader(dataset, batch_size=None)``, and ``len(dataset)`` counts
+            batches. With :class:`shardstream.collate.ByteCollate` and reads in shard order
+            (``shuffle=False``, or ``shuffle_buffer=0``) from local shards, a batch is read
+            straight from the shard files into its shared-memory block (one ``preadv`` a
+            batch, no sample objects: about 1.5x the rate of ``ByteCollate`` as a
+            ``collate_fn`` with 2 workers on 2 cores). Needs ``batch_size``. None: samples.
         verify_checksums: check each shard read whole against the CRC-32 in the index (one
             more pass over the bytes: about half the local read speed); a mismatch is a
             CorruptShardError (or skipped, see ``on_error``). Runs that are byte ranges of a
@@ -142,7 +152,8 @@ class ShardDataset(IterableDataset):
     Yields:
         dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``, one entry
         per member extension (decoded as ``decode`` says); of a mixture, also
-        ``"__source__"``: the source's name.
+        ``"__source__"``: the source's name. With ``collate``, what it makes of each batch
+        of them.
 
     Raises:
         ValueError: a bad argument, or a bad mixture (each message names the source), or
@@ -176,12 +187,20 @@ class ShardDataset(IterableDataset):
         epoch_samples: int | None = None,
         mix: str = "stratified",
         replication: int = 1,
+        collate: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "skip"):
             raise ValueError(f"{on_error=} must be 'raise' or 'skip'")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"{batch_size=} must be an int >= 1 (the DataLoader's) or None")
+        if collate is not None and (batch_size is None or not callable(collate)):
+            raise ValueError(
+                "collate= makes the dataset hand out batches of batch_size samples: pass batch_size=... too (and "
+                "read it with DataLoader(dataset, batch_size=None))"
+                if batch_size is None
+                else f"collate={collate!r} must be callable (a DataLoader collate_fn)"
+            )
         if not isinstance(max_open_shards, int) or max_open_shards < 1:
             raise ValueError(f"{max_open_shards=} must be an int >= 1")
         if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
@@ -199,6 +218,7 @@ class ShardDataset(IterableDataset):
         self.log_every_s = log_every_s
         self.resampled = resampled
         self.replication = replication
+        self.collate = collate
         sources = _sources_of(source)
         if sources is not None and len(sources) == 1 and sources[0].rule() == {"repeat": 1.0} and epoch_samples is None:
             source, sources = sources[0].location, None  # one whole source: a plain dataset
@@ -362,7 +382,8 @@ class ShardDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Samples this rank yields in the pass in progress or, when none is, in the next
-        pass: the same on every rank. After :meth:`load_state_dict` of a
+        pass: the same on every rank; with ``collate``, its batches (the samples divided by
+        ``batch_size``, rounded up). After :meth:`load_state_dict` of a
         ``state_dict(samples_consumed)`` checkpoint: those still to come in its epoch; after a
         ``StatefulDataLoader`` checkpoint, the epoch's whole count, as that loader (and
         Lightning, which counts batches from the epoch's start) expects.
@@ -373,7 +394,8 @@ class ShardDataset(IterableDataset):
         if not self._exact:
             raise TypeError("len() needs a dataset with an index (written by shardstream pack) and resampled=False")
         slot = self._slot()
-        return self._schedule.rank_count(self._epochs.view(rank=slot.rank).upcoming, slot)
+        count = self._schedule.rank_count(self._epochs.view(rank=slot.rank).upcoming, slot)
+        return count if self.collate is None else -(-count // self.batch_size)
 
     def state_dict(
         self, samples_consumed: int | None = None, *, batch_size: int | None = None, num_workers: int | None = None
@@ -523,7 +545,8 @@ class ShardDataset(IterableDataset):
                     stats=stats,
                 )
             else:
-                samples = self._engine.read_plan(mine, fetch=fetch, stats=stats)  # type: ignore[arg-type]
+                file_runs = hasattr(self.collate, "gather") and self.decode is None and self.on_error == "raise"
+                samples = self._engine.read_plan(mine, fetch=fetch, stats=stats, file_runs=file_runs)  # type: ignore[arg-type]
         else:
             if self.resampled:
                 samples = self._engine.read_resampled(
@@ -537,7 +560,64 @@ class ShardDataset(IterableDataset):
                 samples = shuffled(
                     samples, capacity_samples=self.shuffle_buffer, seed=(self.seed, state.epoch, slot.index)
                 )
-        return self._deliver(samples, slot, stats, worker_id)
+        delivered = self._deliver(samples, slot, stats, worker_id)
+        return delivered if self.collate is None else self._batched(delivered, stats)
+
+    def _batched(self, items: Iterator[Any], stats: ReaderStats) -> Iterator[Any]:
+        """``collate`` of each ``batch_size`` consecutive samples of ``items`` (the last batch
+        short). A batch of :class:`~shardstream.reading.slicer.FileRun` pieces goes to the
+        collate's ``gather`` (read straight from the files), counted here; one that mixes them
+        with samples, or that ``gather`` declines, is collated from samples."""
+        size, collate = self.batch_size, self.collate
+        gather = getattr(collate, "gather", None)
+        pieces: list[tuple[FileRun, int, int]] = []
+        samples: list[Any] = []
+        for item in items:
+            if type(item) is FileRun:
+                i = 0
+                while i < item.num_samples:
+                    j = min(item.num_samples, i + size - len(samples) - sum(b - a for _, a, b in pieces))
+                    if samples:  # the batch began with samples: these come as samples too
+                        samples += self._file_samples([(item, i, j)], stats)
+                    else:
+                        pieces.append((item, i, j))
+                    i = j
+                    if len(samples) + sum(b - a for _, a, b in pieces) == size:
+                        yield self._collated(pieces, samples, gather, stats)
+                        pieces, samples = [], []
+                continue
+            if pieces:
+                samples, pieces = self._file_samples(pieces, stats), []
+            samples.append(item)
+            if len(samples) == size:
+                yield collate(samples)  # type: ignore[misc]
+                samples = []
+        if pieces or samples:
+            yield self._collated(pieces, samples, gather, stats)
+
+    def _collated(
+        self, pieces: list[tuple[FileRun, int, int]], samples: list[Any], gather: Any, stats: ReaderStats
+    ) -> Any:
+        """One batch: ``pieces`` gathered (counted as delivered here) or ``samples`` collated."""
+        if pieces:
+            batch = gather(pieces)
+            if batch is None:  # the collate takes samples for these: it names what differs
+                return self.collate(self._file_samples(pieces, stats))  # type: ignore[misc]
+            count = sum(j - i for _, i, j in pieces)
+            stats.samples(count, batch.nbytes)
+            self._yielded += count
+            return batch
+        return self.collate(samples)  # type: ignore[misc]
+
+    def _file_samples(self, pieces: list[tuple[FileRun, int, int]], stats: ReaderStats) -> list[dict[str, Any]]:
+        """The samples of ``pieces`` (file runs' samples ``i`` to ``j - 1``) as dicts, counted."""
+        out: list[dict[str, Any]] = []
+        for run, i, j in pieces:
+            got = run.samples(i, j)
+            stats.samples(len(got), int(run.payload_sizes(i, j).sum()))
+            out += got
+        self._yielded += len(out)
+        return out
 
     def _deliver(
         self, batches: Iterator[Batch], slot: WorkerSlot, stats: ReaderStats, worker_id: int | None
@@ -551,6 +631,9 @@ class ShardDataset(IterableDataset):
             batches = repeat_over_skips(batches, decode, stats)
             decode = None
         for batch in batches:
+            if type(batch) is FileRun:  # read by the batcher (_batched), which counts it
+                yield batch
+                continue
             stats.samples(len(batch), batch.nbytes)
             if time.monotonic() >= next_log:
                 log.info("%s", self.stats().log_line())
@@ -593,6 +676,13 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
         )
     if getattr(loader, "in_order", True) is False:
         raise ValueError("DataLoader(in_order=False) delivers batches in no fixed order; a checkpoint needs in_order")
+    if dataset.collate is not None:  # the dataset makes the batches
+        if loader.batch_size is not None:
+            raise ValueError(
+                f"ShardDataset(collate=...) hands out batches of {dataset.batch_size}, but the DataLoader batches them "
+                f"again (batch_size={loader.batch_size}); read it with DataLoader(dataset, batch_size=None)"
+            )
+        return dataset.state_dict(samples_consumed, batch_size=dataset.batch_size, num_workers=loader.num_workers)
     if dataset.batch_size is not None and dataset.batch_size != loader.batch_size:
         raise ValueError(
             f"ShardDataset(batch_size={dataset.batch_size}) but the DataLoader's batch_size is {loader.batch_size}; "

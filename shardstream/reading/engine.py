@@ -46,13 +46,14 @@ from ..config import FetchConfig, S3Config
 from ..errors import CorruptShardError, DecodeError, ShardNotFoundError
 from ..index import ShardTable
 from ..shuffle import shuffle_buffer
+from ..storage.base import is_remote_url
 from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Batch, Hashed, iter_sample_batches, stream_chunks
 from .mixplan import MixWorkerPlan
 from .plan import PlanRun, WorkerPlan, ramp_samples, without
 from .shards import ShardSet
-from .slicer import RunSlices, iter_sliced_batches
+from .slicer import FileRun, RunSlices, iter_sliced_batches
 from .stats import ReaderStats
 
 __all__ = ["ReadingEngine", "read_mixed", "repeat_over_skips", "share_buffer", "shuffled"]
@@ -98,7 +99,9 @@ class ReadingEngine:
     def __repr__(self) -> str:
         return f"ReadingEngine({self.shards!r}, on_error={self.on_error!r})"
 
-    def read_plan(self, plan: WorkerPlan, *, fetch: FetchConfig, stats: ReaderStats) -> Iterator[Batch]:
+    def read_plan(
+        self, plan: WorkerPlan, *, fetch: FetchConfig, stats: ReaderStats, file_runs: bool = False
+    ) -> Iterator[Batch | FileRun]:
         """A worker's samples in its plan's emission order, in batches, skipping those
         delivered before a resume: each lane reads its runs (byte ranges of shards, from the
         index), arrivals follow the plan's interleaving, and a sample is held only until its
@@ -106,7 +109,12 @@ class ReadingEngine:
         the interleaving and the emission order are drawn as samples come, so a piece of 10^8
         samples costs what one of 10^4 does before its first sample, but for its runs
         (O(shards)). One lane in arrival order (``shuffle=False``) hands its batches on as
-        they are read."""
+        they are read.
+
+        With ``file_runs``, such a reader hands on each run of a local shard with a table
+        whose samples all hold the same members as a :class:`~.slicer.FileRun`, unread, for
+        the consumer to read straight into its own buffers (its other runs, and every run of
+        a reader that mixes lanes or shuffles, as batches)."""
         if plan.skip >= plan.count:
             return
         emissions = plan.emissions()
@@ -116,7 +124,7 @@ class ReadingEngine:
         if plan.lanes == 1 and (plan.capacity <= 1 or plan.count <= 1):  # arrival order, one lane
             if plan.skip:
                 lane_runs[0] = without(lane_runs[0], np.arange(plan.skip, dtype=np.int64))
-            yield from self._read_runs(lane_runs[0], fetch, stats)
+            yield from self._read_runs(lane_runs[0], fetch, stats, file_runs=file_runs)
             return
         skipped = np.zeros(0, dtype=bool)  # by arrival index: delivered before the resume
         if plan.skip:
@@ -162,7 +170,9 @@ class ReadingEngine:
             for _ in samples:
                 raise AssertionError("internal error: a lane read beyond its plan")
 
-    def _read_runs(self, runs: list[PlanRun], fetch: FetchConfig, stats: ReaderStats) -> Iterator[Batch]:
+    def _read_runs(
+        self, runs: list[PlanRun], fetch: FetchConfig, stats: ReaderStats, *, file_runs: bool = False
+    ) -> Iterator[Batch | FileRun]:
         """The wanted samples of each run in order, in batches, reading each run as one byte
         range of its shard (the whole shard when the run covers it; else the range from the
         shard's sample table); with ``on_error="skip"``, None for each sample of a run a
@@ -195,7 +205,7 @@ class ReadingEngine:
         # The streams come first in the zip, so the generator runs to its end after the last
         # run: that is where it finishes and commits the last shard's cache entry.
         for r, ((url, stream), run, byte_range) in enumerate(zip(streams, runs, ranges)):
-            batches = self._read_run(url, stream, run, byte_range, tables.get(r))
+            batches = self._read_run(url, stream, run, byte_range, tables.get(r), file_runs=file_runs)
             yield from _skip_corrupt(batches, run, url) if self.on_error == "skip" else batches
 
     def _read_run(
@@ -205,8 +215,12 @@ class ReadingEngine:
         run: PlanRun,
         byte_range: tuple[int, int] | None,
         table_of: Callable[[], ShardTable],
-    ) -> Iterator[Batch]:
-        """The wanted samples of one run, in batches, checked against the index.
+        *,
+        file_runs: bool = False,
+    ) -> Iterator[Batch | FileRun]:
+        """The wanted samples of one run, in batches, checked against the index; with
+        ``file_runs``, a run of a local shard (read in place, table at hand, the same members
+        in every sample, no checksum to verify) as one unread :class:`~.slicer.FileRun`.
 
         Members are sliced at the offsets of the shard's table (``table_of()``) and each
         header is checked against it (:mod:`shardstream.reading.slicer`); a whole shard whose
@@ -225,6 +239,10 @@ class ReadingEngine:
             table = None  # a whole shard reads without its table, parsed
         if table is not None:
             slices = RunSlices(table, run.indices(), url=url)
+            path = getattr(stream, "path", None)  # a local shard's (a cache entry's may be evicted: not those)
+            if file_runs and checked is None and path and not is_remote_url(url) and slices.uniform is not None:
+                yield FileRun(path, slices)
+                return
             yield from iter_sliced_batches(
                 stream_chunks(stream, grouped=True), slices, base_offset=byte_range[0] if byte_range else 0
             )

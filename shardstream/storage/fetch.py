@@ -590,6 +590,8 @@ class _MappedFile:
     """
 
     def __init__(self, f: Any, byte_range: tuple[int, int] | None = None) -> None:
+        name = getattr(f, "name", None)
+        self.path: str | None = os.fspath(name) if isinstance(name, (str, os.PathLike)) else None  # the file's
         self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
             self._map.madvise(mmap.MADV_SEQUENTIAL)
