@@ -450,6 +450,10 @@ class DaliLoader:
             raise ValueError(f"dataset must be a ShardDataset, not {type(dataset).__name__}")
         if dataset.decode is not None:
             raise ValueError("construct the ShardDataset with decode=None: DALI decodes the raw bytes")
+        if dataset.collate is not None:
+            raise ValueError(
+                "construct the ShardDataset without collate=: DaliLoader makes its own batches of the samples"
+            )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"{batch_size=} must be an int >= 1")
         if last_batch not in ("partial", "drop"):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from shardstream import ShardDataset, pack
+from shardstream.collate import ByteCollate
 from shardstream.errors import DecodeError
 from shardstream.testing.synth import make_image_dataset
 
@@ -248,6 +249,8 @@ def test_bad_members_are_named(images_dir, tmp_path):
         list(DaliLoader(ShardDataset(images_dir), batch_size=4, image_ext="png", device_id=None))
     with pytest.raises(ValueError, match="decode=None"):
         DaliLoader(ShardDataset(images_dir, decode="torch"), batch_size=4, device_id=None)
+    with pytest.raises(ValueError, match="without collate="):
+        DaliLoader(ShardDataset(images_dir, batch_size=4, collate=ByteCollate()), batch_size=4, device_id=None)
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jpg").write_bytes(np.zeros(10, np.uint8).tobytes())
