@@ -4,16 +4,18 @@ Issue 28's target: raw bytes through ``DataLoader(num_workers=2)`` at 3x or more
 rate (torch's default collate) on the small corpus, in the same run. The corpus is
 ``bench/corpus.py``'s small one (30,000 JPEGs of ~17 KB and a ``.cls`` label each, ~515 MB),
 packed by ``shardstream.pack`` into 64 MiB shards on local disk, which stay in the page cache.
-Every loader is ``ShardDataset(shuffle=False, batch_size=64)`` through
-``DataLoader(num_workers=2, batch_size=64)``:
+Every loader reads ``ShardDataset(shuffle=False, batch_size=64)`` with
+``DataLoader(num_workers=2)``, persistent workers unless said:
 
-  - ``default``: torch's default collate (a batch is pickled through the workers' pipe),
-    persistent workers;
+  - ``default``: torch's default collate (a batch is pickled through the workers' pipe);
   - ``default again``: a second, identical loader: the ratio of the two is the run's noise;
-  - ``ByteCollate``: ``shardstream.collate.ByteCollate`` (a batch's payloads in a worker's
-    shared-memory slot; its name and layout are pickled), persistent workers;
+  - ``ByteCollate as collate_fn``: ``shardstream.collate.ByteCollate`` as the DataLoader's
+    ``collate_fn`` (a batch's payloads in a worker's shared-memory slot; its name and layout
+    are pickled);
   - ``default, fresh workers``: torch's default collate with ``persistent_workers=False``
-    (torch's default), whose workers are forked and joined in every epoch's time.
+    (torch's default), whose workers are forked and joined in every epoch's time;
+  - ``ShardDataset(collate=ByteCollate())`` through ``DataLoader(batch_size=None)``: each
+    worker reads a batch straight from the shard files into its slot (``FileRun``).
 
 Each loader reads one untimed epoch (its persistent workers start there), then ``--rounds``
 rounds are timed: one epoch of each loader a round, in an order rotated every round
@@ -23,8 +25,8 @@ takes every payload's length, as a training loop hands them on (no decoding). Pr
 loader's median and best rate (samples/s and GB/s of payload); CPU seconds per epoch of the
 training process and of its workers (``/proc``) and the training process's voluntary
 context switches per epoch (``getrusage``: how often it blocked), medians over the rounds;
-the median and range of the paired ratios; and the target row: ``ByteCollate`` / ``default``, the median
-paired ratio, 3.00x or more. The from-construction rates (workers' start included) are
+the median and range of the paired ratios; and a target row for each ``ByteCollate`` way
+against ``default``: the median paired ratio, 3.00x or more. The from-construction rates (workers' start included) are
 ``bench/stream.py``'s ``loader-batched`` and ``loader-bytes`` readers.
 
 Usage:
@@ -77,20 +79,24 @@ def children_cpu_s() -> float:
 class Loader:
     """One timed loader: its epochs (a count of samples a batch), payload bytes and CPU."""
 
-    def __init__(self, label: str, source: str, args: argparse.Namespace, *, bytes_collate: bool, persistent: bool):
+    def __init__(self, label: str, source: str, args: argparse.Namespace, *, collate: str, persistent: bool = True):
+        """``collate``: "default" (torch's), "bytes" (``ByteCollate`` as the DataLoader's
+        ``collate_fn``) or "dataset" (``ShardDataset(collate=ByteCollate())``, the batches
+        made by the dataset, ``DataLoader(batch_size=None)``)."""
         from torch.utils.data import DataLoader
 
         self.label = label
-        self.dataset = ShardDataset(source, shuffle=False, batch_size=args.batch_size)
-        collate = {"collate_fn": ByteCollate()} if bytes_collate else {}
+        in_dataset = {"collate": ByteCollate()} if collate == "dataset" else {}
+        self.dataset = ShardDataset(source, shuffle=False, batch_size=args.batch_size, **in_dataset)
+        collate_fn = {"collate_fn": ByteCollate()} if collate == "bytes" else {}
         self.loader = DataLoader(
             self.dataset,
-            batch_size=args.batch_size,
+            batch_size=None if in_dataset else args.batch_size,
             num_workers=args.workers,
             persistent_workers=persistent,
             prefetch_factor=args.prefetch_factor,
             timeout=120,  # a stuck worker is an error, not a hang
-            **collate,
+            **collate_fn,
         )
         self.epoch_number = 0
         self.payload_bytes = 0
@@ -129,10 +135,11 @@ def main() -> None:
         files = write_file_list(corpus, Path(tmp, "files.txt"))
         pack(corpus, source, max_shard_bytes=64 << 20, files_from=files, progress=False)
         loaders = [
-            Loader("default collate (pickled), persistent workers", source, args, bytes_collate=False, persistent=True),
-            Loader("the same again (the noise)", source, args, bytes_collate=False, persistent=True),
-            Loader("ByteCollate, persistent workers", source, args, bytes_collate=True, persistent=True),
-            Loader("default collate, workers forked each epoch", source, args, bytes_collate=False, persistent=False),
+            Loader("default collate (pickled), persistent workers", source, args, collate="default"),
+            Loader("the same again (the noise)", source, args, collate="default"),
+            Loader("ByteCollate as collate_fn, persistent workers", source, args, collate="bytes"),
+            Loader("default collate, workers forked each epoch", source, args, collate="default", persistent=False),
+            Loader("ShardDataset(collate=ByteCollate()), persistent", source, args, collate="dataset"),
         ]
         epochs: list[Callable[[], Any]] = [loader.epoch for loader in loaders]
         rates = interleaved_rates(epochs, args.rounds)
@@ -153,16 +160,21 @@ def main() -> None:
             f"{statistics.median(runs) * loader.payload_bytes / args.num_small / 1e9:6.2f} "
             f"{main_s:18.3f} {workers_s:8.3f} {statistics.median(loader.switches[timed]):25.0f}"
         )
-    default, again, byte_collate, fresh = rates
-    print(f"\ndefault again / default (the noise):               {ratio_summary(paired_ratios(again, default))}")
-    print(f"ByteCollate / default, workers forked each epoch:  {ratio_summary(paired_ratios(byte_collate, fresh))}")
-    ratios = paired_ratios(byte_collate, default)
-    ratio = statistics.median(ratios)
-    few = "" if len(ratios) >= 5 else f"  (only {len(ratios)} rounds: use --rounds 9)"
-    print(
-        f"ByteCollate / default collate, {len(ratios)} paired epochs: {ratio_summary(ratios)}  "
-        f"target >= {TARGET:.2f}x  {'met' if ratio >= TARGET else 'NOT met'}{few}"
-    )
+    default, again, byte_collate, fresh, in_dataset = rates
+    print(f"\ndefault again / default (the noise):                 {ratio_summary(paired_ratios(again, default))}")
+    print(f"ByteCollate as collate_fn / default, fresh workers:  {ratio_summary(paired_ratios(byte_collate, fresh))}")
+    print(f"ShardDataset(collate=) / default, fresh workers:     {ratio_summary(paired_ratios(in_dataset, fresh))}")
+    over = ratio_summary(paired_ratios(in_dataset, byte_collate))
+    print(f"ShardDataset(collate=) / ByteCollate as collate_fn:  {over}")
+    few = "" if args.rounds >= 5 else f"  (only {args.rounds} rounds: use --rounds 9)"
+    ways = (("ByteCollate as collate_fn", byte_collate), ("ShardDataset(collate=ByteCollate())", in_dataset))
+    for label, runs in ways:
+        ratios = paired_ratios(runs, default)
+        ratio = statistics.median(ratios)
+        print(
+            f"{label} / default collate, {len(ratios)} paired epochs: {ratio_summary(ratios)}  "
+            f"target >= {TARGET:.2f}x  {'met' if ratio >= TARGET else 'NOT met'}{few}"
+        )
     print("command: python bench/collate.py " + " ".join(sys.argv[1:]))
 
 
