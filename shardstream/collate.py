@@ -294,21 +294,11 @@ class ByteCollate:
         total = int(ends[-1])
         at = _aligned(total)
         block, slot = _block(at + 8 * (len(ends) + len(labels)))
-        block[at : at + 8 * len(ends)].view(np.int64)[:] = ends
-        if labels:
-            block[at + 8 * len(ends) :].view(np.int64)[:] = labels
         out = memoryview(block)
         for payload, a, b in zip(payloads, ends[:-1].tolist(), ends[1:].tolist()):
             out[a:b] = payload
-        return ByteBatch(
-            block,
-            payload_bytes=total,
-            fields=fields,
-            keys=keys,
-            has_labels=label_field is not None,
-            extras=extras,
-            slot=slot,
-        )
+        labelled = label_field is not None
+        return _written(block, slot, ends, labels, fields=fields, keys=keys, labelled=labelled, extras=extras)
 
     def gather(self, pieces: Sequence[tuple[FileRun, int, int]]) -> ByteBatch | None:
         """One batch read straight from local shard files: samples ``i`` to ``j - 1`` of each
@@ -346,19 +336,31 @@ class ByteCollate:
             put += size
             if label is not None:
                 labels += _labels(raw, run, i, label)
-        block[at : at + 8 * len(ends)].view(np.int64)[:] = ends
-        if label is not None:
-            block[at + 8 * len(ends) :].view(np.int64)[:] = labels
         shards = list(itertools.chain.from_iterable(itertools.repeat(run.url, j - i) for run, i, j in pieces))
-        return ByteBatch(
-            block,
-            payload_bytes=total,
-            fields=fields,
-            keys=keys,
-            has_labels=label is not None,
-            extras={"__shard__": shards},
-            slot=slot,
-        )
+        extras = {"__shard__": shards}
+        return _written(block, slot, ends, labels, fields=fields, keys=keys, labelled=label is not None, extras=extras)
+
+
+def _written(
+    block: np.ndarray,
+    slot: tuple[str, str, int] | None,
+    ends: np.ndarray,
+    labels: list[int],
+    *,
+    fields: tuple[str, ...],
+    keys: list[str],
+    labelled: bool,
+    extras: dict[str, list[Any]],
+) -> ByteBatch:
+    """The batch of ``block``, whose payloads are in place: its offsets (``ends``) and
+    ``labels`` are put after them (module doc's layout)."""
+    at = _aligned(int(ends[-1]))
+    block[at : at + 8 * len(ends)].view(np.int64)[:] = ends
+    if labelled:
+        block[at + 8 * len(ends) :].view(np.int64)[:] = labels
+    return ByteBatch(
+        block, payload_bytes=int(ends[-1]), fields=fields, keys=keys, has_labels=labelled, extras=extras, slot=slot
+    )
 
 
 def _labels(raw: list[bytes], run: FileRun, first: int, field: str) -> list[int]:
