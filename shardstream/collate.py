@@ -61,8 +61,9 @@ _MIN_SLOT_BYTES = 1 << 20
 class ByteBatch:
     """A batch of samples whose ``bytes`` members lie in one ``uint8`` block (module doc).
 
-    It reads like the default collate's dict of lists (``keys()``, ``items()``, ``[...]``,
-    ``dict(batch)``): ``batch["__key__"]`` the samples' keys, ``batch[field]`` for each member
+    It reads like the default collate's dict of lists (``batch[name]``, ``in``, ``iter``,
+    ``items()``, ``values()``, ``get()``; ``batch.keys`` is the samples' keys, a list, not the
+    dict method): ``batch["__key__"]`` the samples' keys, ``batch[field]`` for each member
     field a sequence of ``memoryview`` s (one a sample, in order, into :attr:`data`), and the
     samples' other fields (``"__shard__"``, ``"__source__"``, values that are not bytes) as
     lists. It is not a ``collections.abc.Mapping``, so that torch's ``default_convert``
@@ -161,9 +162,6 @@ class ByteBatch:
     def __contains__(self, field: object) -> bool:
         return field == "__key__" or field in self.fields or field in self.extras
 
-    def keys(self) -> list[str]:
-        return list(self)
-
     def values(self) -> list[Sequence[Any]]:
         return [self[field] for field in self]
 
@@ -261,6 +259,11 @@ class ByteCollate:
             return samples
         if not samples:
             raise ValueError("ByteCollate: an empty batch")
+        if isinstance(samples[0], ByteBatch):
+            raise ValueError(
+                "ByteCollate got a list of batches: the dataset makes them already (ShardDataset(collate=...)); "
+                "read it with DataLoader(dataset, batch_size=None)"
+            )
         first, label_field = samples[0], self.label_field
         fields = tuple(
             f for f, v in first.items() if f != label_field and isinstance(v, (bytes, bytearray, memoryview))
@@ -330,12 +333,17 @@ class ByteCollate:
         out = memoryview(block)
         labels: list[int] = []
         put = 0
-        for (run, i, j), part in zip(pieces, kept):
-            size = sum(part)
-            raw = run.read_into(i, j, out[put : put + size], aside=aside)
-            put += size
-            if label is not None:
-                labels += _labels(raw, run, i, label)
+        try:
+            for (run, i, j), part in zip(pieces, kept):
+                size = sum(part)
+                raw = run.read_into(i, j, out[put : put + size], aside=aside)
+                put += size
+                if label is not None:
+                    labels += _labels(raw, run, i, label)
+        except BaseException:
+            del out
+            _release(slot)  # the batch is not made: its slot is free again
+            raise
         shards = list(itertools.chain.from_iterable(itertools.repeat(run.url, j - i) for run, i, j in pieces))
         extras = {"__shard__": shards}
         return _written(block, slot, ends, labels, fields=fields, keys=keys, labelled=label is not None, extras=extras)
@@ -372,6 +380,13 @@ def _labels(raw: list[bytes], run: FileRun, first: int, field: str) -> list[int]
             _label({"__key__": key, "__shard__": run.url, field: value}, field)
             for key, value in zip(run.keys[first:], raw)
         ]
+
+
+def _release(slot: tuple[str, str, int] | None) -> None:
+    """Mark a slot this worker took (:meth:`_Slots.take`) free again."""
+    slots = _slots.get(os.getpid())
+    if slot is not None and slots is not None:
+        slots.flags[slot[2]] = 0
 
 
 def _aligned(n: int) -> int:

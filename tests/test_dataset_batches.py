@@ -21,6 +21,7 @@ from shardstream import ShardDataset, loader_state_dict, pack
 from shardstream.collate import ByteBatch, ByteCollate
 from shardstream.errors import CorruptShardError
 from shardstream.packing.build import build_index
+from shardstream.reading import slicer
 from shardstream.reading.slicer import FileRun, RunSlices
 
 pytestmark = pytest.mark.timeout(180)
@@ -85,23 +86,33 @@ COLLATES = {
     "bytes": ByteCollate(),
     "default": default_collate,
 }
-ORDERS = {  # in shard order (file runs), shard order shuffled (file runs), a shuffle buffer (samples)
+ORDERS = {  # in shard order (file runs), shard order shuffled (file runs), lanes and a buffer (samples)
     "in-order": {"shuffle": False},
-    "shards-shuffled": {"shuffle": True, "shuffle_buffer": 0, "seed": 5},
+    "shards-shuffled": {"shuffle": True, "shuffle_buffer": 0, "max_open_shards": 1, "seed": 5},
     "buffer": {"shuffle": True, "shuffle_buffer": 50, "seed": 5},
 }
+FAST = {"shuffle": True, "shuffle_buffer": 0, "max_open_shards": 1, "seed": 3}  # file runs, shuffled shards
+
+
+def no_slicing(monkeypatch) -> None:
+    """Make slicing a run into samples an error (in forked workers too): the read must be the
+    file runs'."""
+    monkeypatch.setattr(RunSlices, "batches", lambda *a, **k: pytest.fail("a run was sliced into samples"))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("order", list(ORDERS))
 @pytest.mark.parametrize("collate", list(COLLATES))
-def test_the_datasets_batches_are_the_dataloaders(dataset_dir, collate, order, num_workers):
+def test_the_datasets_batches_are_the_dataloaders(dataset_dir, collate, order, num_workers, monkeypatch):
     """Batches of 16 cross shards of 20 (a batch read from two files); batches of 7 leave each
-    reader a short last batch."""
+    reader a short last batch. ByteCollate in shard order reads file runs only."""
     for batch_size in (16, 7):
         settings = ORDERS[order]
         want = reference_batches(dataset_dir, batch_size, COLLATES[collate], num_workers, **settings)
-        got, length = dataset_batches(dataset_dir, batch_size, COLLATES[collate], num_workers, **settings)
+        with monkeypatch.context() as patch:
+            if collate.startswith("bytes") and order != "buffer":
+                no_slicing(patch)
+            got, length = dataset_batches(dataset_dir, batch_size, COLLATES[collate], num_workers, **settings)
         assert got == want
         assert length == len(want) == -(-NUM_SAMPLES // batch_size)
         assert sorted(k for b in got for k in b["__key__"]) == [f"{i:05d}" for i in range(NUM_SAMPLES)]
@@ -126,28 +137,31 @@ def test_in_shard_order_byte_batches_are_read_from_the_files_without_sample_dict
     assert len(batches) == 19 and all(isinstance(b, ByteBatch) for b in batches)
     assert calls["samples"] == 0 and calls["read_into"] >= 19  # a batch across two shards reads twice
     assert dataset.stats().samples == NUM_SAMPLES
-    jpg = sum(len(v) for b in batches for v in b["jpg"]) + sum(len(v) for b in batches for v in b["txt"])
-    assert dataset.stats().bytes == jpg  # the labels' bytes are counted by the collate's batch, not here
+    members = sum(len(v) for b in batches for f in ("jpg", "txt") for v in b[f])
+    labels = sum(len(str(label)) for b in batches for label in b.labels.tolist())
+    assert dataset.stats().bytes == members + labels  # every member's bytes, as a sliced read counts them
 
 
-def test_resume_mid_epoch_from_loader_state_dict(dataset_dir):
-    """The epoch's rest, split anew over the workers, in the batches the DataLoader makes of
-    the same resumed dataset."""
+def test_resume_mid_epoch_from_loader_state_dict(dataset_dir, monkeypatch):
+    """The epoch's rest, split anew over the workers, read from file runs, in the batches the
+    DataLoader makes of the same resumed dataset."""
     collate = ByteCollate(label_field="cls")
-    settings = {"shuffle": True, "shuffle_buffer": 0, "seed": 3, "batch_size": 16}
+    settings = {**FAST, "batch_size": 16}
     dataset = ShardDataset(dataset_dir, collate=collate, **settings)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, timeout=60)
-    dataset.set_epoch(4)
-    everything = [as_plain(b) for b in loader]
-    dataset.set_epoch(4)
-    it = iter(loader)
-    first = [as_plain(next(it)) for _ in range(5)]
-    state = loader_state_dict(loader, samples_consumed=5 * 16)
-    del it
-    assert first == everything[:5]
-    resumed = ShardDataset(dataset_dir, collate=collate, **settings)
-    resumed.load_state_dict(state)
-    rest = [as_plain(b) for b in DataLoader(resumed, batch_size=None, num_workers=2, timeout=60)]
+    with monkeypatch.context() as patch:
+        no_slicing(patch)
+        dataset.set_epoch(4)
+        everything = [as_plain(b) for b in loader]
+        dataset.set_epoch(4)
+        it = iter(loader)
+        first = [as_plain(next(it)) for _ in range(5)]
+        state = loader_state_dict(loader, samples_consumed=5 * 16)
+        del it
+        assert first == everything[:5]
+        resumed = ShardDataset(dataset_dir, collate=collate, **settings)
+        resumed.load_state_dict(state)
+        rest = [as_plain(b) for b in DataLoader(resumed, batch_size=None, num_workers=2, timeout=60)]
     plain = ShardDataset(dataset_dir, **settings)
     plain.load_state_dict(state)
     assert rest == [
@@ -159,8 +173,9 @@ def test_resume_mid_epoch_from_loader_state_dict(dataset_dir):
         loader_state_dict(DataLoader(dataset, batch_size=16), samples_consumed=16)
 
 
-def test_persistent_workers_read_three_epochs(dataset_dir):
-    dataset = ShardDataset(dataset_dir, shuffle=True, shuffle_buffer=0, batch_size=16, collate=ByteCollate())
+def test_persistent_workers_read_three_epochs(dataset_dir, monkeypatch):
+    no_slicing(monkeypatch)
+    dataset = ShardDataset(dataset_dir, **FAST, batch_size=16, collate=ByteCollate())
     loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True, timeout=60)
     orders = []
     for epoch in range(3):
@@ -169,6 +184,63 @@ def test_persistent_workers_read_three_epochs(dataset_dir):
         assert sorted(keys) == [f"{i:05d}" for i in range(NUM_SAMPLES)]
         orders.append(keys)
     assert orders[0] != orders[1] != orders[2]
+
+
+@pytest.fixture(scope="module")
+def three_members(tmp_path_factory) -> Path:
+    """120 samples of three members (``.a``, ``.cls``, ``.b``; the label sorts in the middle)
+    in shards of 20."""
+    root = tmp_path_factory.mktemp("three-members")
+    src = root / "src"
+    src.mkdir()
+    rng = np.random.default_rng(11)
+    for i in range(120):
+        (src / f"{i:04d}.a").write_bytes(rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes())
+        (src / f"{i:04d}.cls").write_bytes(str(i % 9).encode())
+        (src / f"{i:04d}.b").write_bytes(rng.integers(0, 256, int(rng.integers(1, 900)), dtype=np.uint8).tobytes())
+    pack(src, root / "ds", max_samples_per_shard=20, progress=False)
+    return root / "ds"
+
+
+@pytest.mark.parametrize("label_field", [None, "a", "cls", "b"])
+@pytest.mark.parametrize("batch_size", [1, 7, 50])
+def test_three_members_with_the_label_at_any_place_and_batches_past_a_shard(
+    three_members, label_field, batch_size, monkeypatch
+):
+    """The label member set aside wherever it sorts; batches of 1, and of 50 (more than a
+    shard of 20: a batch read from three files); preadv's buffers cut into calls of 3."""
+    collate = ByteCollate(label_field=label_field)
+    if label_field in ("a", "b"):  # not integers: named
+        with pytest.raises(ValueError, match=rf"member '{label_field}' is not an integer label"):
+            list(ShardDataset(three_members, shuffle=False, batch_size=batch_size, collate=collate))
+        return
+    want = reference_batches(three_members, batch_size, collate, shuffle=False)
+    no_slicing(monkeypatch)
+    monkeypatch.setattr(slicer, "_IOV_MAX", 3)
+    got, length = dataset_batches(three_members, batch_size, collate, shuffle=False)
+    assert got == want and length == -(-120 // batch_size)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_each_rank_reads_its_batches_from_file_runs(dataset_dir, world_size, monkeypatch):
+    """Ranks cut shards at byte ranges: a rank's first run starts inside a shard."""
+    keys = []
+    for rank in range(world_size):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world_size))
+        want = reference_batches(dataset_dir, 16, ByteCollate(label_field="cls"), 2, **FAST)
+        with monkeypatch.context() as patch:
+            no_slicing(patch)
+            got, length = dataset_batches(dataset_dir, 16, ByteCollate(label_field="cls"), 2, **FAST)
+        assert got == want and length == len(got)
+        keys += [k for b in got for k in b["__key__"]]
+    assert set(keys) == {f"{i:05d}" for i in range(NUM_SAMPLES)}
+
+
+def test_a_dataloader_that_batches_the_datasets_batches_again_is_told_so(dataset_dir):
+    dataset = ShardDataset(dataset_dir, shuffle=False, batch_size=16, collate=ByteCollate())
+    with pytest.raises(ValueError, match=r"read it with DataLoader\(dataset, batch_size=None\)"):
+        next(iter(DataLoader(dataset, batch_size=4, collate_fn=ByteCollate())))
 
 
 def foreign_shards(tmp_path: Path) -> Path:

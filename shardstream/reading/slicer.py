@@ -474,6 +474,12 @@ class FileRun:
             out.append(sample)
         return out
 
+    def member_bytes(self, i: int, j: int) -> int:
+        """Bytes of every member of samples ``i`` to ``j - 1``."""
+        k = len(self.extensions)
+        ma = self._first[i] if i < self.num_samples else len(self._sizes)
+        return sum(self._sizes[ma : ma + (j - i) * k])
+
     def kept_sizes(self, i: int, j: int, aside: int | None = None) -> list[int]:
         """The sizes of samples ``i`` to ``j - 1``'s members in the order :meth:`read_into`
         puts them in its buffer (the ``aside`` members left out)."""
@@ -575,7 +581,7 @@ class FileRun:
                     chunk, got, want, pos = _rest(chunk, got), 0, want - got, pos + got
                     got = os.preadv(fd, chunk, pos)
                 if got < want:
-                    self._ended(pos + got, i, j)
+                    self._ended(min(pos + got, os.fstat(fd).st_size), i, j)
                 pos += got
         finally:
             os.close(fd)
