@@ -574,27 +574,30 @@ class ShardDataset(IterableDataset):
         gather = getattr(collate, "gather", None)
         pieces: list[tuple[FileRun, int, int]] = []
         samples: list[Any] = []
+        held = 0  # samples of the batch in the making, in pieces or samples
         for item in items:
             if type(item) is FileRun:
                 i = 0
                 while i < item.num_samples:
-                    j = min(item.num_samples, i + size - len(samples) - sum(b - a for _, a, b in pieces))
+                    j = min(item.num_samples, i + size - held)
                     if samples:  # the batch began with samples: these come as samples too
                         samples += self._file_samples([(item, i, j)], stats)
                     else:
                         pieces.append((item, i, j))
+                    held += j - i
                     i = j
-                    if len(samples) + sum(b - a for _, a, b in pieces) == size:
+                    if held == size:
                         yield self._collated(pieces, samples, gather, stats)
-                        pieces, samples = [], []
+                        pieces, samples, held = [], [], 0
                 continue
             if pieces:
                 samples, pieces = self._file_samples(pieces, stats), []
             samples.append(item)
-            if len(samples) == size:
+            held += 1
+            if held == size:
                 yield collate(samples)  # type: ignore[misc]
-                samples = []
-        if pieces or samples:
+                samples, held = [], 0
+        if held:
             yield self._collated(pieces, samples, gather, stats)
 
     def _collated(
@@ -605,21 +608,20 @@ class ShardDataset(IterableDataset):
             batch = gather(pieces)
             if batch is None:  # the collate takes samples for these: it names what differs
                 return self.collate(self._file_samples(pieces, stats))  # type: ignore[misc]
-            count = sum(j - i for _, i, j in pieces)
-            stats.samples(count, sum(run.member_bytes(i, j) for run, i, j in pieces))
-            self._yielded += count
+            self._count(pieces, stats)
             return batch
         return self.collate(samples)  # type: ignore[misc]
 
     def _file_samples(self, pieces: list[tuple[FileRun, int, int]], stats: ReaderStats) -> list[dict[str, Any]]:
         """The samples of ``pieces`` (file runs' samples ``i`` to ``j - 1``) as dicts, counted."""
-        out: list[dict[str, Any]] = []
-        for run, i, j in pieces:
-            got = run.samples(i, j)
-            stats.samples(len(got), run.member_bytes(i, j))
-            out += got
-        self._yielded += len(out)
-        return out
+        self._count(pieces, stats)
+        return [sample for run, i, j in pieces for sample in run.samples(i, j)]
+
+    def _count(self, pieces: list[tuple[FileRun, int, int]], stats: ReaderStats) -> None:
+        """``pieces`` delivered: their samples and every member's bytes, as a sliced read counts."""
+        count = sum(j - i for _, i, j in pieces)
+        stats.samples(count, sum(sum(run.kept_sizes(i, j)) for run, i, j in pieces))
+        self._yielded += count
 
     def _deliver(
         self, batches: Iterator[Batch], slot: WorkerSlot, stats: ReaderStats, worker_id: int | None

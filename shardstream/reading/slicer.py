@@ -367,11 +367,16 @@ def iter_sliced_batches(chunks: Iterable[Any], run: RunSlices, *, base_offset: i
             tail_start = int(starts[i])
             tail = [view.span(tail_start, hi)]
     if i < n:
-        raise CorruptShardError(
-            f"{run.url}: ends at byte {pos}, but the index says sample {run.keys[i]!r} ends at byte "
-            f"{int(ends[i])}; the shard is truncated (an interrupted copy?) or its index is stale, re-pack or "
-            "re-upload it"
-        )
+        raise _cut_short(run, pos, i)
+
+
+def _cut_short(run: RunSlices, pos: int, i: int) -> CorruptShardError:
+    """The error of a shard whose bytes end at ``pos``, before the run's sample ``i`` does."""
+    return CorruptShardError(
+        f"{run.url}: ends at byte {pos}, but the index says sample {run.keys[i]!r} ends at byte "
+        f"{int(run.ends[i])}; the shard is truncated (an interrupted copy?) or its index is stale, re-pack or "
+        "re-upload it"
+    )
 
 
 def _mismatches(found: np.ndarray, expected: dict[str, np.ndarray], checked: np.ndarray) -> list[int]:
@@ -452,33 +457,21 @@ class FileRun:
         self._gaps, self._sizes, self._first = gaps.tolist(), sizes.tolist(), slices.member_first.tolist()
         self._scratch: bytearray | None = None
 
-    def payload_sizes(self, i: int, j: int) -> np.ndarray:
-        """int64 ``(j - i, len(extensions))``: the sizes of samples ``i`` to ``j - 1``'s members."""
-        k = len(self.extensions)
-        first = int(self.slices.member_first[i]) if i < self.num_samples else len(self.slices.sizes)
-        return self.slices.sizes[first : first + (j - i) * k].reshape(j - i, k)
-
     def samples(self, i: int, j: int) -> list[dict[str, Any]]:
         """Samples ``i`` to ``j - 1`` as dicts, as a sliced run gives them (read as
         :meth:`read_into` reads, so checked alike)."""
-        sizes = self.payload_sizes(i, j)
-        block = bytearray(int(sizes.sum()))
+        sizes = self.kept_sizes(i, j)
+        block = bytearray(sum(sizes))
         self.read_into(i, j, memoryview(block))
         held = memoryview(block)
-        out, at, url, exts = [], 0, self.url, self.extensions
-        for key, row in zip(self.keys[i:j], sizes.tolist()):
+        out, url, exts = [], self.url, self.extensions
+        members = map(held.__getitem__, map(slice, *_bounds(sizes)))
+        for key in self.keys[i:j]:
             sample: dict[str, Any] = {"__key__": key, "__shard__": url}
-            for ext, size in zip(exts, row):
-                sample[ext] = bytes(held[at : at + size])
-                at += size
+            for ext in exts:
+                sample[ext] = bytes(next(members))
             out.append(sample)
         return out
-
-    def member_bytes(self, i: int, j: int) -> int:
-        """Bytes of every member of samples ``i`` to ``j - 1``."""
-        k = len(self.extensions)
-        ma = self._first[i] if i < self.num_samples else len(self._sizes)
-        return sum(self._sizes[ma : ma + (j - i) * k])
 
     def kept_sizes(self, i: int, j: int, aside: int | None = None) -> list[int]:
         """The sizes of samples ``i`` to ``j - 1``'s members in the order :meth:`read_into`
@@ -512,9 +505,9 @@ class FileRun:
         gaps, sizes = self._gaps[ma : ma + n], self._sizes[ma : ma + n]
         gaps[0] = BLOCK_BYTES  # the read starts at sample i's first header
         kept = self.kept_sizes(i, j, aside)
-        out_at = list(itertools.accumulate(kept, initial=0))
-        if out_at[-1] != len(out):
-            raise ValueError(f"read_into: the members take {out_at[-1]} bytes, but the buffer holds {len(out)}")
+        if sum(kept) != len(out):
+            raise ValueError(f"read_into: the members take {sum(kept)} bytes, but the buffer holds {len(out)}")
+        out_begin, out_end = _bounds(kept)
         # The scratch buffer: each member's gap (padding, then its headers, the last 512
         # bytes) at the end of a row of its own, so the headers are rows of a numpy view;
         # a gap longer than a row (PAX or long-name records) packs every gap back to back.
@@ -524,20 +517,19 @@ class FileRun:
             gap_end = list(range(_ROW_BYTES, (n + 1) * _ROW_BYTES, _ROW_BYTES))
             gap_begin = list(map(operator.sub, gap_end, gaps))
         else:
-            gap_at = list(itertools.accumulate(gaps, initial=0))
-            gap_begin, gap_end = gap_at[:-1], gap_at[1:]
+            gap_begin, gap_end = _bounds(gaps)
         put_aside = [] if aside is None else sizes[aside::k]
-        aside_at = list(itertools.accumulate(put_aside, initial=gap_end[-1]))
-        scratch = self._scratch_of(aside_at[-1])
+        aside_begin, aside_end = _bounds(put_aside, gap_end[-1])
+        scratch = self._scratch_of(gap_end[-1] + sum(put_aside))
         held = memoryview(scratch)
         pieces: list[Any] = [None] * (2 * n)
         pieces[0::2] = map(held.__getitem__, map(slice, gap_begin, gap_end))
-        to_out = map(out.__getitem__, map(slice, out_at[:-1], out_at[1:]))
+        to_out = map(out.__getitem__, map(slice, out_begin, out_end))
         if aside is None:
             pieces[1::2] = to_out
         else:
             payloads: list[Any] = [None] * n
-            payloads[aside::k] = map(held.__getitem__, map(slice, aside_at[:-1], aside_at[1:]))
+            payloads[aside::k] = map(held.__getitem__, map(slice, aside_begin, aside_end))
             kept_views = list(to_out)
             for e, f in enumerate(f for f in range(k) if f != aside):
                 payloads[f::k] = kept_views[e :: k - 1]
@@ -554,7 +546,7 @@ class FileRun:
         error = run._check(_Scratch(found, scratch, run.offsets[ma : ma + n] - BLOCK_BYTES, heads_at), ma, ma + n)
         if error is not None:
             raise error[1]
-        return [bytes(held[a:b]) for a, b in itertools.pairwise(aside_at)]
+        return [bytes(held[a:b]) for a, b in zip(aside_begin, aside_end)]
 
     def _scratch_of(self, nbytes: int) -> bytearray:
         """This run's scratch buffer, of ``nbytes`` at least (kept: one allocation a run)."""
@@ -588,12 +580,13 @@ class FileRun:
 
     def _ended(self, pos: int, i: int, j: int) -> None:
         ends = self.slices.ends
-        late = i + int(np.searchsorted(ends[i:j], pos, side="right"))
-        raise CorruptShardError(
-            f"{self.url}: ends at byte {pos}, but the index says sample {self.keys[late]!r} ends at byte "
-            f"{int(ends[late])}; the shard is truncated (an interrupted copy?) or its index is stale, re-pack or "
-            "re-upload it"
-        )
+        raise _cut_short(self.slices, pos, i + int(np.searchsorted(ends[i:j], pos, side="right")))
+
+
+def _bounds(sizes: list[int], start: int = 0) -> tuple[list[int], list[int]]:
+    """Where pieces of ``sizes`` laid back to back from ``start`` begin and end."""
+    at = list(itertools.accumulate(sizes, initial=start))
+    return at[:-1], at[1:]
 
 
 def _rest(pieces: list[memoryview], done: int) -> list[memoryview]:
