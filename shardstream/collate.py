@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .reading.batching import RunPiece, parse_label
 from .reading.slicer import FileRun
 from .storage.shm import SharedFile
 
@@ -303,7 +304,15 @@ class ByteCollate:
         labelled = label_field is not None
         return _written(block, slot, ends, labels, fields=fields, keys=keys, labelled=labelled, extras=extras)
 
-    def gather(self, pieces: Sequence[tuple[FileRun, int, int]]) -> ByteBatch | None:
+    def from_samples(self, samples: list[dict[str, Any]]) -> ByteBatch:
+        """The batch of ``samples`` (:class:`~shardstream.reading.batching.Batcher`): ``self(samples)``."""
+        return self(samples)
+
+    def from_runs(self, pieces: Sequence[RunPiece]) -> ByteBatch | None:
+        """The batch of file-run ``pieces`` (:class:`~shardstream.reading.batching.RunBatcher`): :meth:`gather`."""
+        return self.gather(pieces)
+
+    def gather(self, pieces: Sequence[RunPiece]) -> ByteBatch | None:
         """One batch read straight from local shard files: samples ``i`` to ``j - 1`` of each
         ``(run, i, j)``, in order, their payloads read into the block by ``preadv`` (no
         sample dict, no ``bytes`` object, one copy); what :class:`~shardstream.ShardDataset`
@@ -524,14 +533,7 @@ def _free(flags: mmap.mmap, number: int) -> None:
 
 
 def _label(sample: dict[str, Any], field: str) -> int:
-    raw = sample[field]
-    try:
-        return int(raw if isinstance(raw, (int, bytes, bytearray, str)) else bytes(raw))
-    except ValueError:
-        raise ValueError(
-            f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} member {field!r} is not an integer "
-            f"label ({bytes(raw[:40])!r}); pass ByteCollate(label_field=None) or the member that holds the label"
-        ) from None
+    return parse_label(sample, field, hint="; pass ByteCollate(label_field=None) or the member that holds the label")
 
 
 def _refuse(samples: Sequence[dict[str, Any]], first: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WorkerSlot", "assign_shards", "current_slot", "distributed_rank", "shard_order"]
+__all__ = ["WorkerSlot", "assign_shards", "current_slot", "distributed_rank", "in_worker", "loader_id", "shard_order"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +76,22 @@ def current_slot(parent_rank: tuple[int, int] | None = None) -> WorkerSlot:
     info = get_worker_info()
     worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return WorkerSlot(rank=rank, world_size=world_size, worker_id=worker_id, num_workers=num_workers)
+
+
+def in_worker() -> bool:
+    """Whether this process is a DataLoader worker."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
+
+
+def loader_id() -> int:
+    """In a DataLoader worker: the base seed it shares with its siblings (not 0), which tells
+    one DataLoader's workers from another's."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return ((info.seed - info.id) % (1 << 62)) or 1
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:

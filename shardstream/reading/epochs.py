@@ -30,6 +30,7 @@ apart.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,9 @@ import numpy as np
 
 from ..storage.shm import SharedFile
 
-__all__ = ["EpochBoard", "PassState"]
+__all__ = ["EpochBoard", "PassState", "warn_advanced"]
+
+log = logging.getLogger("shardstream")
 
 RANK_SLOTS = 16  # ranks sharing one dataset object at most (rank % RANK_SLOTS picks the block)
 ROWS_PER_RANK = 257  # the training process, then up to 256 DataLoader workers
@@ -253,3 +256,14 @@ class EpochBoard:
             else:
                 segments = self._read_state().segments
             return PassView(PassState(epoch, segments), started=True, finished=bool(latest[:, _FINISHED].all()))
+
+
+def warn_advanced(epoch: int) -> None:
+    """Log (not ``warnings.warn``: a worker's filters may be the parent's) that a pass read
+    ``epoch`` without ``set_epoch()`` (:meth:`EpochBoard.start_pass` says when, once a dataset)."""
+    log.warning(
+        "ShardDataset: a new pass started without set_epoch(), so it reads epoch %d (each pass without "
+        "set_epoch() reads the next epoch, not the same order again). Call dataset.set_epoch(epoch) "
+        "before each epoch to choose the epoch yourself.",
+        epoch,
+    )

@@ -39,6 +39,7 @@ __all__ = [
     "apportion_prefix",
     "epoch_counts",
     "selection",
+    "sources_of",
     "window_labels",
 ]
 
@@ -102,6 +103,21 @@ class Source:
         if self.samples is not None:
             return {"samples": int(self.samples)}
         return {"repeat": float(self.repeat if self.repeat is not None else 1.0)}
+
+
+def sources_of(source: Any) -> list[Source] | None:
+    """The mixture ``source`` names (a Source, or a list of them), or None (one dataset).
+
+    Raises:
+        TypeError: a list mixing Source objects and shard URLs.
+    """
+    if isinstance(source, Source):
+        return [source]
+    if isinstance(source, (list, tuple)) and any(isinstance(x, Source) for x in source):
+        if not all(isinstance(x, Source) for x in source):
+            raise TypeError("a list of Source(...) mixes datasets; give every entry as Source(location, ...)")
+        return list(source)
+    return None
 
 
 def epoch_counts(sources: Sequence[Source], sizes: Sequence[int], epoch_samples: int | None) -> list[int]:

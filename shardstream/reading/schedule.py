@@ -20,59 +20,88 @@ answers, all O(shards) or O(workers), never O(samples):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+from ..config import FetchConfig
+from ..tarstream import Batch
 from .assign import WorkerSlot, assign_shards
+from .engine import ReadingEngine, read_mixed
 from .epochs import PassState
 from .mixplan import MIX_MODES, MixturePlan, MixWorkerPlan, real_plan
 from .mixture import Coverage, CoverageBase, Selection, Source, epoch_counts, selection
 from .plan import EpochPlan, Segment, ShardOrder, WorkerPlan
 from .shards import ShardSet
+from .slicer import FileRun
+from .stats import ReaderStats
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "MixtureSchedule", "segments_of"]
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "MixtureSchedule", "Plan", "Schedule", "segments_of"]
 
 STATE_FORMAT = "shardstream-state"
 STATE_VERSION = 1
 
 
-class EpochSchedule:
-    """The epoch schedule of a dataset's shards (module doc).
+class Plan(Protocol):
+    """An epoch's plan, of one dataset (:class:`~.plan.EpochPlan`) or of a mixture
+    (:class:`~.mixplan.MixturePlan`): the one shape the schedules and the reader use."""
 
-    Args:
-        shards: the shards; their ``sample_counts`` (None for bare shard URLs: then only
-            :meth:`shard_ids` answers).
-        seed: seed of shard order and sample shuffle.
-        shuffle: permute shards, interleave lanes, shuffle samples; False keeps index order.
-        shuffle_buffer: samples in each worker's shuffle buffer.
-        max_open_shards: lanes (shards read at once) per worker.
-        drop_last: drop the fewest samples instead of repeating them to even out ranks.
-        batch_size: the DataLoader's batch size workers' pieces are cut by; None: evenly.
+    @property
+    def num_samples(self) -> int: ...
+
+    def for_worker(self, *, rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[Any, int]:
+        """One worker's piece of the epoch (a :class:`~.plan.WorkerPlan` or a
+        :class:`~.mixplan.MixWorkerPlan`) and the index of the checkpoint segment it reads."""
+        ...
+
+    def rank_count(self, *, world_size: int, num_workers: int, rank: int = 0) -> int:
+        """Samples ``rank`` yields in the epoch (the same on every rank)."""
+        ...
+
+
+class Schedule:
+    """What the epoch schedules of one dataset and of a mixture share, and the questions the
+    reader asks both alike (so nothing above them asks which one it has): a plan per pass, a
+    worker's piece of it read by the engines, ``len``, and checkpoints.
+
+    Attributes:
+        names: the sources' names, in order (a mixture's), or ``()`` (one dataset).
+        num_samples: samples of an epoch (None for bare shard URLs).
+        num_shards: shards in all.
     """
 
-    def __init__(
+    names: tuple[str, ...] = ()
+
+    def prepare(self, epoch: int) -> None:
+        """Compute ``epoch``'s order now (O(shards)), so DataLoader workers forked next inherit it."""
+        raise NotImplementedError
+
+    def plan(self, state: PassState) -> Plan:
+        """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
+        raise NotImplementedError
+
+    def read_worker(
         self,
-        shards: ShardSet,
+        mine: Any,
+        epoch: int,
+        engines: Sequence[ReadingEngine],
         *,
-        seed: int,
-        shuffle: bool,
-        shuffle_buffer: int,
-        max_open_shards: int,
-        drop_last: bool,
-        batch_size: int | None,
-    ) -> None:
-        self._keep(
-            shards.sample_counts,
-            shards.num_shards,
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            max_open_shards=max_open_shards,
-            drop_last=drop_last,
-            batch_size=batch_size,
-        )
+        fetch: FetchConfig,
+        stats: ReaderStats,
+        file_runs: bool,
+    ) -> Iterator[Batch | FileRun]:
+        """A worker's piece ``mine`` of ``epoch``'s plan, read by ``engines`` (one a source)."""
+        raise NotImplementedError
+
+    def loaded_state(self, state: dict[str, Any]) -> PassState:
+        """The pass a checkpoint resumes, once checked against these shards and settings."""
+        raise NotImplementedError
+
+    @property
+    def per_source(self) -> dict[str, int]:
+        """Samples each source gives one epoch, by name (empty for one dataset)."""
+        return {}
 
     def _keep(
         self,
@@ -96,32 +125,6 @@ class EpochSchedule:
         self.max_open_shards = max_open_shards
         self.drop_last = drop_last
         self.batch_size = batch_size
-        self._orders: dict[int, ShardOrder] = {}
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_orders"] = {}  # O(shards) arrays a spawned worker remakes for its epoch
-        return state
-
-    def shard_order(self, epoch: int) -> ShardOrder:
-        """``epoch``'s order of shards, O(shards): kept for the two latest epochs, so workers
-        forked after ``set_epoch`` or ``len()`` share the training process's copy (copy on
-        write) instead of each computing it (0.08 s and 20 MB at 1,000,000 shards)."""
-        assert self.counts is not None  # internal invariant: callers check
-        orders = self._orders
-        if epoch not in orders:
-            starts = next(iter(orders.values())).starts if orders else None
-            orders[epoch] = ShardOrder.make(
-                self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle, starts=starts
-            )
-            while len(orders) > 2:
-                del orders[next(iter(orders))]
-        return orders[epoch]
-
-    def plan(self, state: PassState) -> EpochPlan:
-        """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
-        assert self.counts is not None  # internal invariant: callers check
-        return EpochPlan(shard_order=self.shard_order(state.epoch), counts=self.counts, **self._plan_args(state))
 
     def _plan_args(self, state: PassState) -> dict[str, Any]:
         """What a plan of the pass ``state`` takes from these settings."""
@@ -137,7 +140,7 @@ class EpochSchedule:
         }
 
     @staticmethod
-    def worker_plan(plan: EpochPlan, slot: WorkerSlot) -> tuple[WorkerPlan, int]:
+    def worker_plan(plan: Plan, slot: WorkerSlot) -> tuple[Any, int]:
         """``slot``'s piece of ``plan`` and the index of the segment it reads
         (:meth:`EpochPlan.for_worker`).
 
@@ -243,18 +246,6 @@ class EpochSchedule:
             "segments": [x.to_dict() for x in segments],
         }
 
-    def loaded_state(self, state: dict[str, Any]) -> PassState:
-        """The pass a checkpoint resumes, once checked against these shards and settings.
-
-        Raises:
-            ValueError: the state is not a shardstream state, or was saved for another
-                dataset or with other shuffle settings (each named).
-        """
-        epoch, segments = self._checked(
-            state, {"num_samples": self.num_samples, "num_shards": self.num_shards}, "for another dataset or settings"
-        )
-        return PassState(epoch, segments)
-
     def _checked(self, state: dict[str, Any], mine: dict[str, Any], saved: str) -> tuple[int, list[dict[str, Any]]]:
         """A checkpoint's epoch and segments, once its format, version, ``mine`` and the
         settings that fix an order match this schedule's.
@@ -281,12 +272,102 @@ class EpochSchedule:
         return int(state["epoch"]), [Segment.from_dict(x).to_dict() for x in state["segments"]]  # validates them
 
 
+class EpochSchedule(Schedule):
+    """The epoch schedule of a dataset's shards (module doc).
+
+    Args:
+        shards: the shards; their ``sample_counts`` (None for bare shard URLs: then only
+            :meth:`shard_ids` answers).
+        seed: seed of shard order and sample shuffle.
+        shuffle: permute shards, interleave lanes, shuffle samples; False keeps index order.
+        shuffle_buffer: samples in each worker's shuffle buffer.
+        max_open_shards: lanes (shards read at once) per worker.
+        drop_last: drop the fewest samples instead of repeating them to even out ranks.
+        batch_size: the DataLoader's batch size workers' pieces are cut by; None: evenly.
+    """
+
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        seed: int,
+        shuffle: bool,
+        shuffle_buffer: int,
+        max_open_shards: int,
+        drop_last: bool,
+        batch_size: int | None,
+    ) -> None:
+        self._keep(
+            shards.sample_counts,
+            shards.num_shards,
+            seed=seed,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            max_open_shards=max_open_shards,
+            drop_last=drop_last,
+            batch_size=batch_size,
+        )
+        self._orders: dict[int, ShardOrder] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_orders"] = {}  # O(shards) arrays a spawned worker remakes for its epoch
+        return state
+
+    def shard_order(self, epoch: int) -> ShardOrder:
+        """``epoch``'s order of shards, O(shards): kept for the two latest epochs, so workers
+        forked after ``set_epoch`` or ``len()`` share the training process's copy (copy on
+        write) instead of each computing it (0.08 s and 20 MB at 1,000,000 shards)."""
+        assert self.counts is not None  # internal invariant: callers check
+        orders = self._orders
+        if epoch not in orders:
+            starts = next(iter(orders.values())).starts if orders else None
+            orders[epoch] = ShardOrder.make(
+                self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle, starts=starts
+            )
+            while len(orders) > 2:
+                del orders[next(iter(orders))]
+        return orders[epoch]
+
+    def prepare(self, epoch: int) -> None:
+        self.shard_order(epoch)
+
+    def plan(self, state: PassState) -> EpochPlan:
+        """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
+        assert self.counts is not None  # internal invariant: callers check
+        return EpochPlan(shard_order=self.shard_order(state.epoch), counts=self.counts, **self._plan_args(state))
+
+    def read_worker(
+        self,
+        mine: WorkerPlan,
+        epoch: int,
+        engines: Sequence[ReadingEngine],
+        *,
+        fetch: FetchConfig,
+        stats: ReaderStats,
+        file_runs: bool,
+    ) -> Iterator[Batch | FileRun]:
+        return engines[0].read_plan(mine, fetch=fetch, stats=stats, file_runs=file_runs)
+
+    def loaded_state(self, state: dict[str, Any]) -> PassState:
+        """The pass a checkpoint resumes, once checked against these shards and settings.
+
+        Raises:
+            ValueError: the state is not a shardstream state, or was saved for another
+                dataset or with other shuffle settings (each named).
+        """
+        epoch, segments = self._checked(
+            state, {"num_samples": self.num_samples, "num_shards": self.num_shards}, "for another dataset or settings"
+        )
+        return PassState(epoch, segments)
+
+
 def segments_of(state: PassState) -> tuple[Segment, ...]:
     """The checkpoint segments a pass resumes (none when unknown here: a worker's own state)."""
     return tuple(Segment.from_dict(x) for x in state.segments or ())
 
 
-class MixtureSchedule(EpochSchedule):
+class MixtureSchedule(Schedule):
     """The epoch schedule of a mixture of sources (:mod:`.mixture`, :mod:`.mixplan`): the same
     questions as :class:`EpochSchedule`, answered per source, and checkpoints that record the
     mixture and where each source's coverage stands.
@@ -358,13 +439,17 @@ class MixtureSchedule(EpochSchedule):
         self._selections: dict[int, list[Selection]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_selections"] = {}
+        state = self.__dict__.copy()
+        state["_selections"] = {}  # O(shards) arrays a spawned worker remakes for its epoch
         return state
 
     @property
-    def names(self) -> list[str]:
-        return [src.label for src in self.sources]
+    def names(self) -> tuple[str, ...]:
+        return tuple(src.label for src in self.sources)
+
+    @property
+    def per_source(self) -> dict[str, int]:
+        return dict(zip(self.names, self.per_epoch))
 
     def selections(self, epoch: int) -> list[Selection]:
         """Each source's samples in ``epoch`` (kept for the two latest epochs, so DataLoader
@@ -380,11 +465,28 @@ class MixtureSchedule(EpochSchedule):
                 del self._selections[next(iter(self._selections))]
         return self._selections[epoch]
 
-    def shard_order(self, epoch: int) -> Any:  # type: ignore[override]
-        return self.selections(epoch)
+    def prepare(self, epoch: int) -> None:
+        self.selections(epoch)
 
-    def plan(self, state: PassState) -> MixturePlan:  # type: ignore[override]
+    def plan(self, state: PassState) -> MixturePlan:
         return MixturePlan(self.selections(state.epoch), mix=self.mix, **self._plan_args(state))
+
+    def read_worker(
+        self,
+        mine: MixWorkerPlan,
+        epoch: int,
+        engines: Sequence[ReadingEngine],
+        *,
+        fetch: FetchConfig,
+        stats: ReaderStats,
+        file_runs: bool,
+    ) -> Iterator[Batch | FileRun]:
+        """Each source's part of ``mine`` read by its engine, interleaved as the plan says
+        (file runs are not handed on: a mixture's batches mix sources)."""
+        return read_mixed(engines, self.real_plans(mine, epoch), mine, names=self.names, fetch=fetch, stats=stats)
+
+    def shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
+        raise TypeError("shard_ids() answers for one dataset; a mixture's readers read parts of every source")
 
     def real_plans(self, plan: MixWorkerPlan, epoch: int) -> list[WorkerPlan]:
         """Each source's part of ``plan`` over its real shards, to read."""
@@ -393,7 +495,7 @@ class MixtureSchedule(EpochSchedule):
             for p, sel, starts in zip(plan.sources, self.selections(epoch), self.source_starts)
         ]
 
-    def consumed_state(self, state: PassState, slot: WorkerSlot, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+    def consumed_state(self, state: PassState, slot: WorkerSlot, **kwargs: Any) -> dict[str, Any]:
         out = super().consumed_state(state, slot, **kwargs)
         after = PassState(state.epoch, out["segments"])
         out["epoch_done"] = self.rank_count(after, slot) == 0

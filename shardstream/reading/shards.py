@@ -10,6 +10,7 @@ kinds exist today: :class:`IndexedShards` (a dataset with an index) and :class:`
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -18,7 +19,7 @@ import numpy as np
 from ..errors import ShardNotFoundError
 from ..index import DatasetIndex, ShardTable
 
-__all__ = ["BareShards", "IndexedShards", "ShardSet"]
+__all__ = ["BareShards", "ChainedUrls", "IndexedShards", "ShardSet"]
 
 
 class ShardSet(Protocol):
@@ -125,3 +126,24 @@ class BareShards:
         self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
     ) -> Callable[[], ShardTable]:
         return lambda: self.table(shard)
+
+
+class ChainedUrls(Sequence[str]):
+    """The shard URLs of a mixture's sources, one after another, without a list of them (a
+    source's URLs are made from its index on demand)."""
+
+    def __init__(self, parts: list[Sequence[str]]) -> None:
+        self.parts = parts
+        self.starts = [0]
+        for part in parts:
+            self.starts.append(self.starts[-1] + len(part))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        part = bisect.bisect_right(self.starts, i) - 1
+        return self.parts[part][i - self.starts[part]]
