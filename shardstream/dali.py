@@ -43,6 +43,8 @@ from .dataset import ShardDataset
 from .decode.check import gpu_jpeg_problem
 from .decode.cpu import RandomResizedCrop
 from .errors import DecodeError
+from .reading.batching import parse_label
+from .reading.repeat import Repeater
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DaliLoader", "dali_available", "gpu_available"]
 
@@ -111,6 +113,8 @@ class _Encoder:
     def __call__(self, samples: list[dict[str, Any]]) -> list[_Item]:
         return [self.item(sample) for sample in samples]
 
+    from_samples = __call__  # a Batcher (shardstream.reading.batching)
+
     def item(self, sample: dict[str, Any]) -> _Item:
         data, label = _member(sample, self.image_ext), _label(sample, self.label_ext)
         where = f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}, member {self.image_ext!r}"
@@ -143,6 +147,10 @@ class _SharedEncoder:
     encoder: _Encoder
 
     def __call__(self, samples: list[dict[str, Any]]) -> ByteBatch:
+        return self.from_samples(samples)
+
+    def from_samples(self, samples: list[dict[str, Any]]) -> ByteBatch:
+        """The batch of ``samples`` (a :class:`~shardstream.reading.batching.Batcher`)."""
         return ByteCollate()(
             [
                 {
@@ -213,27 +221,21 @@ class _Feed:
         return False
 
     def _good(self, items: Iterator[_Item]) -> Iterator[_Item]:
-        """Items with skipped ones replaced by repeats (counted)."""
-        last: _Item | None = None
-        owed: list[_Item] = []
+        """Items with skipped ones replaced by repeats (counted), as the reader does for samples."""
+        repeater: Repeater[_Item] = Repeater(lambda good, skipped: good._replace(where=skipped.where))
+        first: _Item | None = None
         for item in items:
-            if item.data is None and item.cpu is None:
+            skipped = item.data is None and item.cpu is None
+            if skipped:
                 self.skipped += 1
                 if self.skipped == 1:  # once a pass; stats() counts the rest
                     log.warning("skipping undecodable samples (first: %s)", item.problem)
-                if last is None:
-                    owed.append(item)
-                    continue
-                item = last._replace(where=item.where)
+                first = first or item
             elif item.problem is not None:
                 self.counts[_reason(item.problem)] += 1
-            last = item
-            for _ in owed:
-                yield item
-            owed = []
-            yield item
-        if owed:
-            raise DecodeError(f"no image of this epoch's samples could be decoded (first: {owed[0].problem})")
+            yield from repeater.take(item, skipped=skipped)
+        if repeater.owed:
+            raise DecodeError(f"no image of this epoch's samples could be decoded (first: {first.problem})")
 
     def _run(self) -> None:
         items, batch_size, drop_last = self._args
@@ -331,14 +333,8 @@ def _member(sample: dict[str, Any], ext: str) -> bytes:
 def _label(sample: dict[str, Any], ext: str | None) -> int:
     if ext is None:
         return -1
-    raw = _member(sample, ext)
-    try:
-        return int(raw)
-    except ValueError:
-        raise DecodeError(
-            f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} member {ext!r} is not an integer "
-            f"label ({bytes(raw[:40])!r})"
-        ) from None
+    _member(sample, ext)  # there, or named
+    return parse_label(sample, ext)
 
 
 def _shut_down(loader: Any) -> None:
@@ -629,7 +625,7 @@ class DaliLoader:
         from nvidia.dali import fn, types
 
         gpu = self.device_id is not None
-        rank = self.dataset._slot().rank  # data-parallel: the ranks of a replication group crop alike
+        rank = self.dataset.worker_slot().rank  # data-parallel: the ranks of a replication group crop alike
         pipe = dali.Pipeline(
             batch_size=self.batch_size,
             num_threads=self.num_threads,

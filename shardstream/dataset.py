@@ -1,10 +1,6 @@
-"""``ShardDataset``: shards from local disk or S3 as a stream of samples for a DataLoader.
-
-The torch glue around a :class:`~shardstream.reading.reader.Reader`, which does the reading
-(mode, delivery, batching) without torch: this class checks its arguments, knows who is reading
-(rank, DataLoader worker: :func:`~shardstream.reading.assign.current_slot`), carries the epoch
-of each pass to DataLoader workers (:mod:`shardstream.reading.epochs`), survives pickling into
-spawned workers, and warns. Every argument is described in docs/reading.md.
+"""``ShardDataset``: the torch glue around a :class:`~shardstream.reading.reader.Reader` (which
+reads without torch): who is reading (rank, DataLoader worker), the epoch of each pass carried to
+DataLoader workers (:mod:`shardstream.reading.epochs`), pickling into spawned workers, warnings.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from .reading.assign import WorkerSlot, current_slot, distributed_rank, in_worke
 from .reading.engine import share_buffer
 from .reading.epochs import EpochBoard, PassState, PassView, warn_advanced
 from .reading.mixture import Source
-from .reading.reader import ReaderPass, ReadOptions, loader_batch_size, open_reader
+from .reading.reader import ReaderPass, failing, loader_batch_size, open_reader
 from .reading.schedule import STATE_FORMAT
 from .reading.stats import StatsBoard, StatsSnapshot
 
@@ -40,44 +36,34 @@ def _setting(owner: str, name: str, doc: str) -> property:
 
 
 class ShardDataset(IterableDataset):
-    """Samples of tar shards, streamed from local disk or S3, shuffled and split over the job.
+    """Samples of tar shards from local disk or any store, shuffled and split over the job.
 
-    With an index, epochs are exact: every sample once per epoch, and every rank yields
-    ``len(dataset)`` samples (``ceil(N / world_size)``, or ``floor`` with ``drop_last``);
-    :meth:`state_dict` / :meth:`load_state_dict` resume mid-epoch, also at another world size.
-    A list of :class:`~shardstream.Source` s is a mixture. docs/reading.md ("Every argument of
-    ShardDataset") describes each argument; docs/mixtures.md the mixtures.
+    With an index, epochs are exact: every sample once an epoch, each rank ``len(dataset)``
+    samples; :meth:`state_dict` resumes mid-epoch at any world size. Every argument, with its
+    units and defaults, is described in docs/reading.md ("Every argument of ShardDataset").
 
     Args:
-        source: a dataset written by ``shardstream pack`` (a directory, an ``s3://``
-            prefix, its index file), a shard URL, a brace pattern, a list of shard URLs, or a
-            list of ``Source(...)`` (a mixture).
-        shuffle, shuffle_buffer (samples), seed, max_open_shards, drop_last, batch_size: the
-            epoch's order (``batch_size``: the DataLoader's).
-        decode: None (bytes), ``"pil"``, ``"numpy"``, ``"torch"`` or a callable on a sample.
-        s3, fetch: S3 endpoint and credentials; read-ahead (bytes per rank).
-        cache_dir, cache_limit_bytes: a node-local cache of remote shards and its bound.
-        log_every_s: seconds between log lines of :meth:`stats` (None: none).
-        resampled: shards drawn with replacement, endlessly (no ``len``, no resume).
-        on_error: ``"raise"`` or ``"skip"`` (replaced by repeats; counted in stats).
-        verify_checksums: check whole shards against the index's CRC-32.
-        epoch_samples, mix: a mixture's epoch size and interleaving.
-        replication: ranks per model-parallel group (they read the same samples).
-        collate: hand out ``collate(samples)`` of each ``batch_size`` samples (a
-            :class:`~shardstream.reading.batching.Batcher` or a ``collate_fn``); read with
-            ``DataLoader(batch_size=None)``.
+        source: a dataset written by ``shardstream pack`` (a directory, an ``s3://`` prefix,
+            its index file), shard URLs or a brace pattern, or a list of ``Source(...)``: a mixture.
+        shuffle, shuffle_buffer, seed, max_open_shards, drop_last, batch_size: the epoch's
+            order (``shuffle_buffer`` in samples; ``batch_size``: the DataLoader's).
+        decode: None (bytes), ``"pil"``, ``"numpy"``, ``"torch"``, or a callable on a sample.
+        s3, fetch, cache_dir, cache_limit_bytes: the store, read-ahead and node cache (bytes).
+        log_every_s, on_error, verify_checksums: stats log lines; ``"raise"`` or ``"skip"``
+            (replaced by repeats); CRC-32 checks of whole shards.
+        resampled, epoch_samples, mix, replication: endless draws; a mixture's epoch size and
+            interleaving; ranks per model-parallel group.
+        collate: a :class:`~shardstream.reading.batching.Batcher` or ``collate_fn``: hand out
+            batches of ``batch_size`` (read with ``DataLoader(batch_size=None)``).
 
     Yields:
-        dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}`` (decoded as
-        ``decode`` says; a mixture's also ``"__source__"``), or with ``collate`` its batches.
+        dicts ``{"__key__": str, "__shard__": URL, "<ext>": bytes, ...}`` (decoded as ``decode``
+        says; a mixture's with ``"__source__"``), or with ``collate`` its batches.
 
     Raises:
-        ValueError: a bad argument or mixture (named); while iterating, a world size that is
-            not a multiple of ``replication``.
-        ShardNotFoundError: no index at a dataset location, or (iterating) a missing shard.
-        IndexFormatError: a malformed index.
-        CorruptShardError: a malformed or truncated shard (while iterating).
-        StorageAccessError, StorageConnectionError, BucketNotFoundError: store problems.
+        ValueError: a bad argument or mixture (named), or a world size not a multiple of
+            ``replication``. ShardNotFoundError, IndexFormatError: no or a bad index.
+        CorruptShardError: a bad shard. StorageAccessError, StorageConnectionError: the store.
     """
 
     def __init__(
@@ -137,9 +123,7 @@ class ShardDataset(IterableDataset):
     resampled = _setting("_options", "resampled", "Whether shards are drawn with replacement, endlessly.")
     replication = _setting("_options", "replication", "Ranks per model-parallel group.")
 
-    @property
-    def _options(self) -> ReadOptions:
-        return self.reader.options
+    _options = property(lambda self: self.reader.options)
 
     def __repr__(self) -> str:
         names = self._schedule.names
@@ -154,34 +138,29 @@ class ShardDataset(IterableDataset):
         return len(self.shard_urls)
 
     def worker_slot(self) -> WorkerSlot:
-        """Who is reading, as the data sees it: this process's rank and DataLoader worker; with
-        ``replication``, the rank's data-parallel group (:meth:`Reader.group`).
+        """Who is reading: this rank (with ``replication``: its group) and DataLoader worker.
 
         Raises:
             ValueError: world_size is not a multiple of ``replication``.
         """
         return self.reader.group(current_slot(self.__dict__.get("_parent_rank")))
 
-    _slot = worker_slot  # the name DaliLoader and older callers used
+    _slot = worker_slot  # its former name
 
     def stats(self) -> StatsSnapshot:
-        """Reading metrics summed over this process and its DataLoader workers, since each
-        reader's latest iterator started (:class:`~shardstream.reading.stats.StatsSnapshot`)."""
+        """Reading metrics of this process and its DataLoader workers since their latest pass began."""
         return self._board.snapshot()
 
     @property
     def epoch(self) -> int:
-        """The epoch of the pass in progress (the latest one started by this process or its
-        DataLoader workers), or, before any since the latest :meth:`set_epoch` /
-        :meth:`load_state_dict`, the epoch the next pass reads."""
+        """The epoch of the pass in progress (here or in a DataLoader worker), else of the next."""
         if self._pass is not None and in_worker():
             return self._pass.epoch
         return self._view().latest.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch``'s order in the next pass, here and in every DataLoader worker,
-        persistent ones included (through shared memory). Without it, each new pass reads the
-        next epoch. Setting the epoch a loaded checkpoint is in keeps the checkpoint's place.
+        """Read ``epoch`` in the next pass, here and in every DataLoader worker (persistent too);
+        without it each pass reads the next epoch; a loaded checkpoint's epoch keeps its place.
 
         Raises:
             ValueError: ``epoch`` is not an int >= 0.
@@ -199,15 +178,13 @@ class ShardDataset(IterableDataset):
         return self._epochs.view(rank=self.worker_slot().rank, num_workers=num_workers)
 
     def __len__(self) -> int:
-        """Samples this rank yields in the pass in progress or the next (the same on every
-        rank); with ``collate``, its batches. After ``load_state_dict`` of a
-        ``state_dict(samples_consumed)`` checkpoint: those still to come in its epoch.
+        """Samples (with ``collate``: batches) this rank yields in the pass in progress or the
+        next, the same on every rank; after a ``state_dict(samples_consumed)`` resume, those left.
 
         Raises:
             TypeError: no index (bare shard URLs) or ``resampled``: the count is unknown.
         """
-        if not self.reader.exact:
-            raise TypeError("len() needs a dataset with an index (written by shardstream pack) and resampled=False")
+        self.reader.check_exact("len()")
         slot = self.worker_slot()
         count = self._schedule.rank_count(self._epochs.view(rank=slot.rank).upcoming, slot)
         return count if self.collate is None else -(-count // self.batch_size)
@@ -224,10 +201,7 @@ class ShardDataset(IterableDataset):
             TypeError: no index, or ``resampled``.
             ValueError: a bad ``samples_consumed``, or a mix of the two kinds within an epoch.
         """
-        if not self.reader.exact:
-            raise TypeError(
-                "state_dict() needs a dataset with an index (written by shardstream pack) and resampled=False"
-            )
+        self.reader.check_exact("state_dict()")
         slot = self.worker_slot()
         if samples_consumed is None:  # a reader's own count (StatefulDataLoader)
             state = self._pass or self._loaded or self._view().upcoming
@@ -241,9 +215,8 @@ class ShardDataset(IterableDataset):
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next pass yields exactly the samples of that
-        epoch not yet consumed (split over this job's ranks and workers). In the training
-        process it reaches every DataLoader worker; in a worker, that worker.
+        """Resume from :meth:`state_dict`: the next pass yields exactly the samples of that epoch
+        not yet consumed (in the training process: in every DataLoader worker).
 
         Raises:
             ValueError: not a shardstream state, or saved for another dataset or settings.
@@ -262,12 +235,8 @@ class ShardDataset(IterableDataset):
         """
         return [self.shard_urls[i] for i in self._schedule.shard_ids(slot, self.epoch)]
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Runs in the main process when a DataLoader hands the dataset to spawned workers,
-        # which do not inherit torch.distributed: record the rank it knows here.
-        state = self.__dict__.copy()
-        state["_parent_rank"] = distributed_rank()
-        return state
+    def __getstate__(self) -> dict[str, Any]:  # to spawned workers, which lack torch.distributed: its rank
+        return {**self.__dict__, "_parent_rank": distributed_rank()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -277,18 +246,14 @@ class ShardDataset(IterableDataset):
             self._set = self._epochs.set(self._set[1].epoch, self._set[1].segments or [])
 
     def __iter__(self) -> Iterator[Any]:
-        """One pass: its epoch is fixed here, when the iterator is created (as a DataLoader
-        worker does at the start of each DataLoader iterator), so ``state_dict()`` describes
-        it before the first sample. Errors of that set-up are raised by the first ``next``."""
+        """One pass, its epoch fixed now (``state_dict()`` describes it before the first sample);
+        errors of that set-up are raised by the first ``next``."""
         try:
             slot, in_loader = self.worker_slot(), in_worker()
             worker_id = slot.worker_id if in_loader else None
             first_here = in_loader and self._reader_pid != os.getpid()  # a worker process's first pass
-            if first_here:
-                # A forked worker inherits the training process's heap and the collector's
-                # counts; its first full collection would walk all of it (~0.15 s) while the
-                # first sample waits: move inherited objects out of its way (CPython's advice).
-                gc.freeze()
+            if first_here:  # a forked worker's first full collection would walk the inherited heap
+                gc.freeze()  # (~0.15 s) while the first sample waits: CPython's advice after a fork
             state, first_advance = self._epochs.start_pass(
                 rank=slot.rank,
                 worker_id=worker_id,
@@ -298,24 +263,20 @@ class ShardDataset(IterableDataset):
                 loader=loader_id() if in_loader else 0,
             )
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
-            return _raise(exc)
+            return failing(exc)
         self._loaded = None
         self._pass, self._reader_pid = state, os.getpid()
         if first_advance:
             warn_advanced(state.epoch)
-        self._progress = ReaderPass()
-        try:
-            self._progress, out = self.reader.open(
-                state,
-                slot,
-                fetch=share_buffer(self.fetch, slot.num_workers if in_loader else 1),  # the rank's budget, shared
-                stats=self._board.reader(slot.worker_id + 1 if in_loader else 0),
-                log_line=(lambda: log.info("%s", self.stats().log_line())) if slot.worker_id == 0 else None,
-                on_end=lambda: self._epochs.finish_pass(rank=slot.rank, worker_id=worker_id),
-                once=self._epochs.once,
-            )
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
-            return _raise(exc)
+        self._progress, out = self.reader.open(
+            state,
+            slot,
+            fetch=share_buffer(self.fetch, slot.num_workers if in_loader else 1),  # the rank's budget, shared
+            stats=self._board.reader(slot.worker_id + 1 if in_loader else 0),
+            log_line=(lambda: log.info("%s", self.stats().log_line())) if slot.worker_id == 0 else None,
+            on_end=lambda: self._epochs.finish_pass(rank=slot.rank, worker_id=worker_id),
+            once=self._epochs.once,
+        )
         return out
 
 
@@ -324,24 +285,15 @@ def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:
     for a checkpoint: ``loader.dataset.state_dict(samples_consumed, batch_size=loader.batch_size,
     num_workers=loader.num_workers)``. Resume with ``dataset.load_state_dict(state)``.
 
-    Args:
-        loader: the DataLoader (in order, as by default; ``drop_last=False``).
-        samples_consumed: samples this rank took from the loader's current iterator (all ranks
-            the same; e.g. ``steps * batch_size``).
+    ``samples_consumed``: samples this rank took from the loader's current iterator (all ranks
+    the same; e.g. ``steps * batch_size``).
 
     Raises:
         TypeError: the loader's dataset is not a ShardDataset.
-        ValueError: the loader drops last batches, delivers out of order, or batches other than
-            the dataset's ``batch_size``.
+        ValueError: as :func:`~shardstream.reading.reader.loader_batch_size`.
     """
     dataset = loader.dataset
     if not isinstance(dataset, ShardDataset):
         raise TypeError(f"loader.dataset is a {type(dataset).__name__}, not a ShardDataset")
     batch_size = loader_batch_size(loader, batch_size=dataset.batch_size, batches=dataset.collate is not None)
     return dataset.state_dict(samples_consumed, batch_size=batch_size, num_workers=loader.num_workers)
-
-
-def _raise(exc: BaseException) -> Iterator[Any]:
-    """An iterator that raises ``exc`` at its first ``next``."""
-    raise exc
-    yield

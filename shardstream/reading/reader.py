@@ -45,7 +45,7 @@ from .stats import ReaderStats
 log = logging.getLogger("shardstream")
 _UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
 
-__all__ = ["ReadOptions", "Reader", "ReaderPass", "loader_batch_size", "open_reader"]
+__all__ = ["ReadOptions", "Reader", "ReaderPass", "failing", "loader_batch_size", "open_reader"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +116,15 @@ class Reader:
         """Epochs planned from sample counts (an index, or a mixture), not resampled."""
         return self.schedule.num_samples is not None and not self.options.resampled
 
+    def check_exact(self, what: str) -> None:
+        """Raise unless epochs are exact (:attr:`exact`), for ``what`` that needs it.
+
+        Raises:
+            TypeError: no index (bare shard URLs) or ``resampled``: counts are unknown.
+        """
+        if not self.exact:
+            raise TypeError(f"{what} needs a dataset with an index (written by shardstream pack) and resampled=False")
+
     def group(self, slot: WorkerSlot) -> WorkerSlot:
         """The reader of the data ``slot`` is: with ``replication`` k, its rank's data-parallel
         group (``rank // k`` of ``world_size // k``), so a group's ranks read alike.
@@ -159,8 +168,8 @@ class Reader:
             once: whether a warning (a flag) is due: true once per dataset
                 (:meth:`~.epochs.EpochBoard.once`), so workers do not each warn.
 
-        Raises:
-            ValueError: the checkpoint cannot be split for this slot (raised here, at once).
+        What it hands out raises, at its first ``next``, a ValueError where the checkpoint
+        cannot be split for this slot.
         """
         options, schedule = self.options, self.schedule
         if self.exact and options.batch_size is None and slot.num_workers > 1 and once(_UNBATCHED):
@@ -174,7 +183,10 @@ class Reader:
                 slot.num_workers - 1,
             )
         if self.exact:
-            mine, seg = schedule.worker_plan(schedule.plan(state), slot)
+            try:
+                mine, seg = schedule.worker_plan(schedule.plan(state), slot)
+            except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
+                return ReaderPass(), failing(exc)
             progress = ReaderPass((seg, mine.skip))
             file_runs = reads_runs(options.batcher, decode=options.decode, on_error=options.on_error)
             read: Iterator[Batch | FileRun] = schedule.read_worker(
@@ -232,6 +244,13 @@ class Reader:
                     yield decode(sample)
         if on_end is not None:
             on_end()
+
+
+def failing(exc: BaseException) -> Iterator[Any]:
+    """An iterator that raises ``exc`` at its first ``next`` (errors of a pass's set-up reach
+    the consumer there, as a DataLoader worker hands them on)."""
+    raise exc
+    yield
 
 
 def _count(pieces: Sequence[RunPiece], progress: ReaderPass, stats: ReaderStats) -> None:

@@ -486,7 +486,7 @@ class MixtureSchedule(Schedule):
         return read_mixed(engines, self.real_plans(mine, epoch), mine, names=self.names, fetch=fetch, stats=stats)
 
     def shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
-        raise TypeError("shard_ids() answers for one dataset; a mixture's readers read parts of every source")
+        raise TypeError("shards_for() answers for one dataset; a mixture's readers read parts of every source")
 
     def real_plans(self, plan: MixWorkerPlan, epoch: int) -> list[WorkerPlan]:
         """Each source's part of ``plan`` over its real shards, to read."""
