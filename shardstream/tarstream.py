@@ -1,4 +1,6 @@
-"""A streaming tar reader: members and samples from any object with ``read(n)``.
+"""A streaming tar reader: members and samples from any object with ``read(n)``, or from a
+:class:`ShardStream` (the streams :mod:`shardstream.storage` gives, whose chunks it takes
+uncopied).
 
 It parses 512-byte headers itself (ustar, GNU long names, PAX names and sizes), checks each
 header's checksum, skips directories, refuses links, devices, FIFOs, absolute paths and
@@ -10,9 +12,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import zlib
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from .errors import CorruptShardError
 from .format import BLOCK_BYTES, RESERVED_FIELDS
@@ -21,9 +24,12 @@ log = logging.getLogger("shardstream")
 
 __all__ = [
     "Batch",
+    "Chunk",
     "Hashed",
     "Pieces",
     "ReadStream",
+    "ShardStream",
+    "Window",
     "compression_of",
     "iter_members",
     "iter_members_at",
@@ -69,10 +75,69 @@ class Pieces:
         return self.nbytes
 
 
+class Window:
+    """Bytes ``start`` to ``end`` of a memory map (a byte range of a mapped shard), handed on
+    as a chunk: ``len`` and slices to ``bytes`` like one, and :meth:`window` for a reader that
+    slices the map itself."""
+
+    __slots__ = ("_len", "_map", "_start")
+
+    def __init__(self, mapped: mmap.mmap, start: int, end: int) -> None:
+        self._map, self._start, self._len = mapped, start, end - start
+
+    def __len__(self) -> int:
+        return self._len
+
+    def window(self) -> tuple[mmap.mmap, int, int]:
+        """``(map, start, end)``: the map and where this window lies in it."""
+        return self._map, self._start, self._start + self._len
+
+    def __getitem__(self, key: slice) -> bytes:
+        a, b, _ = key.indices(self._len)
+        return self._map[self._start + a : self._start + max(a, b)]
+
+
+#: A piece of a shard's bytes as a :class:`ShardStream` hands it on: ``bytes``, a memory map
+#: of a whole shard, or a :class:`Window` of one.
+Chunk = bytes | mmap.mmap | Window
+
+
 class ReadStream(Protocol):
     """Anything with ``read(n) -> bytes`` that returns fewer than ``n`` bytes only at the end."""
 
     def read(self, n: int, /) -> bytes: ...
+
+
+class ShardStream(Protocol):
+    """A shard's bytes (or a byte range of them), front to back: what
+    :func:`~shardstream.storage.fetch.iter_shard_streams` yields, the one interface the tar
+    parser, the slicer and the reading engine use. A stream implements it explicitly (its
+    class subclasses this one), as the streams of :mod:`shardstream.storage` and
+    :class:`Hashed` do: the tar parser tells one from a plain :class:`ReadStream` by its
+    class.
+
+    Read it one way only: :meth:`read`, :meth:`chunks` or :meth:`groups`.
+    """
+
+    #: The local file the stream reads in place, which stays readable after the stream has
+    #: moved on (a local shard's); None for any other (remote shards, cache entries, which
+    #: may be evicted, files that are not mapped).
+    path: str | None
+
+    def read(self, n: int, /) -> bytes:
+        """Up to ``n`` bytes; fewer only at the end."""
+        ...
+
+    def chunks(self) -> Iterator[Chunk]:
+        """The rest of the stream in :data:`Chunk` s of any size, uncopied. A chunk handed
+        out may be released when the next one is asked for."""
+        ...
+
+    def groups(self) -> Iterator[Chunk | Pieces]:
+        """As :meth:`chunks`, but where the stream received several pieces together (one
+        ranged GET's body) they come as one :class:`Pieces`, for a slicer to work out all
+        their samples at once."""
+        ...
 
 
 def _number(field: bytes, *, url: str, offset: int) -> int:
@@ -109,7 +174,9 @@ def _pax_records(data: bytes, *, url: str, offset: int) -> dict[str, str]:
     return records
 
 
-def iter_members(stream: ReadStream, *, url: str, end_of_archive: bool = True) -> Iterator[tuple[str, bytes]]:
+def iter_members(
+    stream: ReadStream | ShardStream, *, url: str, end_of_archive: bool = True
+) -> Iterator[tuple[str, bytes]]:
     """Yield ``(member_name, payload)`` for each regular file in a tar stream, in order.
 
     Raises:
@@ -120,7 +187,7 @@ def iter_members(stream: ReadStream, *, url: str, end_of_archive: bool = True) -
 
 
 def iter_members_at(
-    stream: ReadStream,
+    stream: ReadStream | ShardStream,
     *,
     url: str,
     base_offset: int = 0,
@@ -132,9 +199,9 @@ def iter_members_at(
     ``payload_offset`` is the byte where the payload starts in the tar stream.
 
     Args:
-        stream: the shard's bytes, read front to back: an object with ``read(n)``, or with a
-            ``chunks()`` method yielding the bytes in pieces of any size (the streams of
-            :mod:`shardstream.storage.fetch` have it; it saves a method call per header and payload).
+        stream: the shard's bytes, read front to back: an object with ``read(n)``, or a
+            :class:`ShardStream`, whose chunks are taken as they are (it saves a method call
+            per header and payload).
         url: the shard's URL, named in errors.
         base_offset: where the stream starts in the shard (a byte range of it starts at a
             member's header); offsets yielded and named in errors count from the shard's start.
@@ -247,23 +314,31 @@ def _unzstd(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
         ) from exc
 
 
-class Hashed:
-    """A shard stream whose chunks are counted and CRC-32'd (zlib, no copy) as a reader takes
+class Hashed(ShardStream):
+    """A shard stream whose bytes are counted and CRC-32'd (zlib, no copy) as a reader takes
     them; :meth:`drain` takes the rest, so ``crc32`` and ``nbytes`` cover the whole stream.
-    ``head``: its first bytes (up to 4), to tell a compressed shard."""
+    ``head``: its first bytes (up to 4), to tell a compressed shard. Its :attr:`path` is None:
+    its bytes are to be read through it."""
 
-    def __init__(self, stream: Any) -> None:
+    path: str | None = None
+
+    def __init__(self, stream: ReadStream | ShardStream) -> None:
         self._source = stream
         self._chunks: Iterator[Any] | None = None
         self.crc32 = 0
         self.nbytes = 0
         self.head = b""
 
-    def chunks(self) -> Iterator[Any]:
+    def read(self, n: int, /) -> bytes:
+        out = self._source.read(n)
+        self._count(out)
+        return out
+
+    def chunks(self) -> Iterator[Chunk]:
         self._chunks = stream_chunks(self._source)
         return self._counted()
 
-    def groups(self) -> Iterator[Any]:
+    def groups(self) -> Iterator[Chunk | Pieces]:
         """Like :meth:`chunks`, with the source's :class:`Pieces` where it has them."""
         self._chunks = stream_chunks(self._source, grouped=True)
         return self._counted()
@@ -276,22 +351,31 @@ class Hashed:
         assert self._chunks is not None  # internal invariant: chunks() set it
         for chunk in self._chunks:
             for piece in chunk.pieces if type(chunk) is Pieces else (chunk,):
-                if len(self.head) < 4:
-                    self.head += bytes(piece[: 4 - len(self.head)])
-                self.crc32 = zlib.crc32(piece, self.crc32)
-                self.nbytes += len(piece)
+                self._count(piece)
             yield chunk
 
+    def _count(self, piece: Any) -> None:
+        if len(self.head) < 4:
+            self.head += bytes(piece[: 4 - len(self.head)])
+        self.crc32 = zlib.crc32(piece, self.crc32)
+        self.nbytes += len(piece)
 
-def stream_chunks(stream: Any, chunk_bytes: int = 1 << 20, *, grouped: bool = False) -> Iterator[Any]:
-    """A shard stream's bytes in pieces: its own ``chunks()`` where it has them (the streams
-    of :mod:`shardstream.storage.fetch`, uncopied), else ``read(chunk_bytes)`` until it ends.
-    ``grouped``: its ``groups()`` where it has them, which may hand on :class:`Pieces`."""
-    if grouped and hasattr(stream, "groups"):
-        return iter(stream.groups())
-    if hasattr(stream, "chunks"):
-        return iter(stream.chunks())
+
+def stream_chunks(
+    stream: ReadStream | ShardStream, chunk_bytes: int = 1 << 20, *, grouped: bool = False
+) -> Iterator[Any]:
+    """A shard stream's bytes in pieces: a :class:`ShardStream`'s own chunks (uncopied; with
+    ``grouped``, its groups, which may hand on :class:`Pieces`), else ``read(chunk_bytes)``
+    until it ends."""
+    if _declares(stream):
+        return iter(stream.groups() if grouped else stream.chunks())
     return iter(lambda: stream.read(chunk_bytes), b"")
+
+
+def _declares(stream: ReadStream | ShardStream) -> TypeGuard[ShardStream]:
+    """Whether ``stream``'s class implements :class:`ShardStream` explicitly (a class check,
+    0.1 us, where a structural ``isinstance`` costs some 30 us a shard)."""
+    return ShardStream in type(stream).__mro__
 
 
 def _take(chunks: Iterator[bytes], buf: bytes, pos: int, n: int) -> tuple[bytes, bytes, int]:
@@ -477,7 +561,7 @@ def read_header(block: bytes, *, url: str, offset: int) -> tuple[str, int, bool]
 
 
 def iter_sample_batches(
-    stream: ReadStream,
+    stream: ReadStream | ShardStream,
     *,
     url: str,
     end_of_archive: bool = True,
@@ -536,7 +620,9 @@ def iter_sample_batches(
         yield batch
 
 
-def iter_samples(stream: ReadStream, *, url: str, end_of_archive: bool = True) -> Iterator[dict[str, object]]:
+def iter_samples(
+    stream: ReadStream | ShardStream, *, url: str, end_of_archive: bool = True
+) -> Iterator[dict[str, object]]:
     """Group consecutive members sharing a key into sample dicts (``end_of_archive`` as
     :func:`iter_members_at`: False for a byte range of a shard).
 

@@ -16,10 +16,12 @@ What it promises:
   :meth:`ReadingEngine.read_shards` yields every sample of the shards, shard after shard,
   in each shard's order.
 - **Bounded memory.** Bytes fetched and not yet consumed stay within the fetch config's
-  ``max_buffer_bytes`` (shared by the lanes, :func:`share_buffer` shares a rank's budget
-  among its workers); a sample that arrived before its turn is held only until its turn,
-  at most ``plan.capacity`` (the shuffle buffer) of them; per-shard tables are held for
-  the runs read ahead (``max_inflight_shards + 1``) and the runs cut from a shard.
+  ``max_buffer_bytes``, which readers that share it (a rank's workers, :func:`share_buffer`;
+  a mixture's sources; a reader's lanes) cut into parts with one function,
+  :func:`~shardstream.storage.producer.share_read_ahead`; a sample that arrived before its
+  turn is held only until its turn, at most ``plan.capacity`` (the shuffle buffer) of them;
+  per-shard tables are held for the runs read ahead (``max_inflight_shards + 1``) and the
+  runs cut from a shard.
   Nothing is listed per sample up front: a plan of 10^8 samples costs what one of 10^4
   does before its first sample, but for its runs (O(shards)).
 - **Errors.** A malformed or truncated shard, one whose samples, keys or sizes disagree
@@ -33,11 +35,11 @@ What it promises:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -49,7 +51,8 @@ from ..shuffle import shuffle_buffer
 from ..storage.base import is_remote_url
 from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
-from ..tarstream import Batch, Hashed, iter_sample_batches, stream_chunks
+from ..storage.producer import share_read_ahead
+from ..tarstream import Batch, Hashed, ShardStream, iter_sample_batches, stream_chunks
 from .mixplan import MixWorkerPlan
 from .plan import PlanRun, WorkerPlan, ramp_samples, without
 from .shards import ShardSet
@@ -60,7 +63,6 @@ __all__ = ["ReadingEngine", "read_mixed", "repeat_over_skips", "share_buffer", "
 
 log = logging.getLogger("shardstream")
 _OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
-_MIN_PART_BYTES = 1 << 20  # the smallest ranged GET a worker's share of the read-ahead budget makes
 
 
 class ReadingEngine:
@@ -120,7 +122,13 @@ class ReadingEngine:
         emissions = plan.emissions()
         labels: Iterator[np.ndarray] = plan.labels()
         lane_runs = [plan.lane_runs(lane) for lane in range(plan.lanes)]
-        fetch = _lane_fetch(fetch, plan.lanes)
+        if plan.lanes > 1:  # each lane gets its share of the reader's read-ahead bounds
+            fetch = share_read_ahead(
+                fetch,
+                Fraction(1, plan.lanes),
+                requests=max(1, fetch.max_inflight_requests // plan.lanes),
+                shards=max(1, fetch.max_inflight_shards // plan.lanes),
+            )
         if plan.lanes == 1 and (plan.capacity <= 1 or plan.count <= 1):  # arrival order, one lane
             if plan.skip:
                 lane_runs[0] = without(lane_runs[0], np.arange(plan.skip, dtype=np.int64))
@@ -211,7 +219,7 @@ class ReadingEngine:
     def _read_run(
         self,
         url: str,
-        stream: Any,
+        stream: ShardStream,
         run: PlanRun,
         byte_range: tuple[int, int] | None,
         table_of: Callable[[], ShardTable],
@@ -239,7 +247,7 @@ class ReadingEngine:
             table = None  # a whole shard reads without its table, parsed
         if table is not None:
             slices = RunSlices(table, run.indices(), url=url)
-            path = getattr(stream, "path", None)  # a local shard's (a cache entry's may be evicted: not those)
+            path = stream.path  # a local shard's (a cache entry's may be evicted: not those)
             if file_runs and checked is None and path and not is_remote_url(url) and slices.uniform is not None:
                 yield FileRun(path, slices)
                 return
@@ -312,13 +320,16 @@ def read_mixed(
     in the order of ``mix.labels()``, less the ``mix.skip`` positions delivered before a
     resume. Each sample gets ``"__source__"``: its source's name. Counts per source go to
     ``stats`` as they are handed on. Each source reads ahead within its share of ``fetch``'s
-    bounds, in proportion to its samples (:func:`_source_fetch`)."""
+    bounds (its budget and requests), in proportion to its samples, so the sources read at
+    the pace they are consumed within about the reader's budget."""
     pulled = [0]
     total = max(1, sum(plan.count for plan in plans))
-    sources = [
-        _SourceQueue(engine.read_plan(plan, fetch=_source_fetch(fetch, plan.count / total), stats=stats), pulled, name)
-        for engine, plan, name in zip(engines, plans, names)
-    ]
+    sources = []
+    for engine, plan, name in zip(engines, plans, names):
+        share = plan.count / total
+        requests = max(1, round(fetch.max_inflight_requests * share))
+        source_fetch = share_read_ahead(fetch, share, requests=requests)
+        sources.append(_SourceQueue(engine.read_plan(plan, fetch=source_fetch, stats=stats), pulled, name))
     left = mix.skip
     out: list[Any] = []
     counts = np.zeros(len(engines), np.int64)
@@ -445,14 +456,10 @@ def repeat_over_skips(
 
 
 def share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
-    """``fetch`` for one of ``readers`` that share its ``max_buffer_bytes``: each gets an equal
-    part, holding at least two ranged GETs (smaller ones, down to 1 MiB, where the part is
-    small), so a rank's DataLoader workers together keep to the rank's budget."""
-    if readers <= 1:
-        return fetch
-    share = fetch.max_buffer_bytes // readers
-    part = min(fetch.part_bytes, max(_MIN_PART_BYTES, share // 2))
-    return dataclasses.replace(fetch, part_bytes=part, max_buffer_bytes=max(part, share))
+    """``fetch`` for one of ``readers`` that share its ``max_buffer_bytes`` (a rank's
+    DataLoader workers): each gets an equal part
+    (:func:`~shardstream.storage.producer.share_read_ahead`)."""
+    return share_read_ahead(fetch, Fraction(1, max(1, readers)))
 
 
 def _parsed_run(stream: Any, run: PlanRun, url: str, count: int, *, foreign: bool = False) -> Iterator[Batch]:
@@ -566,33 +573,6 @@ def _in_batches(samples: Iterator[dict[str, Any]], size: int = _OUT_BATCH) -> It
     if batch:
         batch.nbytes = sum(map(_payload_bytes, batch))
         yield batch
-
-
-def _source_fetch(fetch: FetchConfig, share: float) -> FetchConfig:
-    """A mixture's source's part of a reader's read-ahead bounds: ``share`` (its share of the
-    reader's samples) of the budget and requests, at least one ranged GET of 1 MiB or more,
-    so the sources read at the pace they are consumed within about the reader's budget."""
-    if share >= 1:
-        return fetch
-    budget = int(fetch.max_buffer_bytes * share)
-    part = min(fetch.part_bytes, max(_MIN_PART_BYTES, budget // 2))
-    return dataclasses.replace(
-        fetch,
-        part_bytes=part,
-        max_buffer_bytes=max(part, budget),
-        max_inflight_requests=max(1, round(fetch.max_inflight_requests * share)),
-    )
-
-
-def _lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
-    """Each of ``lanes`` concurrent readers gets a share of the reader's read-ahead bounds."""
-    if lanes <= 1:
-        return fetch
-    return dataclasses.replace(
-        share_buffer(fetch, lanes),
-        max_inflight_requests=max(1, fetch.max_inflight_requests // lanes),
-        max_inflight_shards=max(1, fetch.max_inflight_shards // lanes),
-    )
 
 
 def _payload_bytes(sample: dict[str, Any] | None) -> int:

@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import CorruptShardError
 from ..format import BLOCK_BYTES, RESERVED_FIELDS
 from ..index.table import ShardTable
-from ..tarstream import Batch, Pieces, read_header
+from ..tarstream import Batch, Chunk, Pieces, Window, read_header
 
 __all__ = ["BATCH_SAMPLES", "FileRun", "RunSlices", "Sliced", "iter_sliced_batches"]
 
@@ -316,13 +316,14 @@ class _Spread:
         return np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), _HEAD_BYTES)
 
 
-def iter_sliced_batches(chunks: Iterable[Any], run: RunSlices, *, base_offset: int = 0) -> Iterator[Batch]:
+def iter_sliced_batches(chunks: Iterable[Chunk | Pieces], run: RunSlices, *, base_offset: int = 0) -> Iterator[Batch]:
     """The run's samples from a shard's bytes, in batches (module doc).
 
     Args:
-        chunks: the shard's bytes from ``base_offset`` on, in pieces: ``bytes``, a memory map
-            of the whole shard, an object whose ``window()`` gives ``(map, start, end)``
-            (bytes ``start`` to ``end`` of a mapped shard), or :class:`Pieces`. Read to its end.
+        chunks: the shard's bytes from ``base_offset`` on, as a
+            :class:`~shardstream.tarstream.ShardStream`'s groups give them: ``bytes``, a memory
+            map of the whole shard, a :class:`~shardstream.tarstream.Window` of one, or
+            :class:`~shardstream.tarstream.Pieces`. Read to its end.
         run: where the samples lie.
         base_offset: the shard byte the first chunk starts at.
 
@@ -342,7 +343,7 @@ def iter_sliced_batches(chunks: Iterable[Any], run: RunSlices, *, base_offset: i
             view, lo, hi = _Flat(chunk, 0), pos, len(chunk)
         elif type(chunk) is Pieces:
             view, lo, hi = _Spread(chunk.pieces, pos), pos, pos + len(chunk)
-        elif hasattr(chunk, "window"):
+        elif type(chunk) is Window:
             buf, lo, hi = chunk.window()
             view = _Flat(buf, 0)
         else:

@@ -28,8 +28,9 @@ else in ``cache_dir`` or the root (and any symlink) is left alone.
 
 Why processes sharing the cache cannot deadlock
 -----------------------------------------------
-The fetcher (:mod:`shardstream.storage.fetch`) uses the cache so that no wait of one process ever
-depends on another process's consumer:
+The fetcher (:mod:`shardstream.storage.fetch`; its claims and fills are in
+:mod:`shardstream.storage.fill`) uses the cache so that no wait of one process ever depends on
+another process's consumer:
 
 1. *A fill depends on nothing but S3 and the disk.* A process that gets a shard's URL lock
    downloads the whole shard into the ``.partial`` file by itself, at network speed, and
@@ -193,6 +194,9 @@ class CachedShard:
 
     def readinto(self, buffer: bytearray | memoryview) -> int:
         return self._file.readinto(buffer)
+
+    def seek(self, offset: int) -> int:
+        return self._file.seek(offset)
 
     def close(self) -> None:
         """Close the file and drop the pin; the entry may be evicted afterwards. Idempotent."""
