@@ -55,6 +55,7 @@ from ..storage.producer import share_read_ahead
 from ..tarstream import Batch, Hashed, ShardStream, iter_sample_batches, stream_chunks
 from .mixplan import MixWorkerPlan
 from .plan import PlanRun, WorkerPlan, ramp_samples, without
+from .repeat import Repeater
 from .shards import ShardSet
 from .slicer import FileRun, RunSlices, iter_sliced_batches
 from .stats import ReaderStats
@@ -424,9 +425,8 @@ def repeat_over_skips(
 ) -> Iterator[Batch]:
     """Batches of decoded samples; a skipped (None) or undecodable one is counted and
     replaced by a repeat of the previous good one (or of the next, at the start), so the
-    count is kept."""
-    last: Any = None
-    owed = 0
+    count is kept (:class:`~.repeat.Repeater`)."""
+    repeater: Repeater[Any] = Repeater()
     warned: set[str] = set()
     for batch in batches:
         out = Batch(nbytes=batch.nbytes)
@@ -442,17 +442,13 @@ def repeat_over_skips(
                     sample = None
             if sample is None:
                 stats.add("skipped", 1)
-                if last is None:
-                    owed += 1
-                    continue
-                sample = last
-            last = sample
-            out.extend([sample] * (owed + 1))
-            owed = 0
+            out.extend(repeater.take(sample, skipped=sample is None))
         if out:
             yield out
-    if owed:
-        raise CorruptShardError(f"on_error='skip': all {owed} samples of this reader were skipped; nothing to repeat")
+    if repeater.owed:
+        raise CorruptShardError(
+            f"on_error='skip': all {repeater.owed} samples of this reader were skipped; nothing to repeat"
+        )
 
 
 def share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
