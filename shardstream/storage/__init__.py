@@ -10,8 +10,11 @@
   (adlfs); :mod:`.requests` (what these backends share: counts of open requests, Retry-After,
   per-process clients, common Store methods, the part-by-part upload sink); :mod:`.loop` (the
   background event loop remote reads run on);
-- :mod:`.fetch`: shard streams in order, S3 shards as ranged GETs running ahead in bounded
-  memory, local shards in place; :mod:`.cache`: the node cache it fills and reads;
+- :mod:`.fetch`: :func:`iter_shard_streams`, shard streams in order; :mod:`.producer`: remote
+  shards as ranged GETs running ahead in bounded memory (and the one function that cuts that
+  budget, ``share_read_ahead``); :mod:`.streams`: the stream adapters (local shards memory-mapped
+  in place, remote bodies, cache entries), each a :class:`~shardstream.tarstream.ShardStream`;
+  :mod:`.fill`: a cache entry claimed and filled while it is read; :mod:`.cache`: the node cache;
 - :mod:`.shm`: small shared-memory files for a dataset's DataLoader workers.
 
 Nothing here imports torch, :mod:`shardstream.index`, ``packing`` or ``reading``.
