@@ -25,7 +25,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..config import FetchConfig
 from ..tarstream import Batch
 from .assign import WorkerSlot, assign_shards
 from .engine import ReadingEngine, read_mixed
@@ -35,7 +34,6 @@ from .mixture import Coverage, CoverageBase, Selection, Source, epoch_counts, se
 from .plan import EpochPlan, Segment, ShardOrder, WorkerPlan
 from .shards import ShardSet
 from .slicer import FileRun
-from .stats import ReaderStats
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "MixtureSchedule", "Plan", "Schedule", "segments_of"]
 
@@ -82,16 +80,10 @@ class Schedule:
         raise NotImplementedError
 
     def read_worker(
-        self,
-        mine: Any,
-        epoch: int,
-        engines: Sequence[ReadingEngine],
-        *,
-        fetch: FetchConfig,
-        stats: ReaderStats,
-        file_runs: bool,
+        self, mine: Any, epoch: int, engines: Sequence[ReadingEngine], **read: Any
     ) -> Iterator[Batch | FileRun]:
-        """A worker's piece ``mine`` of ``epoch``'s plan, read by ``engines`` (one a source)."""
+        """A worker's piece ``mine`` of ``epoch``'s plan, read by ``engines`` (one a source);
+        ``read``: :meth:`~.engine.ReadingEngine.read_plan`'s ``fetch``, ``stats`` and ``file_runs``."""
         raise NotImplementedError
 
     def loaded_state(self, state: dict[str, Any]) -> PassState:
@@ -338,16 +330,9 @@ class EpochSchedule(Schedule):
         return EpochPlan(shard_order=self.shard_order(state.epoch), counts=self.counts, **self._plan_args(state))
 
     def read_worker(
-        self,
-        mine: WorkerPlan,
-        epoch: int,
-        engines: Sequence[ReadingEngine],
-        *,
-        fetch: FetchConfig,
-        stats: ReaderStats,
-        file_runs: bool,
+        self, mine: WorkerPlan, epoch: int, engines: Sequence[ReadingEngine], **read: Any
     ) -> Iterator[Batch | FileRun]:
-        return engines[0].read_plan(mine, fetch=fetch, stats=stats, file_runs=file_runs)
+        return engines[0].read_plan(mine, **read)
 
     def loaded_state(self, state: dict[str, Any]) -> PassState:
         """The pass a checkpoint resumes, once checked against these shards and settings.
@@ -472,18 +457,12 @@ class MixtureSchedule(Schedule):
         return MixturePlan(self.selections(state.epoch), mix=self.mix, **self._plan_args(state))
 
     def read_worker(
-        self,
-        mine: MixWorkerPlan,
-        epoch: int,
-        engines: Sequence[ReadingEngine],
-        *,
-        fetch: FetchConfig,
-        stats: ReaderStats,
-        file_runs: bool,
+        self, mine: MixWorkerPlan, epoch: int, engines: Sequence[ReadingEngine], **read: Any
     ) -> Iterator[Batch | FileRun]:
         """Each source's part of ``mine`` read by its engine, interleaved as the plan says
         (file runs are not handed on: a mixture's batches mix sources)."""
-        return read_mixed(engines, self.real_plans(mine, epoch), mine, names=self.names, fetch=fetch, stats=stats)
+        plans = self.real_plans(mine, epoch)
+        return read_mixed(engines, plans, mine, names=self.names, fetch=read["fetch"], stats=read["stats"])
 
     def shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
         raise TypeError("shards_for() answers for one dataset; a mixture's readers read parts of every source")
