@@ -31,14 +31,20 @@ from tqdm import tqdm
 
 from ..config import FetchConfig, S3Config
 from ..errors import DestinationError, SampleFnError, ShardstreamError
-from ..index import MANIFEST_NAME, Manifest
-from ..storage import open_store
+from ..storage import Store
+from .destination import (
+    DEFAULT_MAX_SHARD_BYTES,
+    PackReport,
+    check_options,
+    merge_when_done,
+    open_destination,
+    prepare_state,
+)
 from .encode import JPEG_QUALITY, encode_sample
 from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
-from .pack import DEFAULT_MAX_SHARD_BYTES, PackReport, check_options, merge_when_done, prepare_state
 from .parts import Part, part_from_env
 from .sources import Problem, ProblemKind
-from .stream import OnError
+from .stream import OnError, die_with_parent
 
 __all__ = ["pack_samples"]
 
@@ -132,7 +138,7 @@ def pack_samples(
         raise ValueError("overwrite=True with several parts would let one part wipe another's; empty DEST first")
     check_options(name, max_shard_bytes, max_samples_per_shard)
     fn_bytes = _pickled(fn) if workers > 1 else b""
-    store = open_store(dest, s3=s3, fetch=fetch)
+    store = open_destination(dest, s3=s3, fetch=fetch)
     spec = PackSpec.of_code(
         f"pack_samples:{_qualified_name(fn)}",
         name=name,
@@ -140,12 +146,10 @@ def pack_samples(
         max_samples_per_shard=max_samples_per_shard,
         num_parts=part.count,
     )
-    store.check_writable()
-    report = _Report(dest=store.url)
     fix = "call pack_samples again with the same fn and options to finish it, pass overwrite=True to replace it"
     if prepare_state(store, spec, overwrite=overwrite, fix=fix):
-        totals = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME)).totals()
-        return report.finish(started, store, totals, complete=True)
+        return PackReport.nothing_to_do(store, started=started, unit="inputs")
+    report = _Report()
     state = read_stream_state(store, spec, part.index)
     if state.done is None:
         remove_stream_partials(store, spec, part.index)
@@ -163,18 +167,16 @@ def pack_samples(
             else _in_processes(fn_bytes, mine, workers, inputs_per_task, jpeg_quality)
         )
         try:
-            _write(results, journal, state.within, on_error, report, progress, store.url)
-            journal.finish()
-        except BaseException:
-            journal.abort()
-            raise
+            with journal:
+                _write(results, journal, state.within, on_error, report, progress, store.url)
+                journal.finish()
         finally:
             results.close()  # stops the workers now, not when the generator is collected
-            report.num_shards = journal.num_shards
+        report.num_shards = journal.num_shards
     else:
         report.resumed = True
     totals = merge_when_done(store, spec, empty=f"{store.url}: no input gave a sample (fn returned None for all?)")
-    return report.finish(started, store, totals)
+    return report.finish(store, totals, started)
 
 
 _END = object()
@@ -183,27 +185,22 @@ _END = object()
 class _Report:
     """What this run did, gathered for a :class:`PackReport`."""
 
-    def __init__(self, dest: str) -> None:
-        self.dest = dest
+    def __init__(self) -> None:
         self.num_inputs = self.num_samples = self.num_shards = self.payload_bytes = 0
         self.resumed = False
         self.problems: list[Problem] = []
 
-    def finish(
-        self, started: float, store: Any, totals: dict[str, int] | None, *, complete: bool = False
-    ) -> PackReport:
-        return PackReport(
-            dest=self.dest,
-            index_url=store.url_of(MANIFEST_NAME) if totals else None,
+    def finish(self, store: Store, totals: dict[str, int] | None, started: float) -> PackReport:
+        return PackReport.of(
+            store,
+            totals,
+            started=started,
             num_files=self.num_inputs,
             num_samples=self.num_samples,
             num_shards=self.num_shards,
             payload_bytes=self.payload_bytes,
-            resumed=self.resumed or complete,
-            seconds=time.perf_counter() - started,
+            resumed=self.resumed,
             problems=tuple(self.problems),
-            dataset_totals=totals,
-            already_complete=complete,
             unit="inputs",
         )
 
@@ -320,9 +317,7 @@ _worker_quality = JPEG_QUALITY
 
 def _init_worker(fn_bytes: bytes, jpeg_quality: int) -> None:
     global _worker_fn, _worker_quality
-    from .pack import _die_with_parent
-
-    _die_with_parent()
+    die_with_parent()
     _worker_fn, _worker_quality = pickle.loads(fn_bytes), jpeg_quality
 
 

@@ -41,7 +41,7 @@ from ..errors import DestinationError, IndexFormatError
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from ..storage import Store, write_pieces
 from .sources import Problem
-from .writer import PublishedShard, RotatingTarWriter
+from .writer import AbortsOnError, PublishedShard, RotatingTarWriter, ShardLimits
 
 __all__ = [
     "JournaledWriter",
@@ -52,7 +52,6 @@ __all__ = [
     "merge",
     "read_stream_state",
     "remove_stream_partials",
-    "write_shard_record",
 ]
 
 STATE_DIR = ".shardstream"
@@ -81,6 +80,11 @@ class PackSpec:
     @property
     def num_streams(self) -> int:
         return self.num_parts * self.workers
+
+    @property
+    def limits(self) -> ShardLimits:
+        """Where its shards end (for a listed pack, where its listing plans them to)."""
+        return ShardLimits(self.max_shard_bytes, self.max_samples_per_shard)
 
     def streams_of_part(self, part: int) -> list[int]:
         return list(range(part, self.num_streams, self.num_parts))
@@ -225,11 +229,9 @@ class StreamRecord:
         """Record name; ``seq=None`` names the stream's done marker."""
         return f"{STATE_DIR}/s{stream:05d}-{'done' if seq is None else f'{seq:07d}'}.json"
 
-
-def write_shard_record(store: Store, record: StreamRecord, published: PublishedShard) -> None:
-    """Publish the shard's sample table (streamed from its spool), then ``record``."""
-    write_pieces(store, published.name + TABLE_SUFFIX, published.table.pieces())
-    store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
+    def save(self, store: Store, *, done: bool = False) -> None:
+        """Write it under its name (``done``: as the stream's done marker)."""
+        store.write_bytes(StreamRecord.name(self.stream, None if done else self.seq), self.header())
 
 
 def remove_stream_partials(store: Store, spec: PackSpec, stream: int, shards: range | None = None) -> None:
@@ -247,7 +249,7 @@ def remove_stream_partials(store: Store, spec: PackSpec, stream: int, shards: ra
     store.remove_partials(mine, folders=("", STATE_DIR))
 
 
-class JournaledWriter:
+class JournaledWriter(AbortsOnError):
     """One stream's shards, each recorded right after it is published (with where the stream
     stood in its input, so a rerun resumes after it): what ``pack``, ``pack_samples`` and
     :class:`shardstream.ShardWriter` all write through.
@@ -255,7 +257,8 @@ class JournaledWriter:
     The position moves as samples are written and inputs done: :attr:`consumed` (inputs
     done), :attr:`within` (samples of the next input already written) and :attr:`last_key`. A
     shard published before a sample records the position as it was after the previous one.
-    :attr:`pending` problems go into the next record.
+    :attr:`pending` problems go into the next record. As a context manager, it drops the shard
+    in progress when the block raises.
     """
 
     def __init__(
@@ -266,35 +269,30 @@ class JournaledWriter:
         self.pending: list[Problem] = []
         self.num_shards = 0  # published by this run
         self.rows: list[dict[str, Any]] | None = None if first_shard is None else []  # a listed pack's, this run
-        planned = first_shard is not None  # shards end where the listing's plan says (end_shard)
         self.writer = RotatingTarWriter(
             store,
             shard_names=lambda seq: spec.shard_name(stream if first_shard is None else first_shard, seq),
-            max_shard_bytes=(1 << 62) if planned else spec.max_shard_bytes,
-            max_samples_per_shard=None if planned else spec.max_samples_per_shard,
+            limits=spec.limits if first_shard is None else None,  # a listed pack's shards end by end_shard
             first_seq=state.num_shards,
             on_commit=self._on_commit,
         )
 
-    def _on_commit(self, published: PublishedShard) -> None:
-        meta = {
-            "name": published.name,
-            "bytes": published.bytes,
-            "num_samples": published.num_samples,
-            "num_members": published.num_members,
-            "crc32": published.crc32,
-        }
-        record = StreamRecord(
+    def _record(self, seq: int, problems: tuple[Problem, ...] = (), **fields: Any) -> StreamRecord:
+        """A record of where the stream stands, with the problems pending (and ``problems``)."""
+        return StreamRecord(
             stream=self.stream,
-            seq=self.writer.seq - 1,
+            seq=seq,
             consumed=self.consumed,
             last_key=self.last_key,
             spec_digest=self.spec.digest,
-            shard=meta,
-            problems=tuple(self.pending),
+            problems=(*self.pending, *problems),
             within=self.within,
+            **fields,
         )
-        write_shard_record(self.store, record, published)
+
+    def _on_commit(self, published: PublishedShard) -> None:
+        record = self._record(self.writer.seq - 1, shard=published.row)
+        record.save(self.store)
         self._recorded(record)
         self.num_shards += 1
 
@@ -309,15 +307,8 @@ class JournaledWriter:
         if self.writer.in_progress:
             self.writer.close()
             return
-        record = StreamRecord(
-            stream=self.stream,
-            seq=self.writer.seq,
-            consumed=self.consumed,
-            last_key=self.last_key,
-            spec_digest=self.spec.digest,
-            problems=tuple(self.pending),
-        )
-        self.store.write_bytes(StreamRecord.name(record.stream, record.seq), record.header())
+        record = self._record(self.writer.seq)
+        record.save(self.store)
         self.writer.skip()
         self._recorded(record)
 
@@ -341,17 +332,8 @@ class JournaledWriter:
         and ``problems``; a listed pack's with every shard's row, ``earlier_rows`` being
         those of the runs before this one)."""
         self.writer.close()
-        done = StreamRecord(
-            stream=self.stream,
-            seq=self.writer.seq,
-            consumed=self.consumed,
-            last_key=self.last_key,
-            spec_digest=self.spec.digest,
-            problems=tuple(self.pending) + problems,
-            within=self.within,
-            rows=None if self.rows is None else (*(earlier_rows or ()), *self.rows),
-        )
-        self.store.write_bytes(StreamRecord.name(self.stream, None), done.header())
+        rows = None if self.rows is None else (*(earlier_rows or ()), *self.rows)
+        self._record(self.writer.seq, problems, rows=rows).save(self.store, done=True)
         self.pending.clear()
 
     def abort(self) -> None:
@@ -469,6 +451,12 @@ class ManifestColumns:
         self.blob += name
         columns["name_offsets"].append(len(self.blob))
 
+    def write(self, store: Store) -> dict[str, int]:
+        """Write ``store``'s ``index.bin`` from the rows added; its totals."""
+        manifest = self.manifest(store.url_of(MANIFEST_NAME))
+        write_pieces(store, MANIFEST_NAME, manifest.pieces())
+        return manifest.totals()
+
     def manifest(self, url: str) -> Manifest:
         columns = self.columns
         return Manifest(
@@ -539,8 +527,6 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
             columns.add(record.shard, url=store.url_of(StreamRecord.name(record.stream, record.seq)))
         for done in done_records:
             problems.extend(done.problems)
-    manifest = columns.manifest(store.url_of(MANIFEST_NAME))
     report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
     store.write_bytes(REPORT_NAME, report)
-    write_pieces(store, MANIFEST_NAME, manifest.pieces())
-    return manifest.totals(), problems
+    return columns.write(store), problems

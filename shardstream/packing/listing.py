@@ -9,9 +9,10 @@ prefix) is listed **once** per pack, whatever the number of parts and workers:
    the results are consumed in walk order. Each file's size comes with the listing (a ``stat``
    for local files, the LIST answer for objects).
 2. With ``shuffle``, samples pass a seeded shuffle buffer.
-3. The samples are cut into shards by the writer's own rule (a shard ends before the sample
-   that would push it past ``max_shard_bytes``, headers, padding and end-of-archive included, or
-   past ``max_samples_per_shard``), so the shard of every sample is known before any is read.
+3. The samples are cut into shards by the writer's own rule (``ShardLimits`` of
+   :mod:`shardstream.packing.writer`: a shard ends before the sample that would push it past
+   ``max_shard_bytes``, headers, padding and end-of-archive included, or past
+   ``max_samples_per_shard``), so the shard of every sample is known before any is read.
 4. The plan is written as listing files ``DEST/.shardstream/list-NNNNNN.txt``, each holding
    whole shards (a new file starts at the first shard boundary after :data:`LIST_FILE_ENTRIES`
    files), then ``list-problems.jsonl`` (what the walk did not pack) and ``list-done.json``
@@ -45,10 +46,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import DestinationError, IndexFormatError
-from ..format import END_OF_ARCHIVE, member_header, padded_size, split_key
+from ..format import member_header, padded_size, split_key
 from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url
 from .sources import OnProblem, Problem, Sample, SourceFile, iter_source_samples
+from .writer import ShardLimits
 
 __all__ = ["LIST_PREFIX", "Listing", "ensure_listing", "plan_shards", "write_listing"]
 
@@ -170,16 +172,12 @@ def sample_tar_bytes(sample: Sample) -> int:
     return sum(len(member_header(f.member_name, f.size or 0)) + padded_size(f.size or 0) for f in sample.files)
 
 
-def plan_shards(
-    samples: Iterator[Sample], *, max_shard_bytes: int, max_samples_per_shard: int | None
-) -> Iterator[tuple[bool, Sample]]:
-    """``(starts_a_shard, sample)``: the writer's rotation rule applied to listed sizes."""
+def plan_shards(samples: Iterator[Sample], limits: ShardLimits) -> Iterator[tuple[bool, Sample]]:
+    """``(starts_a_shard, sample)``: the writer's rule (``limits``) applied to listed sizes."""
     shard_bytes = shard_samples = 0
     for sample in samples:
         size = sample_tar_bytes(sample)
-        new = shard_samples == 0 or (
-            shard_bytes + size + len(END_OF_ARCHIVE) > max_shard_bytes or shard_samples == max_samples_per_shard
-        )
+        new = shard_samples == 0 or limits.ends_before(shard_bytes, shard_samples, size)
         if new:
             shard_bytes = shard_samples = 0
         shard_bytes += size
@@ -220,9 +218,7 @@ def write_listing(
         shard_samples.clear()
         file_entries = 0
 
-    for new, sample in plan_shards(
-        samples, max_shard_bytes=spec.max_shard_bytes, max_samples_per_shard=spec.max_samples_per_shard
-    ):
+    for new, sample in plan_shards(samples, spec.limits):
         if new:
             if file_entries >= LIST_FILE_ENTRIES:
                 flush()

@@ -10,103 +10,32 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from ..config import FetchConfig, S3Config
-from ..errors import (
-    DestinationError,
-    IndexFormatError,
-    ShardstreamError,
-    SourceError,
+from ..errors import ShardstreamError
+from ..storage import Store, is_remote_url
+from .destination import (
+    DEFAULT_MAX_SHARD_BYTES,
+    PackReport,
+    check_options,
+    check_outside,
+    merge_when_done,
+    open_destination,
+    prepare_state,
 )
-from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
-from ..storage import LocalStore, Store, is_remote_url, open_store
-from .journal import (
-    REPORT_NAME,
-    SPEC_NAME,
-    STATE_DIR,
-    PackSpec,
-    merge,
-    unfinished_streams,
-)
+from .destination import wipe as wipe  # its old home, for older imports (as the names above)
+from .journal import PackSpec
 from .listing import Listing, ensure_listing
 from .parts import Part, part_from_env
 from .sources import Problem, check_source
-from .stream import OnError, StreamJob, StreamResult, check_problem, run_stream
+from .stream import OnError, StreamJob, StreamResult, check_problem, die_with_parent, run_stream
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
-DEFAULT_MAX_SHARD_BYTES = 256 << 20
 DEFAULT_SHUFFLE_BUFFER = 100_000
-
-
-@dataclass(frozen=True, kw_only=True)
-class PackReport:
-    """What :func:`pack` did. Sizes are bytes, times seconds.
-
-    Attributes:
-        dest: the destination URL.
-        index_url: where the index is, or None while other parts are unfinished.
-        num_files, num_samples, payload_bytes: what this run read and packed (``num_files``
-            counts inputs for :func:`pack_samples`, samples for :class:`ShardWriter`).
-        num_shards: shards this run published.
-        resumed: True when this run continued an earlier, interrupted one.
-        seconds: wall time.
-        problems: entries this run did not pack (or packed with a warning), and why.
-        dataset_totals: the index totals when this run wrote the index.
-    """
-
-    dest: str
-    index_url: str | None
-    num_files: int
-    num_samples: int
-    num_shards: int
-    payload_bytes: int
-    resumed: bool
-    seconds: float
-    problems: tuple[Problem, ...]
-    dataset_totals: dict[str, int] | None = None
-    already_complete: bool = False
-    unit: str = "files"  # what num_files counts: "files", "inputs" (pack_samples), "samples" (ShardWriter)
-
-    def summary(self) -> str:
-        """One line: counts, sizes, speed, and where the index is."""
-        if self.already_complete and self.dataset_totals is not None:
-            t = self.dataset_totals
-            return (
-                f"nothing to do: {self.dest} already holds this pack; index {self.index_url}: "
-                f"{t['num_shards']} shards, {t['num_samples']} samples"
-            )
-        seconds = max(self.seconds, 1e-9)
-        megabytes = f"{self.payload_bytes / 1e6:.1f} MB"
-        if self.unit == "samples":
-            what = f"{self.num_samples} samples ({megabytes})"
-        else:
-            what = f"{self.num_files} {self.unit} ({self.num_samples} samples, {megabytes})"
-        line = (
-            f"packed {what} into {self.num_shards} shards in {self.seconds:.1f} s: "
-            f"{self.num_files / seconds:.0f} {self.unit}/s, {self.payload_bytes / 1e6 / seconds:.1f} MB/s"
-        )
-        if self.resumed:
-            line += " (resumed)"
-        skipped = sum(not p.packed for p in self.problems)
-        if self.problems:
-            where = (
-                f"see {self.dest}/{REPORT_NAME}"
-                if self.dataset_totals is not None
-                else "listed in the report once every part is done"
-            )
-            line += f"; {skipped} skipped, {len(self.problems) - skipped} warnings ({where})"
-        if self.dataset_totals is not None:
-            t = self.dataset_totals
-            line += f"; index {self.index_url}: {t['num_shards']} shards, {t['num_samples']} samples"
-        else:
-            line += "; other parts unfinished, index not written yet"
-        return line
 
 
 def pack(
@@ -216,11 +145,8 @@ def pack(
         source_url = os.fspath(source).rstrip("/") if is_remote_url(os.fspath(source)) else check_source(source)
     if files_from is not None and is_remote_url(source_url):
         raise ValueError("--files-from takes a local SOURCE directory")
-    store = open_store(dest, s3=s3, fetch=fetch)
-    if _inside(store, source_url):
-        raise DestinationError(
-            f"{store.url} is inside SOURCE {source_url}, so pack would pack its own shards; pick a DEST outside SOURCE"
-        )
+    store = open_destination(dest, s3=s3, fetch=fetch)
+    check_outside(store, source_url)
     spec = PackSpec(
         source=source_url,
         files_from=files_from is not None,
@@ -234,22 +160,8 @@ def pack(
         from_shards=from_shards,
         listed=not from_shards,
     )
-    store.check_writable()
     if prepare_state(store, spec, overwrite=overwrite):
-        totals = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME)).totals()
-        return PackReport(
-            dest=store.url,
-            index_url=store.url_of(MANIFEST_NAME),
-            num_files=0,
-            num_samples=0,
-            num_shards=0,
-            payload_bytes=0,
-            resumed=True,
-            seconds=time.perf_counter() - started,
-            problems=(),
-            dataset_totals=totals,
-            already_complete=True,
-        )
+        return PackReport.nothing_to_do(store, started=started)
 
     listed_problems: list[Problem] = []
     with _spooled_list(files_from) as list_path:
@@ -290,17 +202,16 @@ def pack(
     problems = (*listed_problems, *(p for r in results for p in r.problems))
     listed = " and --files-from" if files_from else ""
     totals = merge_when_done(store, spec, empty=f"{source_url}: holds no file to pack (check SOURCE{listed})")
-    return PackReport(
-        dest=store.url,
-        index_url=store.url_of(MANIFEST_NAME) if totals else None,
+    return PackReport.of(
+        store,
+        totals,
+        started=started,
         num_files=sum(r.num_files for r in results),
         num_samples=sum(r.num_samples for r in results),
         num_shards=sum(r.num_shards for r in results),
         payload_bytes=sum(r.payload_bytes for r in results),
         resumed=any(r.resumed for r in results),
-        seconds=time.perf_counter() - started,
         problems=problems,
-        dataset_totals=totals,
     )
 
 
@@ -329,107 +240,6 @@ def list_once(
     return ensure_listing(
         store, spec, list_path=list_path, on_problem=on_problem, shuffle_samples=shuffle_buffer, s3=s3
     )
-
-
-def check_options(
-    name: str, max_shard_bytes: int, max_samples_per_shard: int | None, *, jpeg_quality: int | None = None
-) -> None:
-    """Raise ValueError naming a bad shard name prefix, size limit or JPEG quality (of the
-    writers that encode images)."""
-    if jpeg_quality is not None and not 1 <= jpeg_quality <= 95:
-        raise ValueError(f"{jpeg_quality=} must be in 1..95")
-    if not name or "/" in name:
-        raise ValueError(f"shard name prefix {name!r} must be a non-empty name without '/'")
-    if max_shard_bytes <= 0:
-        raise ValueError(f"{max_shard_bytes=} must be > 0")
-    if max_samples_per_shard is not None and max_samples_per_shard <= 0:
-        raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
-
-
-def merge_when_done(store: Store, spec: PackSpec, *, empty: str) -> dict[str, int] | None:
-    """Write the index once every stream (of every part) is done; its totals, or None while
-    some are not.
-
-    Raises:
-        SourceError: ``empty``, when nothing at all was packed (the state is removed, so the
-            next run starts afresh).
-    """
-    if unfinished_streams(store, spec):
-        return None
-    totals, _ = merge(store, spec)
-    if totals["num_samples"] == 0:
-        wipe(store, spec)
-        store.remove_empty_dirs((STATE_DIR, ""))
-        raise SourceError(empty)
-    return totals
-
-
-def prepare_state(
-    store: Store,
-    spec: PackSpec,
-    *,
-    overwrite: bool,
-    fix: str = "run the same command as before to finish it, pass --overwrite to replace it",
-) -> bool:
-    """Check what ``dest`` holds; wipe it for ``overwrite``; record ``spec``. ``fix`` is what
-    the error for a ``dest`` in use tells the user to do (the CLI's words by default).
-
-    Returns:
-        True when ``dest`` already holds the finished result of this very pack.
-    """
-    old_spec = None
-    if store.exists(SPEC_NAME):
-        old_spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
-    has_index = store.exists(MANIFEST_NAME) or store.exists(INDEX_NAME)
-    if not overwrite:
-        if old_spec == spec:
-            return has_index
-        if has_index or old_spec is not None:
-            what = "a dataset" if has_index else "an unfinished pack made with other options"
-            differences = f" ({old_spec.differences(spec)})" if old_spec is not None else ""
-            raise DestinationError(f"{store.url} already holds {what}{differences}; {fix}, or pick another DEST")
-    else:
-        wipe(store, old_spec)
-    if not store.create_exclusive(SPEC_NAME, spec.to_json()):  # another part got there first
-        winner = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
-        if winner != spec:
-            raise DestinationError(
-                f"{store.url}: another part started with other options ({winner.differences(spec)}); "
-                "every part must use the same options"
-            )
-    return False
-
-
-def wipe(store: Store, old_spec: PackSpec | None) -> None:
-    """Delete a dataset (index first, so it never outlives its shards) and any pack state."""
-    old_names: set[str] = set()
-    for index_name in (MANIFEST_NAME, INDEX_NAME):
-        if store.exists(index_name):
-            try:
-                old_names |= _shard_names(store, index_name)
-            except IndexFormatError:
-                pass
-            store.delete(index_name)
-    old_names |= {n + TABLE_SUFFIX for n in old_names}
-    for name in store.list_names(f"{STATE_DIR}/"):
-        if name != SPEC_NAME:
-            store.delete(name)
-    if old_spec is not None:
-        old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.shard_of_name(n) is not None)
-        store.remove_partials(
-            lambda n: old_spec.shard_of_name(n) is not None or n.startswith(f"{STATE_DIR}/"), folders=("", STATE_DIR)
-        )
-    store.remove_partials(lambda n: n in (MANIFEST_NAME, INDEX_NAME, REPORT_NAME))
-    for name in [*sorted(old_names), REPORT_NAME, SPEC_NAME]:
-        store.delete(name)
-
-
-def _shard_names(store: Store, index_name: str) -> set[str]:
-    """The shard names an index (version 2 or 1) lists."""
-    data, url = store.read_bytes(index_name), store.url_of(index_name)
-    if index_name == MANIFEST_NAME:
-        return set(Manifest.parse(data, url=url).names())
-    return {s.name for s in Index.from_json(data, url=url).shards}
 
 
 class _spooled_list:
@@ -514,7 +324,7 @@ def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None 
 
 
 def _stream_process(job: StreamJob, messages: Any) -> None:
-    _die_with_parent()
+    die_with_parent()
     pending = [0, 0, time.monotonic()]
 
     def advance(files: int, nbytes: int) -> None:
@@ -536,24 +346,3 @@ def _stream_process(job: StreamJob, messages: Any) -> None:
                 exc if isinstance(exc, ShardstreamError) else ShardstreamError(f"stream {job.stream}: {exc!r}"),
             )
         )
-
-
-def _die_with_parent() -> None:
-    """A worker must not outlive a killed pack (a rerun would race with it)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _inside(store: Store, source_url: str) -> bool:
-    """Whether the destination lies inside the source (symlinks resolved)."""
-    if isinstance(store, LocalStore):
-        if is_remote_url(source_url):
-            return False
-        dest, source = store.root.resolve(), Path(source_url).resolve()
-        return dest == source or source in dest.parents
-    if not is_remote_url(source_url):
-        return False
-    return (store.url + "/").startswith(source_url + "/")

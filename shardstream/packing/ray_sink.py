@@ -9,8 +9,10 @@ imports ray)::
     print(sink.totals)            # {"num_shards": ..., "num_samples": ..., ...}
 
 Each write task writes its rows, in order, through the same tar writer as ``pack`` and
-:class:`shardstream.ShardWriter` (same tar layout, a sample table beside each shard); the
-driver then writes ``index.bin`` listing every task's shards, by task then sequence number.
+:class:`shardstream.ShardWriter`, which publishes each shard and its sample table as it does
+for them; the driver checks and claims ``dest`` with their destination checks
+(:mod:`shardstream.packing.destination`), then writes ``index.bin`` from every task's shards'
+manifest rows (by task, then sequence number) as the journal's merge does.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from typing import Any
 
 from ..config import FetchConfig, S3Config
 from ..errors import DestinationError, MissingDependencyError, SourceError
-from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Manifest
-from ..storage import Store, is_remote_url, open_store, write_pieces
+from ..index import MANIFEST_NAME, TABLE_SUFFIX
+from ..storage import Store, is_remote_url
+from .destination import DEFAULT_MAX_SHARD_BYTES, check_destination, check_options, open_destination, wipe
 from .encode import JPEG_QUALITY, encode_sample
-from .journal import SPEC_NAME, STATE_DIR, PackSpec
-from .pack import DEFAULT_MAX_SHARD_BYTES, check_options, wipe
-from .writer import PublishedShard, RotatingTarWriter
+from .journal import SPEC_NAME, STATE_DIR, ManifestColumns
+from .writer import RotatingTarWriter, ShardLimits
 
 try:
     from ray.data import Datasink
@@ -146,7 +148,7 @@ class ShardDatasink(Datasink):
 
     def _open(self) -> Store:
         if self._store is None:
-            self._store = open_store(self.dest, s3=self.s3, fetch=self.fetch)
+            self._store = open_destination(self.dest, s3=self.s3, fetch=self.fetch)
         return self._store
 
     def on_write_start(self, schema: Any = None) -> None:
@@ -158,17 +160,13 @@ class ShardDatasink(Datasink):
                 (then they are deleted first).
         """
         store = self._open()
-        store.check_writable()
+        old_spec, index = check_destination(store)
         self.totals = None
-        has_index = store.exists(MANIFEST_NAME) or store.exists(INDEX_NAME)
-        old_spec = None
-        if store.exists(SPEC_NAME):
-            old_spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
         leftovers = [n for n in store.list_names(f"{self.name}-") if self._own.fullmatch(n)]
         if not self.overwrite:
             what = None
-            if has_index:
-                what = f"a dataset ({store.url_of(MANIFEST_NAME if store.exists(MANIFEST_NAME) else INDEX_NAME)})"
+            if index is not None:
+                what = f"a dataset ({store.url_of(index)})"
             elif old_spec is not None:
                 what = f"an unfinished pack ({store.url_of(SPEC_NAME)})"
             elif leftovers:
@@ -204,16 +202,10 @@ class ShardDatasink(Datasink):
         names = [row["name"] for row in rows]
         if len(set(names)) != len(names):
             raise RuntimeError(f"{store.url}: write tasks returned a shard twice: {sorted(names)}")
-        manifest = Manifest.from_columns(
-            names=names,
-            shard_bytes=[row["bytes"] for row in rows],
-            shard_samples=[row["num_samples"] for row in rows],
-            shard_members=[row["num_members"] for row in rows],
-            crc32=[int(row["crc32"], 16) for row in rows],
-            url=store.url_of(MANIFEST_NAME),
-        )
-        write_pieces(store, MANIFEST_NAME, manifest.pieces())
-        self.totals = manifest.totals()
+        columns = ManifestColumns()
+        for row in rows:
+            columns.add(row, url=store.url)
+        self.totals = columns.write(store)
 
     def on_write_failed(self, error: Exception) -> None:
         """Say what a failed write left (whole shards, no index)."""
@@ -245,31 +237,15 @@ class ShardDatasink(Datasink):
                 progress is dropped, those published stay.
             StorageError: the store failed.
         """
-        store = open_store(self.dest, s3=self.s3, fetch=self.fetch)
         task = int(ctx.task_idx)
         written: list[ManifestRow] = []
-
-        def on_commit(published: PublishedShard) -> None:
-            write_pieces(store, published.name + TABLE_SUFFIX, published.table.pieces())
-            written.append(
-                {
-                    "name": published.name,
-                    "bytes": published.bytes,
-                    "num_samples": published.num_samples,
-                    "num_members": published.num_members,
-                    "crc32": published.crc32,
-                }
-            )
-
-        writer = RotatingTarWriter(
-            store,
+        with RotatingTarWriter(
+            open_destination(self.dest, s3=self.s3, fetch=self.fetch),
             shard_names=lambda seq: self.shard_name(task, seq),
-            max_shard_bytes=self.max_shard_bytes,
-            max_samples_per_shard=self.max_samples_per_shard,
-            on_commit=on_commit,
-        )
-        last_key = None
-        try:
+            limits=ShardLimits(self.max_shard_bytes, self.max_samples_per_shard),
+            on_commit=lambda published: written.append(published.row),
+        ) as writer:
+            last_key = None
             for block in blocks:
                 for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
                     key, members = self._encode(row, task)
@@ -281,9 +257,6 @@ class ShardDatasink(Datasink):
                     writer.write_sample(key, members)
                     last_key = key
             writer.close()
-        except BaseException:
-            writer.abort()
-            raise
         return written
 
     def _encode(self, row: Any, task: int) -> tuple[str, list[tuple[str, bytes]]]:

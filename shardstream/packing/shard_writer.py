@@ -9,11 +9,16 @@ from typing import Any
 
 from ..config import FetchConfig, S3Config
 from ..errors import DestinationError
-from ..index import MANIFEST_NAME
-from ..storage import open_store
+from .destination import (
+    DEFAULT_MAX_SHARD_BYTES,
+    PackReport,
+    check_options,
+    merge_when_done,
+    open_destination,
+    prepare_state,
+)
 from .encode import JPEG_QUALITY, encode_sample
 from .journal import JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
-from .pack import DEFAULT_MAX_SHARD_BYTES, PackReport, check_options, merge_when_done, prepare_state
 from .parts import Part
 
 __all__ = ["ShardWriter"]
@@ -83,7 +88,7 @@ class ShardWriter:
         if overwrite and part.count > 1:
             raise ValueError("overwrite=True with several parts would let one part wipe another's; empty DEST first")
         self._started = time.perf_counter()
-        self._store = open_store(dest, s3=s3, fetch=fetch)
+        self._store = open_destination(dest, s3=s3, fetch=fetch)
         self._spec = PackSpec.of_code(
             "ShardWriter",
             name=name,
@@ -94,7 +99,6 @@ class ShardWriter:
         self._part = part
         self._jpeg_quality = jpeg_quality
         store = self._store
-        store.check_writable()
         complete = prepare_state(store, self._spec, overwrite=overwrite, fix="pass overwrite=True to replace it")
         state = read_stream_state(store, self._spec, part.index)
         if complete or state.num_shards or state.done is not None:
@@ -159,17 +163,16 @@ class ShardWriter:
         totals = merge_when_done(
             self._store, self._spec, empty=f"{self.url}: no sample was written; nothing is left there"
         )
-        self._report = PackReport(
-            dest=self.url,
-            index_url=self._store.url_of(MANIFEST_NAME) if totals else None,
+        self._report = PackReport.of(
+            self._store,
+            totals,
+            started=self._started,
             num_files=self._num_samples,
             num_samples=self._num_samples,
             num_shards=self._journal.num_shards,
             payload_bytes=self._payload_bytes,
             resumed=False,
-            seconds=time.perf_counter() - self._started,
             problems=(),
-            dataset_totals=totals,
             unit="samples",
         )
         return self._report

@@ -11,6 +11,7 @@ import concurrent.futures
 import enum
 import os
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_sample_batches
+from .destination import open_destination
 from .journal import (
     STATE_DIR,
     JournaledWriter,
@@ -33,7 +35,7 @@ from .journal import (
 from .listing import Listing
 from .sources import Problem, ProblemKind, Sample, SourceFile
 
-__all__ = ["OnError", "StreamJob", "StreamResult", "check_problem", "run_stream"]
+__all__ = ["OnError", "StreamJob", "StreamResult", "check_problem", "die_with_parent", "run_stream"]
 
 
 class OnError(enum.Enum):
@@ -68,7 +70,7 @@ class StreamResult:
 def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamResult:
     """Pack one stream, resuming after its last record."""
     spec, stream = job.spec, job.stream
-    store = open_store(job.dest, s3=job.s3, fetch=job.fetch)
+    store = open_destination(job.dest, s3=job.s3, fetch=job.fetch)
     state = read_stream_state(store, spec, stream)
     result = StreamResult(resumed=state.num_shards > 0 or state.done is not None)
     if state.done is not None:
@@ -80,18 +82,13 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     if spec.shuffle:
         mine = shuffle_buffer(mine, capacity_samples=job.shuffle_buffer, rng=random.Random(f"{spec.seed}/{stream}"))
     mine = _skip_consumed(mine, state, url=store.url_of(STATE_DIR))
-    journal = JournaledWriter(store, spec, stream, state)
-    try:
+    with JournaledWriter(store, spec, stream, state) as journal:
         for sample in mine:
             journal.write_sample(sample.key, sample.members)
             _count(result, sample.members, advance)
             journal.input_done(sample.key)
         journal.finish()
-    except BaseException:
-        journal.abort()
-        raise
-    finally:
-        result.num_shards = journal.num_shards
+    result.num_shards = journal.num_shards
     return result
 
 
@@ -122,9 +119,8 @@ def _run_listed(
             shard_of.append(shard)
             yield sample
 
-    journal = JournaledWriter(store, spec, stream, state, first_shard=first)
     current = start
-    try:
+    with JournaledWriter(store, spec, stream, state, first_shard=first) as journal:
         for sample, members, problems in _read_ahead(planned(), source_store):
             shard = shard_of.popleft()
             while current < shard:
@@ -142,11 +138,7 @@ def _run_listed(
             journal.end_shard()
             current += 1
         journal.finish(earlier_rows=earlier)
-    except BaseException:
-        journal.abort()
-        raise
-    finally:
-        result.num_shards = journal.num_shards
+    result.num_shards = journal.num_shards
     return result
 
 
@@ -164,6 +156,16 @@ def _skip_consumed(samples: Iterator[Sample], state: Any, *, url: str) -> Iterat
             f"{state.last_key!r}, {found}); restore it, or pack again with --overwrite"
         )
     return samples
+
+
+def die_with_parent() -> None:
+    """A worker process (of a pack or of pack_samples) must not outlive a killed parent (a
+    rerun would race with it)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def check_problem(problem: Problem, on_error: OnError) -> None:

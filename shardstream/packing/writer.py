@@ -1,50 +1,110 @@
-"""The tar writer under every writing path: samples in, tar shards out, rotating on bytes and
-sample count (the public :class:`shardstream.ShardWriter` and :func:`shardstream.pack_samples`
-add the journal and the value encoding on top)."""
+"""The tar writer under every writing path: samples in, tar shards out, each shard published
+with its sample table (:meth:`RotatingTarWriter._publish`, the one publish path of ``pack``,
+:class:`shardstream.ShardWriter`, :func:`shardstream.pack_samples` and the Ray datasink, which
+add the journal and the value encoding on top); and :class:`ShardLimits`, the one rule for
+where a shard ends, which the listing's plan (:mod:`.listing`) applies too."""
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ..format import END_OF_ARCHIVE, member_header, padded_size
-from ..index import TableSpool
-from ..storage import ShardSink, Store
+from ..index import TABLE_SUFFIX, TableSpool
+from ..storage import ShardSink, Store, write_pieces
 
-__all__ = ["PublishedShard", "RotatingTarWriter"]
+__all__ = ["AbortsOnError", "PublishedShard", "RotatingTarWriter", "ShardLimits"]
 
 _ZEROS = bytes(512)
 
 
 @dataclass(frozen=True)
+class ShardLimits:
+    """Where a shard ends: before a sample that would push it past ``max_shard_bytes``
+    (headers, padding and the end-of-archive blocks included) or past ``max_samples_per_shard``
+    samples; so a shard exceeds ``max_shard_bytes`` only when it holds a single sample that
+    alone does.
+
+    Raises:
+        ValueError: a limit is not > 0.
+    """
+
+    max_shard_bytes: int
+    max_samples_per_shard: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_shard_bytes <= 0:
+            raise ValueError(f"max_shard_bytes={self.max_shard_bytes!r} must be > 0")
+        if self.max_samples_per_shard is not None and self.max_samples_per_shard <= 0:
+            raise ValueError(f"max_samples_per_shard={self.max_samples_per_shard!r} must be > 0 (or None for no limit)")
+
+    def ends_before(self, shard_bytes: int, shard_samples: int, sample_bytes: int) -> bool:
+        """Whether a shard holding ``shard_samples`` samples in ``shard_bytes`` bytes ends
+        before a sample of ``sample_bytes`` (its members' headers and padded payloads); an
+        empty shard takes any sample."""
+        return shard_samples > 0 and (
+            shard_bytes + sample_bytes + len(END_OF_ARCHIVE) > self.max_shard_bytes
+            or shard_samples == self.max_samples_per_shard
+        )
+
+
+@dataclass(frozen=True)
 class PublishedShard:
-    """A shard just published, with its sample table spooled (not held as objects)."""
+    """A shard just published, with its sample table: what its manifest row holds."""
 
     name: str
     bytes: int
     crc32: str
     num_samples: int
     num_members: int
-    table: TableSpool
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """Its manifest row, as the journal records it and the index is built from it:
+        name, bytes, num_samples, num_members, crc32 (8 hex digits)."""
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "num_samples": self.num_samples,
+            "num_members": self.num_members,
+            "crc32": self.crc32,
+        }
 
 
-class RotatingTarWriter:
+_Writer = TypeVar("_Writer", bound="AbortsOnError")
+
+
+class AbortsOnError:
+    """A writer that, used as a context manager, drops its shard in progress (:meth:`abort`)
+    when the block raises; what it published stays."""
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Writer) -> _Writer:
+        return self
+
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+class RotatingTarWriter(AbortsOnError):
     """Writes samples into tar shards of a store, publishing each when it is complete.
-
-    A shard is closed before a sample that would push it past ``max_shard_bytes`` (headers,
-    padding and the end-of-archive blocks included) or past ``max_samples_per_shard``; so a
-    shard exceeds ``max_shard_bytes`` only when it holds a single sample that alone does.
 
     Args:
         store: where shards go.
         shard_names: the name of the shard with sequence number ``seq`` (0, 1, ...).
-        max_shard_bytes: size limit of one shard file, in bytes (> 0).
-        max_samples_per_shard: sample limit of one shard (> 0), or None for no limit.
+        limits: where a shard ends (:class:`ShardLimits`); None: only where the caller says,
+            by :meth:`close` (a listed pack's planned shards).
         first_seq: sequence number of the first shard (> 0 when resuming).
-        on_commit: called with each :class:`PublishedShard` right after it is published. The
-            sample table of the shard in progress is spooled to temporary files, so memory
-            does not grow with the samples per shard.
+        on_commit: called with each :class:`PublishedShard` right after it and its sample
+            table are published. The sample table of the shard in progress is spooled to
+            temporary files, so memory does not grow with the samples per shard.
+
+    As a context manager, it drops the shard in progress when the block raises.
     """
 
     def __init__(
@@ -52,27 +112,18 @@ class RotatingTarWriter:
         store: Store,
         *,
         shard_names: Callable[[int], str],
-        max_shard_bytes: int,
-        max_samples_per_shard: int | None = None,
+        limits: ShardLimits | None,
         first_seq: int = 0,
         on_commit: Callable[[PublishedShard], None] | None = None,
     ) -> None:
-        if max_shard_bytes <= 0:
-            raise ValueError(f"{max_shard_bytes=} must be > 0")
-        if max_samples_per_shard is not None and max_samples_per_shard <= 0:
-            raise ValueError(f"{max_samples_per_shard=} must be > 0 (or None for no limit)")
         self.store = store
         self.shard_names = shard_names
-        self.max_shard_bytes = max_shard_bytes
-        self.max_samples_per_shard = max_samples_per_shard
+        self.limits = limits
         self.seq = first_seq
         self.on_commit = on_commit
         self._sink: ShardSink | None = None
-        self._crc32 = 0
-        self._bytes = 0
-        self._num_samples = 0
-        self._num_members = 0
-        self._table = TableSpool(self.shard_names(self.seq))
+        self._table: TableSpool
+        self._next_shard()
 
     def write_sample(self, key: str, members: Sequence[tuple[str, bytes]]) -> None:
         """Append one sample: ``members`` are ``(member_name, payload)`` sorted by name.
@@ -82,11 +133,9 @@ class RotatingTarWriter:
         """
         headers = [member_header(member_name, len(payload)) for member_name, payload in members]
         size = sum(len(h) + padded_size(len(p)) for h, (_, p) in zip(headers, members))
-        if self._sink is not None and (
-            self._bytes + size + len(END_OF_ARCHIVE) > self.max_shard_bytes
-            or self._num_samples == self.max_samples_per_shard
-        ):
-            self._finish_shard()
+        limits = self.limits
+        if self._sink is not None and limits is not None and limits.ends_before(self._bytes, self._num_samples, size):
+            self._publish()
         if self._sink is None:
             self._sink = self.store.open_writer(self.shard_names(self.seq))
         entries = []
@@ -114,12 +163,12 @@ class RotatingTarWriter:
             raise RuntimeError("skip() with a shard in progress; close() it first")
         self._table.close()
         self.seq += 1
-        self._table = TableSpool(self.shard_names(self.seq))
+        self._next_shard()
 
     def close(self) -> None:
         """Publish the shard in progress, if any."""
         if self._sink is not None:
-            self._finish_shard()
+            self._publish()
 
     def abort(self) -> None:
         """Drop the shard in progress (published shards stay)."""
@@ -140,7 +189,16 @@ class RotatingTarWriter:
             self._crc32 = zlib.crc32(piece, self._crc32)
             self._bytes += len(piece)
 
-    def _finish_shard(self) -> None:
+    def _next_shard(self) -> None:
+        """Start shard number ``seq`` afresh (opened by its first sample)."""
+        self._sink = None
+        self._crc32 = self._bytes = self._num_samples = self._num_members = 0
+        self._table = TableSpool(self.shard_names(self.seq))
+
+    def _publish(self) -> None:
+        """Publish the shard in progress (its upload completes, or its temporary file is
+        renamed into place), then its sample table (streamed from its spool), then call
+        ``on_commit``: how every writer publishes a shard."""
         self._write([END_OF_ARCHIVE])
         assert self._sink is not None
         self._sink.commit()
@@ -150,16 +208,13 @@ class RotatingTarWriter:
             crc32=f"{self._crc32:08x}",
             num_samples=self._num_samples,
             num_members=self._num_members,
-            table=self._table,
         )
-        self._sink = None
-        self._crc32 = 0
-        self._bytes = 0
-        self._num_samples = self._num_members = 0
+        table = self._table
         self.seq += 1
-        self._table = TableSpool(self.shard_names(self.seq))
+        self._next_shard()
         try:
+            write_pieces(self.store, published.name + TABLE_SUFFIX, table.pieces())
             if self.on_commit is not None:
                 self.on_commit(published)
         finally:
-            published.table.close()
+            table.close()
