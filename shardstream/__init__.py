@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors as _errors
 from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
-from .config import FetchConfig, HttpConfig, S3Config
+from .config import FetchConfig, HttpConfig, RequestConfig, S3Config
 from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
 from .packing import PackReport, Part, ShardWriter, build_index, pack, pack_samples
@@ -48,6 +48,7 @@ __all__ = [
     "PackReport",
     "Part",
     "RandomResizedCrop",
+    "RequestConfig",
     "S3Config",
     "ShardDataset",
     "ShardTable",

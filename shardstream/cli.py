@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from .config import S3Config
+from .config import RequestConfig, S3Config
 from .errors import ShardstreamError
 from .packing.pack import OnError
 
@@ -78,6 +78,69 @@ def _s3_config(args: argparse.Namespace) -> S3Config:
     return S3Config(endpoint_url=args.endpoint_url, profile=args.profile, region_name=args.region)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
+    return value
+
+
+def _add_request_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "requests to remote stores: s3://, http(s)://, hf://, gs://, az:// (default: RequestConfig's, "
+        "for S3 S3Config's)"
+    )
+    group.add_argument(
+        "--connect-timeout", type=_seconds, metavar="SECONDS", help="wait for a connection (default: 10)"
+    )
+    group.add_argument(
+        "--read-timeout", type=_seconds, metavar="SECONDS", help="wait for each piece of an answer (default: 60)"
+    )
+    group.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        metavar="N",
+        help="attempts per request, the first included: a dropped connection, a timeout or a 429/5xx "
+        "answer is tried again (default: 5; 1: no retry)",
+    )
+    group.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        metavar="N",
+        help="connections per process and server (default: 32)",
+    )
+
+
+def _request_config(args: argparse.Namespace) -> RequestConfig | None:
+    """The RequestConfig the request flags give, or None where none is given (every store's default)."""
+    given = {
+        field: value
+        for field, value in (
+            ("connect_timeout_s", args.connect_timeout),
+            ("read_timeout_s", args.read_timeout),
+            ("max_attempts", args.max_attempts),
+            ("max_pool_connections", args.max_connections),
+        )
+        if value is not None
+    }
+    return RequestConfig(**given) if given else None
+
+
+def _pack_requests(args: argparse.Namespace) -> dict[str, RequestConfig]:
+    """``requests=`` for pack() where a request flag was given (pack() takes it once it opens its
+    stores with it; until then, the S3 flags' S3Config governs its requests)."""
+    requests = _request_config(args)
+    return {"requests": requests} if requests is not None else {}
+
+
+def _add_store_args(parser: argparse.ArgumentParser) -> None:
+    _add_s3_args(parser)
+    _add_request_args(parser)
+
+
 def _part_arg(text: str):
     from .packing.parts import Part
 
@@ -115,7 +178,7 @@ def _verify(args: argparse.Namespace) -> int:
 
     bad = total = 0
     for check in tqdm(
-        verify(args.dest, s3=_s3_config(args)),
+        verify(args.dest, s3=_s3_config(args), requests=_request_config(args)),
         unit="shard",
         desc="verifying",
         disable=args.no_progress,
@@ -206,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         "repack their samples (resharding)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_s3_args(p)
+    _add_store_args(p)
 
     i = commands.add_parser("info", help="totals and shard statistics of a packed dataset")
     i.add_argument(
@@ -214,12 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DATASET",
         help="local directory, a URL (s3://, https://, hf://datasets/..., gs://, az://), or its index file",
     )
-    _add_s3_args(i)
+    _add_store_args(i)
 
     v = commands.add_parser("verify", help="re-read every shard and check it against the index")
     v.add_argument("dest", metavar="DATASET", help="local directory or a URL (s3://, https://, hf://, gs://, az://)")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_s3_args(v)
+    _add_store_args(v)
 
     x = commands.add_parser("index", help="index commands: build, merge, upgrade, or --dali DEST")
     x.add_argument(
@@ -231,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     x_commands = x.add_subparsers(dest="index_command")
     m = x_commands.add_parser("merge", help="write DEST/index.bin once every part of a split pack is done")
     m.add_argument("dest", metavar="DEST")
-    _add_s3_args(m)
+    _add_store_args(m)
     b = x_commands.add_parser(
         "build",
         help="index existing tar shards (other tools' WebDataset shards) in place, without copying or changing them",
@@ -266,12 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of beside the shards (which stay untouched where they are)",
     )
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_s3_args(b)
+    _add_store_args(b)
     u = x_commands.add_parser(
         "upgrade", help="convert a version 1 dataset (index.json) to version 2 in place; the shards are not touched"
     )
     u.add_argument("dest", metavar="DEST")
-    _add_s3_args(u)
+    _add_store_args(u)
 
     d = commands.add_parser(
         "demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch"
@@ -308,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=not args.no_progress,
                 from_shards=args.from_shards,
                 ray=args.ray,
+                **_pack_requests(args),
             )
             shown = [p for p in report.problems if not p.packed][:20]
             for problem in shown:
@@ -318,7 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "info":
             from .index import open_index
 
-            print(_info(args.source, open_index(args.source, s3=_s3_config(args)).manifest))
+            index = open_index(args.source, s3=_s3_config(args), requests=_request_config(args))
+            print(_info(args.source, index.manifest))
         elif args.command == "verify":
             return _verify(args)
         elif args.command == "index" and args.dali:
@@ -332,12 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             from .packing.build import build_index, shard_urls_of
 
-            s3 = _s3_config(args)
-            total = len(shard_urls_of(args.shards, s3=s3))
+            s3, requests = _s3_config(args), _request_config(args)
+            total = len(shard_urls_of(args.shards, s3=s3, requests=requests))
             with tqdm(total=total, unit=" shards", desc="indexing", disable=args.no_progress, file=sys.stderr) as bar:
                 manifest = build_index(
                     args.shards,
                     s3=s3,
+                    requests=requests,
                     workers=args.workers,
                     overwrite=args.overwrite,
                     output=args.output,
@@ -352,9 +418,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .index import MANIFEST_NAME, upgrade
             from .storage import open_store
 
-            totals = upgrade(args.dest, s3=_s3_config(args))
+            s3, requests = _s3_config(args), _request_config(args)
+            totals = upgrade(args.dest, s3=s3, requests=requests)
             print(
-                f"wrote {open_store(args.dest, s3=_s3_config(args)).url_of(MANIFEST_NAME)} and a sample table "
+                f"wrote {open_store(args.dest, s3=s3, requests=requests).url_of(MANIFEST_NAME)} and a sample table "
                 f"beside each shard: {totals['num_shards']} shards, {totals['num_samples']} samples"
             )
         elif args.command == "index":
@@ -366,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .packing.journal import SPEC_NAME, PackSpec, merge
             from .storage import open_store
 
-            store = open_store(args.dest, s3=_s3_config(args))
+            store = open_store(args.dest, s3=_s3_config(args), requests=_request_config(args))
             spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
             totals, problems = merge(store, spec)
             print(

@@ -8,11 +8,12 @@ and to name the endpoint in error messages.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FetchConfig", "HttpConfig", "S3Config"]
+__all__ = ["FetchConfig", "HttpConfig", "RequestConfig", "S3Config"]
 
 AddressingStyle = Literal["auto", "path", "virtual"]
 
@@ -30,9 +31,11 @@ class S3Config:
         region_name: default ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile, else
             ``us-east-1``.
         addressing_style: ``None`` picks ``"path"`` when a custom endpoint is set.
-        connect_timeout_s, read_timeout_s: socket timeouts in seconds.
-        max_attempts: total attempts per request (botocore ``standard`` retry mode).
-        max_pool_connections: HTTP connections per client.
+        connect_timeout_s, read_timeout_s, max_attempts, max_pool_connections: the request
+            policy of S3 when no :class:`RequestConfig` is given (the fields of one, with
+            its ``max_retry_after_s`` and ``max_redirects`` at their defaults). A
+            :class:`RequestConfig` given beside this one (``requests=``) wins: these four
+            fields are then not used.
     """
 
     endpoint_url: str | None = None
@@ -63,6 +66,15 @@ class S3Config:
         """The field, else ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else None (profile or default)."""
         return self.region_name or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
 
+    def request_config(self) -> RequestConfig:
+        """This config's request fields as the :class:`RequestConfig` S3 uses when none is given."""
+        return RequestConfig(
+            connect_timeout_s=self.connect_timeout_s,
+            read_timeout_s=self.read_timeout_s,
+            max_attempts=self.max_attempts,
+            max_pool_connections=self.max_pool_connections,
+        )
+
     def resolved_addressing_style(self) -> AddressingStyle:
         """``"path"`` for custom endpoints (local servers), else ``"auto"``, unless set."""
         if self.addressing_style is not None:
@@ -71,21 +83,33 @@ class S3Config:
 
 
 @dataclass(frozen=True, kw_only=True)
-class HttpConfig:
-    """How to reach http(s) servers and the Hugging Face Hub (their own credentials come from
-    ``HF_TOKEN`` or the Hub's token file, read in :mod:`shardstream.storage.hf`; TLS trusts
-    the system's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``; proxies come from
-    ``HTTPS_PROXY`` and friends).
+class RequestConfig:
+    """How requests to a remote store go, for every store: S3, http(s), the Hugging Face Hub,
+    GCS and Azure (the stores' own settings, such as endpoints and credentials, live elsewhere:
+    :class:`S3Config` for S3; the environment for the others, see ``docs/stores.md``).
+
+    Every ranged read of every store runs one retry loop with these numbers
+    (:mod:`shardstream.storage.ranged`): a dropped or refused connection, a timeout, a body cut
+    mid-transfer, or a 408/429/5xx answer is tried again (a cut body from its first missing
+    byte), after the answer's ``Retry-After`` where it sends one, else after a backoff of 0.2 s
+    doubling up to 5 s; anything else fails at once.
 
     Attributes:
         connect_timeout_s, read_timeout_s: socket timeouts in seconds (a read waits at most
-            ``read_timeout_s`` for each piece of a body).
-        max_attempts: total attempts per request: a 429, 5xx, refused connection or body cut
-            mid-transfer is tried again (after ``Retry-After`` where the server sends one).
-        max_retry_after_s: the longest ``Retry-After`` waited for (seconds); a longer one
-            is waited for this long.
-        max_pool_connections: HTTP connections per process and server.
-        max_redirects: redirects followed per request.
+            ``read_timeout_s`` for each piece of a body); one attempt waits at most their sum
+            for its answer, a pooled connection included.
+        max_attempts: total attempts per request (1: no retry). S3 uses these for every
+            request; GCS and Azure for ranged reads (their libraries retry metadata requests,
+            listings and uploads themselves: Azure's SDK ``max_attempts`` times, gcsfs its own
+            6 times, each bounded by :attr:`request_limit_s`).
+        max_retry_after_s: the longest wait between two attempts (seconds): a longer
+            ``Retry-After`` is waited for this long.
+        max_pool_connections: connections per process and server: the size of the client's
+            pool for S3, http(s) and the Hub; for GCS and Azure, whose libraries keep their own
+            pools, the ranged reads in flight at once per process and endpoint.
+        max_redirects: redirects followed per request (http(s) and the Hub).
+
+    ``HttpConfig`` is the same class under its former name.
     """
 
     connect_timeout_s: float = 10.0
@@ -98,17 +122,26 @@ class HttpConfig:
     def __post_init__(self) -> None:
         for field in ("max_attempts", "max_pool_connections", "max_redirects"):
             value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"HttpConfig.{field}={value!r} must be an int >= 1")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"RequestConfig.{field}={value!r} must be an int >= 1")
         for field in ("connect_timeout_s", "read_timeout_s", "max_retry_after_s"):
             value = getattr(self, field)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"HttpConfig.{field}={value!r} must be a number > 0 (seconds)")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ValueError(f"RequestConfig.{field}={value!r} must be a number > 0 (seconds)")
+
+    @property
+    def attempt_limit_s(self) -> float:
+        """The longest one attempt waits for its answer (seconds): ``connect_timeout_s + read_timeout_s``."""
+        return self.connect_timeout_s + self.read_timeout_s
 
     @property
     def request_limit_s(self) -> float:
-        """The longest one request may wait for its answer, every attempt included (seconds)."""
-        return self.max_attempts * (self.connect_timeout_s + self.read_timeout_s + self.max_retry_after_s)
+        """The longest one request may wait for its answer, every attempt and the waits between
+        them included (seconds): ``max_attempts`` attempts and ``max_attempts - 1`` waits."""
+        return self.max_attempts * self.attempt_limit_s + (self.max_attempts - 1) * self.max_retry_after_s
+
+
+HttpConfig = RequestConfig  # the name before RequestConfig applied to every store
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
+from ..config import RequestConfig
 from ..errors import IndexFormatError, ShardNotFoundError, StorageConnectionError
 from ..format import SHARD_SUFFIXES
 from ..storage import LocalStore, is_remote_url, loop, open_store, pin_urls, split_url, write_pieces
@@ -35,18 +36,26 @@ class DatasetIndex:
     Attributes:
         manifest: the shards' columns.
         root: URL of the directory (or S3 prefix) holding the index, shards and tables.
+        s3, requests: how its store is reached (:func:`open_index`).
     """
 
     def __init__(
-        self, manifest: Manifest, *, root: str, s3: Any = None, legacy_tables: list[ShardTable] | None = None
+        self,
+        manifest: Manifest,
+        *,
+        root: str,
+        s3: Any = None,
+        requests: RequestConfig | None = None,
+        legacy_tables: list[ShardTable] | None = None,
     ) -> None:
         self.manifest = manifest
         self.root = root.rstrip("/") or "/"
         self.s3 = s3
+        self.requests = requests
         self._legacy_tables = legacy_tables
         self._tables: collections.OrderedDict[int, ShardTable] = collections.OrderedDict()
         self._store: Any = None
-        self._requests: collections.OrderedDict[int, concurrent.futures.Future[Any]] = collections.OrderedDict()
+        self._pending: collections.OrderedDict[int, concurrent.futures.Future[Any]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -56,12 +65,12 @@ class DatasetIndex:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tables"], state["_store"] = collections.OrderedDict(), None
-        del state["_requests"], state["_lock"], state["_pid"]
+        del state["_pending"], state["_lock"], state["_pid"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._requests, self._lock, self._pid = collections.OrderedDict(), threading.Lock(), os.getpid()
+        self._pending, self._lock, self._pid = collections.OrderedDict(), threading.Lock(), os.getpid()
 
     @property
     def num_shards(self) -> int:
@@ -112,14 +121,14 @@ class DatasetIndex:
             return lambda: self.table(i)
         with self._lock:
             if self._pid != os.getpid():  # forked: the parent's requests run on its loop, not ours
-                self._requests, self._pid = collections.OrderedDict(), os.getpid()
-            future = self._requests.get(i)
+                self._pending, self._pid = collections.OrderedDict(), os.getpid()
+            future = self._pending.get(i)
             if future is None:
                 store = self._table_store()
                 future = loop.submit(store.get_range(self.manifest.table_name(i), 0, None, on_retry=on_retry))
-                self._requests[i] = future
-                while len(self._requests) > _TABLES_KEPT:
-                    self._requests.popitem(last=False)[1].cancel()
+                self._pending[i] = future
+                while len(self._pending) > _TABLES_KEPT:
+                    self._pending.popitem(last=False)[1].cancel()
         return lambda: self._collect(i, future)
 
     def _collect(self, i: int, future: concurrent.futures.Future[Any]) -> ShardTable:
@@ -138,13 +147,13 @@ class DatasetIndex:
             raise self._missing(i) from exc
         finally:
             with self._lock:
-                if self._requests.get(i) is future:
-                    del self._requests[i]
+                if self._pending.get(i) is future:
+                    del self._pending[i]
         return self._keep(i, b"".join(pieces))
 
     def _table_store(self) -> Any:
         if self._store is None:
-            self._store = open_store(self.root, s3=self.s3)
+            self._store = open_store(self.root, s3=self.s3, requests=self.requests)
         return self._store
 
     def _missing(self, i: int) -> ShardNotFoundError:
@@ -225,9 +234,18 @@ class ShardUrls(Sequence[str]):
         return f"ShardUrls({len(self)} shards under {self._index.root!r})"
 
 
-def open_index(location: str | os.PathLike[str], *, s3: Any = None) -> DatasetIndex:
-    """Open the index of the dataset at ``location``: a local directory or ``s3://bucket/prefix``
-    (``index.bin``, else a version 1 ``index.json``), or the path of either file.
+def open_index(
+    location: str | os.PathLike[str], *, s3: Any = None, requests: RequestConfig | None = None
+) -> DatasetIndex:
+    """Open the index of the dataset at ``location``: a local directory or a remote prefix
+    (``s3://bucket/prefix``, ``https://...``, ``hf://datasets/...``, ``gs://...``, ``az://...``;
+    ``index.bin``, else a version 1 ``index.json``), or the path of either file.
+
+    Args:
+        location: as above.
+        s3: an :class:`~shardstream.config.S3Config` for ``s3://`` locations.
+        requests: a :class:`~shardstream.config.RequestConfig` for the requests to a remote
+            store (timeouts, attempts, connections); the index keeps it for its tables.
 
     Raises:
         ShardNotFoundError: no index there (names what to pass instead).
@@ -240,19 +258,19 @@ def open_index(location: str | os.PathLike[str], *, s3: Any = None) -> DatasetIn
     else:
         root = text.rstrip("/") if is_remote_url(text) else os.path.abspath(text)
         names = [MANIFEST_NAME, INDEX_NAME]
-    store = open_store(root or os.sep, s3=s3)
+    store = open_store(root or os.sep, s3=s3, requests=requests)
     for name in names:
         if name.endswith(".bin"):
             manifest = _read_manifest(store, name)
             if manifest is not None:
-                return DatasetIndex(manifest, root=store.url, s3=s3)
+                return DatasetIndex(manifest, root=store.url, s3=s3, requests=requests)
         else:
             try:
                 data = store.read_bytes(name)
             except ShardNotFoundError:
                 continue
             manifest, tables = legacy(Index.from_json(data, url=store.url_of(name)), url=store.url_of(name))
-            return DatasetIndex(manifest, root=store.url, s3=s3, legacy_tables=tables)
+            return DatasetIndex(manifest, root=store.url, s3=s3, requests=requests, legacy_tables=tables)
     raise ShardNotFoundError(
         f"{store.url_of(names[0])}: no index here; pass a directory or s3:// prefix written by "
         "shardstream pack, its index file, or shard URLs (a list or a brace pattern)"
@@ -299,11 +317,14 @@ def legacy(index: Index, *, url: str) -> tuple[Manifest, list[ShardTable]]:
     return manifest, tables
 
 
-def resolve_source(source: Any, *, s3: Any = None) -> tuple[Sequence[str], DatasetIndex | None]:
+def resolve_source(
+    source: Any, *, s3: Any = None, requests: RequestConfig | None = None
+) -> tuple[Sequence[str], DatasetIndex | None]:
     """Shard URLs (and the index, when there is one) of a ``ShardDataset`` source: a dataset
-    location (see :func:`open_index`), a shard URL, a brace pattern, or a list of shard URLs."""
+    location (see :func:`open_index`), a shard URL, a brace pattern, or a list of shard URLs
+    (``hf://`` revisions pinned to their commit, asked under ``requests``)."""
     if isinstance(source, (list, tuple)):
-        urls = pin_urls([_normalize(os.fspath(u)) for u in source])
+        urls = pin_urls([_normalize(os.fspath(u)) for u in source], requests=requests)
         if not urls:
             raise ValueError("source is an empty list of shard URLs")
         return urls, None
@@ -311,14 +332,14 @@ def resolve_source(source: Any, *, s3: Any = None) -> tuple[Sequence[str], Datas
     if "{" in text:
         from braceexpand import braceexpand
 
-        return pin_urls([_normalize(u) for u in braceexpand(text)]), None
+        return pin_urls([_normalize(u) for u in braceexpand(text)], requests=requests), None
     if text.endswith(SHARD_SUFFIXES):
-        return pin_urls([_normalize(text)]), None
-    index = open_index(_normalize(text), s3=s3)
+        return pin_urls([_normalize(text)], requests=requests), None
+    index = open_index(_normalize(text), s3=s3, requests=requests)
     return ShardUrls(index), index
 
 
-def upgrade(dest: str | os.PathLike[str], *, s3: Any = None) -> dict[str, int]:
+def upgrade(dest: str | os.PathLike[str], *, s3: Any = None, requests: RequestConfig | None = None) -> dict[str, int]:
     """Convert a version 1 dataset in place: write each shard's table beside it, then
     ``index.bin``, then remove ``index.json``. The shards are not touched.
 
@@ -328,7 +349,7 @@ def upgrade(dest: str | os.PathLike[str], *, s3: Any = None) -> dict[str, int]:
     Raises:
         ShardNotFoundError: no ``index.json`` at ``dest``; IndexFormatError: it is malformed.
     """
-    store = open_store(os.fspath(dest), s3=s3)
+    store = open_store(os.fspath(dest), s3=s3, requests=requests)
     index = Index.from_json(store.read_bytes(INDEX_NAME), url=store.url_of(INDEX_NAME))
     manifest, tables = legacy(index, url=store.url_of(MANIFEST_NAME))
     for i, table in enumerate(tables):

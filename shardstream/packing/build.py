@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import S3Config
+from ..config import RequestConfig, S3Config
 from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
@@ -51,9 +51,12 @@ class _Scanned:
     crc32: int
 
 
-def shard_urls_of(sources: Sequence[str], *, s3: S3Config | None = None) -> list[str]:
+def shard_urls_of(
+    sources: Sequence[str], *, s3: S3Config | None = None, requests: RequestConfig | None = None
+) -> list[str]:
     """The shard URLs ``sources`` name: shard paths or URLs, brace patterns, and directories
-    or S3 prefixes (every ``.tar`` file directly in them, in name order).
+    or remote prefixes (every ``.tar`` file directly in them, in name order), ``hf://``
+    revisions pinned to their commit; remote stores are asked under ``requests``.
 
     Raises:
         ShardNotFoundError: a directory or prefix holds no shard.
@@ -71,18 +74,20 @@ def shard_urls_of(sources: Sequence[str], *, s3: S3Config | None = None) -> list
         elif text.endswith(SHARD_SUFFIXES):
             urls.append(text if is_remote_url(text) else os.path.abspath(text))
         else:
-            store = open_store(text.rstrip("/") if is_remote_url(text) else os.path.abspath(text), s3=s3)
+            root = text.rstrip("/") if is_remote_url(text) else os.path.abspath(text)
+            store = open_store(root, s3=s3, requests=requests)
             names = [n for n in store.list_names() if n.endswith(SHARD_SUFFIXES)]
             if not names:
                 raise ShardNotFoundError(f"{store.url}: holds no .tar shard to index")
             urls.extend(store.url_of(n) for n in names)
-    return pin_urls([u if is_remote_url(u) else os.path.abspath(u) for u in urls])
+    return pin_urls([u if is_remote_url(u) else os.path.abspath(u) for u in urls], requests=requests)
 
 
 def build_index(
     sources: Sequence[str],
     *,
     s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
     workers: int = 4,
     overwrite: bool = False,
     output: str | None = None,
@@ -96,6 +101,9 @@ def build_index(
     Args:
         sources: as :func:`shard_urls_of`; the shards keep this order in the index.
         s3: S3 endpoint and credentials for ``s3://`` shards.
+        requests: timeouts, attempts and connections of the requests to remote stores (the
+            shards' and the output's); default :class:`~shardstream.config.RequestConfig`
+            (for S3: the S3Config's own fields).
         workers: shards scanned at once (processes; a scan is CPU-bound parsing).
         overwrite: replace an index already there.
         output: a local directory or ``s3://`` prefix for the index and tables, which then
@@ -115,7 +123,7 @@ def build_index(
             sample with one extension twice (named).
         ShardNotFoundError, StorageError: a shard cannot be read.
     """
-    urls = shard_urls_of(sources, s3=s3)
+    urls = shard_urls_of(sources, s3=s3, requests=requests)
     roots = {split_url(u)[0] for u in urls}
     if len(roots) != 1:
         raise ValueError(
@@ -128,7 +136,7 @@ def build_index(
     root = roots.pop()
     if output is not None:
         output = output.rstrip("/") if is_remote_url(output) else os.path.abspath(output)
-    store = open_store(output or root, s3=s3)
+    store = open_store(output or root, s3=s3, requests=requests)
     if output is not None:
         store.check_writable()
     if store.exists(MANIFEST_NAME) and not overwrite:
@@ -142,14 +150,14 @@ def build_index(
         connect(None if ray == "auto" else ray)
         cpus = cluster_cpus()
         batch = max(1, min(256, len(urls) // (4 * cpus)))
-        scan = functools.partial(_scan, s3=s3, tables_url=store.url)
+        scan = functools.partial(_scan, s3=s3, tables_url=store.url, requests=requests)
         for url, result in map_on_ray(scan, urls, batch_size=batch, max_in_flight=2 * cpus, what="index build"):
             scanned[url] = result
             if on_shard is not None:
                 on_shard(url)
     elif workers <= 1 or len(urls) == 1:
         for url in urls:
-            scanned[url] = _scan(url, s3, store.url)
+            scanned[url] = _scan(url, s3, store.url, requests)
             if on_shard is not None:
                 on_shard(url)
     else:
@@ -160,7 +168,7 @@ def build_index(
         # ``if __name__ == "__main__":``, as spawn needs)
         context = multiprocessing.get_context("spawn" if any(map(is_remote_url, urls)) else "fork")
         with concurrent.futures.ProcessPoolExecutor(min(workers, len(urls)), mp_context=context) as pool:
-            futures = {pool.submit(_scan, url, s3, store.url): url for url in urls}
+            futures = {pool.submit(_scan, url, s3, store.url, requests): url for url in urls}
             for future in concurrent.futures.as_completed(futures):
                 scanned[futures[future]] = future.result()
                 if on_shard is not None:
@@ -180,14 +188,15 @@ def build_index(
     return manifest
 
 
-def _scan(url: str, s3: S3Config | None, tables_url: str) -> _Scanned:
+def _scan(url: str, s3: S3Config | None, tables_url: str, requests: RequestConfig | None = None) -> _Scanned:
     """Read one shard front to back: write its table under ``tables_url``; its size, counts
     and CRC-32."""
     _, name = split_url(url)
-    store = open_store(tables_url, s3=s3)
+    store = open_store(tables_url, s3=s3, requests=requests)
     spool = TableSpool(name)
     try:
-        for _, stream in iter_shard_streams([url], s3=s3):
+        # iter_shard_streams takes requests= once storage/fetch.py passes it to open_store
+        for _, stream in iter_shard_streams([url], s3=s3, **({"requests": requests} if requests else {})):
             hashed = Hashed(stream)
             members = iter_members_at(hashed, url=url, foreign=True, payloads=False)
             first = next(members, None)  # the first bytes are in: is it compressed?

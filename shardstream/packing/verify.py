@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageError
 from ..index import DatasetIndex, open_index
 from ..storage.fetch import iter_shard_streams
@@ -26,8 +26,16 @@ class ShardCheck:
         return not self.problems
 
 
-def verify(dest: str, *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> Iterator[ShardCheck]:
-    """Re-read every shard of the dataset at ``dest`` (local or S3), in index order.
+def verify(
+    dest: str,
+    *,
+    s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
+    fetch: FetchConfig | None = None,
+) -> Iterator[ShardCheck]:
+    """Re-read every shard of the dataset at ``dest`` (local or in a remote store), in index
+    order; ``s3``, ``requests`` and ``fetch`` as for :func:`~shardstream.open_index` and
+    ``ShardDataset``.
 
     Each shard's size, CRC-32, member count, and every member's name, offset and size are
     compared with the index (its manifest and the shard's sample table); a missing or
@@ -39,13 +47,15 @@ def verify(dest: str, *, s3: S3Config | None = None, fetch: FetchConfig | None =
     Raises:
         ShardNotFoundError: there is no index at ``dest``; IndexFormatError: it is malformed.
     """
-    index = open_index(dest, s3=s3)
+    index = open_index(dest, s3=s3, requests=requests)
     start = 0
     while start < index.num_shards:  # a shard that cannot be opened ends one pass; the next starts after it
         urls = [index.shard_url(i) for i in range(start, index.num_shards)]
         position = start
         try:
-            for _, stream in iter_shard_streams(urls, s3=s3, fetch=fetch):
+            # iter_shard_streams takes requests= once storage/fetch.py passes it to open_store
+            streams = iter_shard_streams(urls, s3=s3, fetch=fetch, **({"requests": requests} if requests else {}))
+            for _, stream in streams:
                 yield ShardCheck(index.shard_url(position), tuple(_check(Hashed(stream), index, position)))
                 position += 1
         except StorageError as exc:  # the shard at `position` could not be opened

@@ -14,13 +14,16 @@ pickles cheaply into DataLoader workers.
 What it does:
 
 - ``head`` reads the blob's properties; an object's version is its *ETag*;
-- a ranged read (:meth:`AzureStore.get_range`) is ``download_blob(offset=, length=)``; every
-  request after the first of a call carries the first answer's ETag with ``If-Match``
-  (``MatchConditions.IfNotModified``), and the ETag of every answer is recorded
-  (``raw_response_hook``: the SDK re-sends a first request whose body was cut without one), so a
-  replaced blob is :class:`CorruptShardError`, never a mix; a body cut mid-transfer is fetched
-  again from its first missing byte (the SDK itself also re-reads a cut first answer, up to 3
-  times, which ``on_retry`` is not told of);
+- a ranged read is :mod:`.ranged`'s, with one request function (:meth:`AzureStore.open_range`:
+  ``download_blob(offset=, length=)`` without the SDK's retries) and one error table
+  (:func:`_translate`); every request after the first of a call carries the first answer's
+  ETag with ``If-Match`` (``MatchConditions.IfNotModified``), and the ETag of every answer is
+  recorded (``raw_response_hook``: the SDK re-sends a first request whose body was cut without
+  one), so a replaced blob is :class:`CorruptShardError`, never a mix; a body cut mid-transfer
+  is fetched again from its first missing byte (the SDK itself also re-reads a cut first
+  answer, up to 3 times, which ``on_retry`` is not told of); the SDK keeps its own connection
+  pool, so ranged reads take one of ``RequestConfig.max_pool_connections`` slots per process
+  instead, and its other requests are retried by the SDK, ``RequestConfig.max_attempts`` in all;
 - a shard is written as a block blob (:meth:`AzureStore.open_writer`): one ``stage_block`` per
   ``FetchConfig.upload_part_bytes``, several in flight, and ``commit_block_list`` at ``commit``;
   staged blocks are invisible, so nothing shows under the name before, and ``abort`` just drops
@@ -55,23 +58,21 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..config import FetchConfig, HttpConfig
+from ..config import FetchConfig, RequestConfig
 from ..errors import (
     BucketNotFoundError,
     CorruptShardError,
     ShardNotFoundError,
     StorageAccessError,
-    StorageConnectionError,
     StorageError,
     StorageNotFoundError,
 )
 from . import loop
-from .requests import BucketStoreMixin, OpenRequests, PartsSink, PerProcess, pool_state_text
+from .ranged import RETRY_STATUSES, Answer, Mismatch, PastEnd, RangedStore, Retryable, changed
+from .requests import BucketStoreMixin, OpenRequests, PartsSink, PerProcess
 
 __all__ = ["AzureStore", "parse_azure_url"]
 
-POOL_CONNECTIONS = 100  # the Azure SDK's aiohttp pool (aiohttp's default), per process
-_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _ACCESS_HINT = (
     "check the credentials: AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
     "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or an Azure AD identity (`az login`, "
@@ -161,7 +162,7 @@ def _detach_finalizers(obj: object) -> None:
             finalizer.detach()
 
 
-async def _filesystem(account: str | None, account_host: str | None, http: HttpConfig) -> Any:
+async def _filesystem(account: str | None, account_host: str | None, http: RequestConfig) -> Any:
     """This process's ``AzureBlobFileSystem`` for the account (None: the environment's) with
     ``http``'s timeouts, made on first use."""
     filesystems = _filesystems.mine()
@@ -219,8 +220,9 @@ def _translate(
     endpoint: str,
     not_found: type[StorageNotFoundError] = ShardNotFoundError,
 ) -> BaseException:
-    """Map an Azure SDK/adlfs/aiohttp error to the shardstream error tree (others pass
-    unchanged). Only error codes and the first line of the service's message are kept."""
+    """Azure's error table: an Azure SDK/adlfs/aiohttp error in the shardstream error tree
+    (others pass unchanged); a :class:`~.ranged.Retryable` for what is worth another attempt.
+    Only error codes and the first line of the service's message are kept."""
     import aiohttp
     from azure.core.exceptions import (
         AzureError,
@@ -254,20 +256,24 @@ def _translate(
             "shards of a dataset in use"
         )
     if isinstance(exc, ServiceRequestError) or isinstance(exc, aiohttp.ClientConnectorError):
-        return StorageConnectionError(
+        return Retryable(
             f"{url}: cannot reach {endpoint} ({type(exc).__name__}); check the network and the account's "
             "endpoint (AZURE_STORAGE_CONNECTION_STRING's BlobEndpoint for an emulator)"
         )
-    if isinstance(exc, (ServiceResponseError, IncompleteReadError, aiohttp.ClientError)):
-        return StorageConnectionError(
-            f"{url}: the connection to {endpoint} failed during the transfer ({type(exc).__name__}); "
-            "retry, and check the network"
+    if isinstance(exc, (ServiceResponseError, IncompleteReadError, aiohttp.ClientError)) or (
+        isinstance(exc, HttpResponseError) and status is None  # the SDK's wrapper of a body cut in its own retries
+    ):
+        return Retryable(
+            f"{url}: the connection to {endpoint} failed during the transfer "
+            f"({type(getattr(exc, 'error', None) or exc).__name__}); retry, and check the network"
         )
     if isinstance(exc, HttpResponseError):
         message = _scrub(str(getattr(exc, "message", "") or "").split("\n", 1)[0])[:300]
-        if status in _RETRY_STATUSES:
-            return StorageConnectionError(
-                f"{url}: {endpoint} still answers HTTP {status} {code} after the SDK's retries; retry later"
+        if status in RETRY_STATUSES:
+            response = getattr(exc, "response", None)
+            return Retryable(
+                f"{url}: {endpoint} answers HTTP {status} {code}".rstrip(),
+                retry_after=response.headers.get("Retry-After") if response is not None else None,
             )
         return StorageError(f"{url}: Azure error {code or '?'} (HTTP {status}) from {endpoint}: {message}")
     if isinstance(exc, AzureError):
@@ -277,11 +283,11 @@ def _translate(
             f"{url}: cannot make an Azure client for {endpoint} (no account or unusable credentials); {_ACCESS_HINT}"
         )
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # one class from Python 3.11
-        return StorageConnectionError(f"{url}: no answer from {endpoint} in time ({type(exc).__name__})")
+        return Retryable(f"{url}: no answer from {endpoint} in time ({type(exc).__name__})")
     return exc
 
 
-class AzureStore(BucketStoreMixin):
+class AzureStore(BucketStoreMixin, RangedStore):
     """Blobs under ``az://container/prefix`` (module doc).
 
     Args:
@@ -289,8 +295,9 @@ class AzureStore(BucketStoreMixin):
             ``abfss://CONTAINER@ACCOUNT.dfs.core.windows.net[/PREFIX]``.
         fetch: the block size of shard uploads (``upload_part_bytes``) and the blocks in flight
             (``max_inflight_upload_parts``); reads are cut into parts by the fetcher.
-        http: timeouts, attempts of a ranged read and the longest ``Retry-After`` waited for;
-            default :class:`~shardstream.config.HttpConfig` (the SDK keeps its own pool).
+        requests: timeouts, attempts and waits (a ranged read's; the SDK's other requests
+            take ``max_attempts`` too), and the ranged reads in flight per process (the SDK
+            keeps its own pool); default :class:`~shardstream.config.RequestConfig`.
 
     Attributes:
         list_page_size: blobs asked for per listing request (Azure's maximum is 5000).
@@ -299,14 +306,15 @@ class AzureStore(BucketStoreMixin):
     label = "Azure"
     list_page_size = 5000
     version_name = "ETag"
-    _translate = staticmethod(_translate)
+    in_progress = _open_requests
+    library_pool = True
 
-    def __init__(self, url: str, *, fetch: FetchConfig | None = None, http: HttpConfig | None = None) -> None:
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None, requests: RequestConfig | None = None) -> None:
         scheme, self.container, self.account, self.account_host, self.prefix = parse_azure_url(url)
         base, _, _ = url.partition("://")[2].partition("/")
         self.url = f"{scheme}://{base}/{self.prefix}" if self.prefix else f"{scheme}://{base}"
         self.fetch = fetch or FetchConfig()
-        self.http = http or HttpConfig()
+        self.requests = requests or RequestConfig()
         fields = _connection_fields()
         if fields.get("blobendpoint") and (self.account is None or self.account == fields.get("accountname")):
             self.endpoint = fields["blobendpoint"]
@@ -322,10 +330,12 @@ class AzureStore(BucketStoreMixin):
     def __repr__(self) -> str:
         return f"AzureStore({self.url!r}, endpoint={self.endpoint!r})"
 
-    def pool_state(self) -> str:
-        return pool_state_text("Azure", _open_requests.now(), POOL_CONNECTIONS, "the Azure SDK's aiohttp pool")
-
     # -- requests -----------------------------------------------------------------------------
+
+    def error_table(
+        self, exc: BaseException, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError
+    ) -> BaseException:
+        return _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
 
     async def _fs(self) -> Any:
         if self._conflict is not None:
@@ -333,7 +343,7 @@ class AzureStore(BucketStoreMixin):
                 f"{self.url}: the URL names account {self.account} but AZURE_STORAGE_CONNECTION_STRING is for "
                 f"account {self._conflict} (adlfs would use it); unset it, or write az://{self.container}/..."
             )
-        return await _filesystem(self.account, self.account_host, self.http)
+        return await _filesystem(self.account, self.account_host, self.requests)
 
     async def _container(self) -> Any:
         return _container_client(await self._fs(), self.container)
@@ -342,7 +352,11 @@ class AzureStore(BucketStoreMixin):
         return (await self._container()).get_blob_client(self.key_of(name))
 
     def _timeouts(self) -> dict[str, Any]:
-        return {"connection_timeout": self.http.connect_timeout_s, "read_timeout": self.http.read_timeout_s}
+        """The request policy of one SDK operation: its timeouts and its retries (the SDK's own)."""
+        return {**self._socket_timeouts(), "retry_total": self.requests.max_attempts - 1}
+
+    def _socket_timeouts(self) -> dict[str, Any]:
+        return {"connection_timeout": self.requests.connect_timeout_s, "read_timeout": self.requests.read_timeout_s}
 
     # -- the Store protocol ---------------------------------------------------------------------
 
@@ -442,78 +456,15 @@ class AzureStore(BucketStoreMixin):
         props = await self._run("get blob properties", properties(), url=self.url_of(name))
         return int(props.size), str(props.etag)
 
-    async def get_range(
-        self,
-        name: str,
-        start: int,
-        end: int | None,
-        *,
-        on_retry: Callable[[BaseException], None] | None = None,
-        version: str | None = None,
-    ) -> tuple[list[bytes], int, str]:
-        """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the chunks they
-        arrived in, with the blob's total size and ETag; a range from the blob's end is empty.
-
-        Every request after the first carries the first answer's ETag (``If-Match``;
-        ``version``, when given, pins the first one too); a body cut mid-transfer, a refused
-        connection or a 429/5xx answer is tried again (from the first byte not received, after
-        ``Retry-After``) up to ``HttpConfig.max_attempts`` attempts in all, ``on_retry`` told of each.
-
-        Returns:
-            ``(pieces, blob_size_bytes, etag)``; fewer bytes than asked only when the blob ends
-            before ``end``.
-
-        Raises:
-            ShardNotFoundError / BucketNotFoundError: no such blob / container.
-            CorruptShardError: ``start`` lies past the blob's end, or it changed (another
-                ETag) during the call.
-            StorageAccessError, StorageConnectionError (still failing after
-            ``HttpConfig.max_attempts`` attempts), StorageError.
-        """
-        with _open_requests:
-            return await self._get_range(name, start, end, on_retry, version)
-
-    async def _get_range(
-        self,
-        name: str,
-        start: int,
-        end: int | None,
-        on_retry: Callable[[BaseException], None] | None,
-        version: str | None,
-    ) -> tuple[list[bytes], int, str]:
-        import aiohttp
+    async def open_range(self, name: str, at: int, end: int | None, version: str | None) -> Answer:
+        """Azure's request function (:mod:`.ranged`): ``download_blob`` of bytes ``[at, end)``
+        of ``name`` without the SDK's retries, ``If-Match`` the ETag ``version``; the ETag of
+        every answer the SDK gets (its own re-reads of a cut body included) must be one."""
         from azure.core import MatchConditions
-        from azure.core.exceptions import (
-            HttpResponseError,
-            IncompleteReadError,
-            ResourceModifiedError,
-            ResourceNotFoundError,
-            ServiceRequestError,
-            ServiceResponseError,
-        )
+        from azure.core.exceptions import HttpResponseError, ResourceModifiedError
 
-        url = self.url_of(name)
-        if end is not None and end <= start:
-            return await self._empty_range(name, start, version)
-        try:
-            blob = await self._blob(name)
-        except Exception as exc:
-            raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-        transient = (
-            ServiceRequestError,
-            ServiceResponseError,
-            IncompleteReadError,
-            aiohttp.ClientError,
-            asyncio.TimeoutError,
-        )
-        pieces: list[bytes] = []
-        received = 0
-        error: BaseException | None = None
-        last = "no attempt"
-        etag = version
-        total: int | None = None
-        backoff_s = 0.2
-        seen: list[str] = []  # the ETag of every answer, the SDK's own retries included
+        blob = await self._blob(name)
+        seen: list[str] = []  # the ETag of every answer, the SDK's own re-reads included
 
         def record(pipeline_response: Any) -> None:
             answer = pipeline_response.http_response
@@ -521,90 +472,45 @@ class AzureStore(BucketStoreMixin):
                 seen.append(str(answer.headers.get("ETag", "")))
 
         def check_seen() -> str | None:
-            """The version pinned: ``etag``, else the first answer's; raises if any answer had another."""
-            pinned = etag or (seen[0] if seen else None)
+            """The version pinned: ``version``, else the first answer's; raises if any answer had another."""
+            pinned = version or (seen[0] if seen else None)
             for other in seen:
                 if other != pinned:
-                    raise self._changed(name, str(pinned), f"then {other}")
+                    raise changed(self, self.url_of(name), pinned, f"then {other}")
             return pinned
 
-        http = self.http
-        for attempt in range(1, http.max_attempts + 1):
-            at = start + received
-            options: dict[str, Any] = {
-                "max_concurrency": 1,
-                "retry_total": 0,
-                "raw_response_hook": record,
-                **self._timeouts(),
-            }
-            if at > 0 or end is not None:
-                options["offset"] = at
-                options["length"] = None if end is None else end - at
-            if etag:
-                options.update(etag=etag, match_condition=MatchConditions.IfNotModified)
-            retry_after: str | None = None
+        options: dict[str, Any] = {
+            "max_concurrency": 1,
+            "retry_total": 0,
+            "raw_response_hook": record,
+            **self._socket_timeouts(),
+        }
+        if at > 0 or end is not None:
+            options["offset"] = at
+            options["length"] = None if end is None else end - at
+        if version:
+            options.update(etag=version, match_condition=MatchConditions.IfNotModified)
+        try:
+            downloader = await blob.download_blob(**options)
+        except ResourceModifiedError as exc:
+            raise Mismatch() from exc
+        except HttpResponseError as exc:
+            if exc.status_code == 416:  # from past the end; from the end itself is empty, not an error
+                raise PastEnd() from exc
+            raise
+        etag = check_seen() or str(downloader.properties.etag)
+        content_range = downloader.properties.content_range
+        total = int(str(content_range).rsplit("/", 1)[1]) if content_range else int(downloader.properties.size)
+
+        async def pieces() -> Any:
             try:
-                downloader = await asyncio.wait_for(
-                    blob.download_blob(**options), http.max_attempts * (http.connect_timeout_s + http.read_timeout_s)
-                )
-                etag = check_seen() or str(downloader.properties.etag)
-                size = int(str(downloader.properties.content_range).rsplit("/", 1)[1])
-                if total is not None and size != total:
-                    raise self._changed(name, etag, f"now has {size} bytes, the read began with {total}")
-                total = size
-                if at > total:  # Azurite's answer from past the end is empty (Azure says 416)
-                    raise self._ends_before(name, at, total)
                 async for chunk in downloader.chunks():
                     if chunk:
-                        pieces.append(chunk)
-                        received += len(chunk)
+                        yield chunk
+            finally:
                 check_seen()
-                break
-            except (CorruptShardError, StorageError):
-                raise
-            except ResourceModifiedError as exc:
-                raise self._changed(name, etag or "?", "no longer matches") from exc
-            except ResourceNotFoundError as exc:
-                if total is not None and _error_code(exc) != "ContainerNotFound":  # the blob being read is gone
-                    raise self._changed(name, etag, "is gone") from exc
-                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-            except transient as exc:  # before HttpResponseError: IncompleteReadError is one
-                etag = check_seen()  # resume pinned to the first answer's version
-                error = exc
-                last = f"{type(exc).__name__} after {received} bytes"
-            except HttpResponseError as exc:
-                status = exc.status_code
-                if status is None:  # no answer: the SDK's wrapper of a body cut in its own retries
-                    etag = check_seen()
-                    error, last = exc, f"{type(getattr(exc, 'error', None) or exc).__name__} after {received} bytes"
-                elif status == 416:  # from past the end; from the end itself is empty, not an error
-                    size, current = await self.head(name)
-                    if etag is not None and current != etag:
-                        raise self._changed(name, etag, f"then {current}") from exc
-                    if at == size:
-                        return pieces, size, current
-                    raise self._ends_before(name, at, size) from exc
-                elif status not in _RETRY_STATUSES:
-                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-                else:
-                    response = getattr(exc, "response", None)
-                    retry_after = response.headers.get("Retry-After") if response is not None else None
-                    error, last = exc, f"HTTP {status} {_error_code(exc)}".strip()
-            except Exception as exc:
-                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-            if end is not None and received >= end - start:
-                break  # all bytes are here; only the end of the answer was lost
-            backoff_s = await self._wait_to_retry(
-                url,
-                attempt=attempt,
-                last=last,
-                error=error,
-                retry_after=retry_after,
-                backoff_s=backoff_s,
-                on_retry=on_retry,
-            )
-        assert total is not None and etag is not None  # internal invariant: set by the answer that ended the loop
-        return pieces, total, etag
+
+        return Answer(total, etag, pieces(), lambda: None)
 
 
 class _AzureSink(PartsSink):

@@ -99,12 +99,13 @@ class Store(Protocol):
 class RemoteStore(Store, Protocol):
     """A store on a server, read by ranged requests (S3, http(s), the Hub, GCS, Azure).
 
-    Every method raises the :mod:`shardstream.errors` tree, translated once in the backend:
-    ShardNotFoundError (404), StorageAccessError (401/403, naming the credential to check),
-    StorageConnectionError (unreachable, or still failing after ``max_attempts``; 429/503
-    are retried after their ``Retry-After``), CorruptShardError (a range past the end, or
-    the object changed between two requests), StorageError (anything else). Secrets are
-    never part of a message.
+    Every method raises the :mod:`shardstream.errors` tree, translated once in the backend
+    (its error table): ShardNotFoundError (404), StorageAccessError (401/403, naming the
+    credential to check), StorageConnectionError (unreachable, or still failing after
+    ``RequestConfig.max_attempts``; 429/503 are retried after their ``Retry-After``),
+    CorruptShardError (a range past the end, or the object changed between two requests),
+    StorageError (anything else). Secrets are never part of a message. The ranged read and
+    its retries are :mod:`.ranged`'s, the same for every backend.
     """
 
     endpoint: str  # the server, named in messages ("http://127.0.0.1:8333", "AWS S3")
@@ -123,12 +124,19 @@ class RemoteStore(Store, Protocol):
         Hub commit and ETag) is what :meth:`get_range` pins."""
 
     async def get_range(
-        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
+        self,
+        name: str,
+        start: int,
+        end: int | None,
+        *,
+        on_retry: Callable[[BaseException], None] | None = None,
+        version: str | None = None,
     ) -> tuple[list[bytes], int, str]:
         """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as pieces, with the
         object's total size and version. A body cut mid-transfer is fetched again from its
-        first missing byte, pinned to the version of the first response (``on_retry`` is
-        told of each retry); a changed object raises CorruptShardError, never a mix."""
+        first missing byte, pinned to the version of the first response (or to ``version``,
+        when given, from the first request on; ``on_retry`` is told of each retry); a changed
+        object raises CorruptShardError, never a mix."""
 
     def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
         """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:

@@ -20,7 +20,7 @@ with what the Hub adds:
   ``https://huggingface.co``) names the Hub.
 
 The Hub rate-limits resolve and tree requests per IP: their 429 answers are waited out as
-their ``Retry-After`` says (:class:`~shardstream.config.HttpConfig`).
+their ``Retry-After`` says (:class:`~shardstream.config.RequestConfig`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from ..config import FetchConfig, HttpConfig
+from ..config import FetchConfig, RequestConfig
 from ..errors import ShardNotFoundError, StorageConnectionError, StorageError
 from . import loop
 from .http import HttpStore
@@ -98,7 +98,8 @@ class HfStore(HttpStore):
     Args:
         url: ``hf://datasets/ORG/NAME[@REVISION][/PATH]``.
         fetch: accepted as by every store.
-        http: timeouts and attempts; default :class:`~shardstream.config.HttpConfig`.
+        requests: timeouts, attempts, pool size and redirects; default
+            :class:`~shardstream.config.RequestConfig`.
 
     Raises:
         ValueError: a malformed URL. ShardNotFoundError: no such dataset or revision.
@@ -108,10 +109,10 @@ class HfStore(HttpStore):
 
     label = "the Hub"
 
-    def __init__(self, url: str, *, fetch: FetchConfig | None = None, http: HttpConfig | None = None) -> None:
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None, requests: RequestConfig | None = None) -> None:
         self.repo, revision, self.path = parse_hf_url(url)
         endpoint = hf_endpoint()
-        super().__init__(endpoint, fetch=fetch, http=http)
+        super().__init__(endpoint, fetch=fetch, requests=requests)
         self.endpoint = endpoint
         self.revision = revision if _SHA.fullmatch(revision) else self._pin(revision)
         self.url = _revision_url(self.repo, self.revision, self.path)
@@ -122,12 +123,12 @@ class HfStore(HttpStore):
     def _pin(self, revision: str) -> str:
         future = loop.submit(self._commit_of(revision))
         try:
-            return future.result(self.http.request_limit_s)
+            return future.result(self.requests.request_limit_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise StorageConnectionError(
                 f"{_revision_url(self.repo, revision, '')}: {self.endpoint} did not say which commit {revision!r} "
-                f"is within {self.http.request_limit_s:.0f} s; check HF_ENDPOINT and the network"
+                f"is within {self.requests.request_limit_s:.0f} s; check HF_ENDPOINT and the network"
             ) from None
 
     async def _commit_of(self, revision: str) -> str:
@@ -227,14 +228,14 @@ class HfStore(HttpStore):
                 yield name, int(entry.get("size") or 0), False
 
 
-def pin_hf_urls(urls: list[str]) -> list[str]:
+def pin_hf_urls(urls: list[str], *, requests: RequestConfig | None = None) -> list[str]:
     """``urls`` with each revision replaced by the commit sha it names now, asking the Hub once
-    per dataset and revision (a brace pattern of 10^5 shards asks once)."""
+    per dataset and revision (a brace pattern of 10^5 shards asks once), under ``requests``."""
     shas: dict[tuple[str, str], str] = {}
     pinned = []
     for url in urls:
         repo, revision, path = parse_hf_url(url)
         if (repo, revision) not in shas:
-            shas[repo, revision] = HfStore(_revision_url(repo, revision, "")).revision
+            shas[repo, revision] = HfStore(_revision_url(repo, revision, ""), requests=requests).revision
         pinned.append(_revision_url(repo, shas[repo, revision], path))
     return pinned

@@ -11,7 +11,8 @@ What it insists on, where a generic HTTP client would not:
   replaced object is :class:`~shardstream.errors.CorruptShardError`, never a mix of two;
 - a body cut mid-transfer is fetched again from its first missing byte; 429 and 5xx answers
   and refused connections are tried again after ``Retry-After`` (or a short backoff), at most
-  ``HttpConfig.max_attempts`` times, and every wait is bounded;
+  ``RequestConfig.max_attempts`` times, and every wait is bounded (:mod:`.ranged`, the one
+  retry loop of every store: this module gives it one request and one error table);
 - redirects are followed here, one hop at a time, and headers meant for one host (a token)
   are sent to that host only (:meth:`HttpStore._headers_for`), never to the host it
   redirects to.
@@ -32,23 +33,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from ..config import FetchConfig, HttpConfig
+from ..config import FetchConfig, RequestConfig
 from ..errors import (
-    CorruptShardError,
     ReadOnlyStoreError,
     ShardNotFoundError,
     StorageAccessError,
     StorageConnectionError,
     StorageError,
+    StorageNotFoundError,
 )
-from . import loop
-from .requests import OpenRequests, PerProcess, RemoteStoreMixin, aiohttp_pieces, pool_state_text, retry_after_s
+from . import loop, ranged
+from .ranged import RETRY_STATUSES, Answer, Mismatch, PastEnd, RangedStore, Retryable, Status
+from .requests import OpenRequests, PerProcess, aiohttp_pieces
 
 __all__ = ["HttpStore"]
 
-_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _HEAD_REFUSED = frozenset({403, 405, 501})  # e.g. a URL signed for GET only: ask by a 1-byte GET
-_sessions: PerProcess[tuple[HttpConfig, str | None, str | None], Any] = PerProcess()  # per config and CA settings
+_sessions: PerProcess[tuple[RequestConfig, str | None, str | None], Any] = PerProcess()  # per config and CA settings
 _open_requests = OpenRequests()
 
 
@@ -57,7 +58,7 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE"), capath=os.environ.get("SSL_CERT_DIR"))
 
 
-async def _session_for(cfg: HttpConfig) -> Any:
+async def _session_for(cfg: RequestConfig) -> Any:
     """This process's session for ``cfg`` (sessions inherited across a fork are kept, unused)."""
     import aiohttp
 
@@ -108,18 +109,20 @@ def _version(headers: Any) -> str:
     return str(headers.get("ETag") or headers.get("Last-Modified") or "")
 
 
-class HttpStore(RemoteStoreMixin):
+class HttpStore(RangedStore):
     """Objects under an ``http://`` or ``https://`` URL (a "directory" on a web server), read only.
 
     Args:
         url: ``https://host[:port]/path`` of the dataset (or of the folder of its shards).
         fetch: unused here (reads are cut into parts by the fetcher); accepted as by every store.
-        http: timeouts, attempts and pool size; default :class:`~shardstream.config.HttpConfig`.
+        requests: timeouts, attempts, pool size and redirects; default
+            :class:`~shardstream.config.RequestConfig`.
     """
 
     label = "HTTP"
+    in_progress = _open_requests
 
-    def __init__(self, url: str, *, fetch: FetchConfig | None = None, http: HttpConfig | None = None) -> None:
+    def __init__(self, url: str, *, fetch: FetchConfig | None = None, requests: RequestConfig | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
             raise ValueError(f"{url!r} is not an http(s):// URL with a host")
@@ -133,7 +136,7 @@ class HttpStore(RemoteStoreMixin):
             raise ValueError(f"{url!r}: a dataset URL takes no ?query or #fragment; give the folder's URL")
         self.url = url.rstrip("/")
         self.endpoint = f"{parts.scheme.lower()}://{parts.netloc}"
-        self.http = http or HttpConfig()
+        self.requests = requests or RequestConfig()
         self._locations: dict[str, tuple[str, float]] = {}  # object URL -> (redirect target, expiry)
 
     def __repr__(self) -> str:
@@ -153,12 +156,39 @@ class HttpStore(RemoteStoreMixin):
         for the Hub's host only)."""
         return {}
 
-    def pool_state(self) -> str:
-        return pool_state_text(
-            "HTTP", _open_requests.now(), self.http.max_pool_connections, "HttpConfig.max_pool_connections"
-        )
-
     # -- requests ---------------------------------------------------------------------------
+
+    def error_table(
+        self, exc: BaseException, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError
+    ) -> BaseException:
+        """The error table of http(s) and the Hub: an answer's status or aiohttp's error in the
+        shardstream error tree (others pass unchanged)."""
+        import aiohttp
+
+        if isinstance(exc, Status):
+            status, reason = exc.status, exc.reason
+            if status in (404, 410):
+                return not_found(f"{url}: no such object at {self.endpoint} (HTTP {status}; check the URL)")
+            if status in (401, 403):
+                return StorageAccessError(
+                    f"{url}: {self.endpoint} refused access (HTTP {status} {reason}); {self._access_hint()}"
+                )
+            if status in RETRY_STATUSES:
+                return Retryable(f"{url}: HTTP {status} {reason} from {self.endpoint}", retry_after=exc.retry_after)
+            return StorageError(f"{url}: HTTP {status} {reason} from {self.endpoint}")
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            return StorageConnectionError(
+                f"{url}: the TLS certificate of {exc.host} is not trusted ({exc.certificate_error}); "
+                "point SSL_CERT_FILE at the CA bundle that signed it"
+            )
+        if isinstance(exc, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError, OSError)):
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return Retryable(
+                f"{url}: the connection to {self.endpoint} failed ({detail}); check the server and network"
+            )
+        if isinstance(exc, (aiohttp.ClientError, ValueError)):  # ValueError: e.g. a .netrc entry beside a token
+            return StorageError(f"{url}: request to {self.endpoint} failed: {exc}")
+        return exc
 
     async def _send(
         self,
@@ -167,103 +197,71 @@ class HttpStore(RemoteStoreMixin):
         *,
         headers: dict[str, str],
         shown_url: str,
-        on_retry: Callable[[BaseException], None] | None = None,
         passthrough: frozenset[int] = frozenset(),
     ) -> Any:
-        """One request with its redirects and retries; the answer (status < 300, 304, 412, 416,
-        or one of ``passthrough``) is returned unread, to be closed by the caller. A redirect
-        target kept from an earlier request that now answers 404 or 401/403 (an expired signed
-        URL) is dropped and the origin asked again, once.
+        """One request with its redirects, tried again as :func:`.ranged.call` says; the answer
+        (status < 300, 304, 412, 416, or one of ``passthrough``) is returned unread, to be
+        closed by the caller.
 
         Raises:
             ShardNotFoundError (404, 410), StorageAccessError (401, 403),
             StorageConnectionError (unreachable, or 429/5xx after every attempt), StorageError.
         """
-        import aiohttp
+        return await ranged.call(
+            self,
+            method,
+            lambda: self._send_once(method, url, headers=headers, passthrough=passthrough),
+            url=shown_url,
+        )
 
-        cfg = self.http
+    async def _send_once(
+        self, method: str, url: str, *, headers: dict[str, str], passthrough: frozenset[int] = frozenset()
+    ) -> Any:
+        """One attempt of a request, following its redirects one hop at a time; the answer as
+        :meth:`_send` says, or :class:`~.ranged.Status` for any other. A redirect target kept
+        from an earlier request that now answers 404 or 401/403 (an expired signed URL) is
+        dropped and the origin asked again, once, in the same attempt."""
+        cfg = self.requests
         session = await _session_for(cfg)
         target = self._cached_location(url) or url
-        backoff_s = 0.2
-        last = "no attempt"
-        attempt = 0
-        while attempt < cfg.max_attempts:
-            attempt += 1
-            hops = 0
+        while True:
             from_cache = target != url
+            hops = 0
             while True:
                 try:
-                    response = await asyncio.wait_for(
-                        session.request(
-                            method,
-                            target,
-                            headers={**headers, **self._headers_for(target)},
-                            allow_redirects=False,
-                            proxy=_proxy_for(target),
-                        ),
-                        cfg.connect_timeout_s + cfg.read_timeout_s,
+                    response = await session.request(
+                        method,
+                        target,
+                        headers={**headers, **self._headers_for(target)},
+                        allow_redirects=False,
+                        proxy=_proxy_for(target),
                     )
-                except aiohttp.ClientConnectorCertificateError as exc:
-                    raise StorageConnectionError(
-                        f"{shown_url}: the TLS certificate of {urlsplit(target).netloc} is not trusted "
-                        f"({exc.certificate_error}); point SSL_CERT_FILE at the CA bundle that signed it"
-                    ) from exc
-                except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
-                    last = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                except Exception:
                     if target != url:  # a cached or redirected location may have gone stale: start over
                         self._locations.pop(url, None)
-                    response = None
-                    break
-                except (aiohttp.ClientError, ValueError) as exc:  # ValueError: e.g. a .netrc entry beside a token
-                    raise StorageError(f"{shown_url}: request to {self.endpoint} failed: {exc}") from exc
+                    raise
                 if response.status in (301, 302, 303, 307, 308) and "Location" in response.headers:
                     response.release()
                     hops += 1
                     if hops > cfg.max_redirects:
                         raise StorageError(
-                            f"{shown_url}: more than {cfg.max_redirects} redirects (HttpConfig.max_redirects)"
+                            f"{url}: more than {cfg.max_redirects} redirects (RequestConfig.max_redirects)"
                         )
                     target = urljoin(target, response.headers["Location"])
                     if response.status in (302, 303, 307) and target != url:
                         self._locations[url] = (target, time.monotonic() + 300.0)
                     continue
                 break
-            if response is not None:
-                status = response.status
-                if status < 300 or status in (304, 412, 416) or status in passthrough:
-                    return response
-                retry_after = response.headers.get("Retry-After")
-                reason = response.reason or ""
-                response.release()
-                if status in (404, 410, 401, 403) and from_cache:
-                    self._locations.pop(url, None)  # a stale or expired redirect target: ask the origin again,
-                    target, attempt = url, attempt - 1  # which is no new attempt (and happens once: not cached now)
-                    continue
-                if status in (404, 410):
-                    raise ShardNotFoundError(
-                        f"{shown_url}: no such object at {self.endpoint} (HTTP {status}; check the URL)"
-                    )
-                if status in (401, 403):
-                    raise StorageAccessError(
-                        f"{shown_url}: {self.endpoint} refused access (HTTP {status} {reason}); {self._access_hint()}"
-                    )
-                if status not in _RETRY_STATUSES:
-                    raise StorageError(f"{shown_url}: HTTP {status} {reason} from {self.endpoint}")
-                last = f"HTTP {status} {reason}".strip()
-                wait_s = retry_after_s(retry_after, backoff_s, cfg.max_retry_after_s)
-            else:
-                wait_s = min(backoff_s, cfg.max_retry_after_s)
-            if attempt == cfg.max_attempts:
-                break
-            if on_retry is not None:
-                on_retry(StorageConnectionError(f"{shown_url}: {last}"))
-            await asyncio.sleep(wait_s)
-            backoff_s = min(backoff_s * 2, 5.0)
-            target = self._cached_location(url) or url
-        raise StorageConnectionError(
-            f"{shown_url}: no usable answer from {self.endpoint} after {cfg.max_attempts} attempts "
-            f"(last: {last}); check the server and network (HttpConfig.max_attempts)"
-        )
+            status = response.status
+            if status < 300 or status in (304, 412, 416) or status in passthrough:
+                return response
+            retry_after, reason = response.headers.get("Retry-After"), response.reason or ""
+            response.release()
+            if status in (404, 410, 401, 403) and from_cache:
+                self._locations.pop(url, None)  # a stale or expired redirect target: ask the origin again,
+                target = url  # which is no new attempt (and happens once: not cached now)
+                continue
+            raise Status(status, reason, retry_after=retry_after)
 
     def _cached_location(self, url: str) -> str | None:
         hit = self._locations.get(url)
@@ -285,8 +283,7 @@ class HttpStore(RemoteStoreMixin):
             ShardNotFoundError, StorageAccessError, StorageConnectionError, StorageError.
         """
         url, shown = await self._object_url(name), self.url_of(name)
-        _open_requests.add(1)
-        try:
+        with _open_requests:
             response = await self._send(
                 "HEAD", url, headers={"Accept-Encoding": "identity"}, shown_url=shown, passthrough=_HEAD_REFUSED
             )
@@ -298,104 +295,44 @@ class HttpStore(RemoteStoreMixin):
                 "GET", url, headers={"Range": "bytes=0-0", "Accept-Encoding": "identity"}, shown_url=shown
             )
             response.release()
+        try:
             if response.status == 206:
                 _, _, total = _content_range(response.headers.get("Content-Range", ""))
                 if total is not None:
                     return total, _version(response.headers)
-            if response.status == 416:  # an empty object has no byte 0
-                return 0, _version(response.headers)
-            raise StorageError(
-                f"{shown}: {self.endpoint} tells neither the size of the object (HEAD gave no Content-Length) "
-                "nor a Content-Range; serve it from a server that supports byte ranges"
-            )
         except ValueError as exc:
             raise StorageError(f"{shown}: malformed Content-Range from {self.endpoint} ({exc})") from exc
-        finally:
-            _open_requests.add(-1)
+        if response.status == 416:  # an empty object has no byte 0
+            return 0, _version(response.headers)
+        raise StorageError(
+            f"{shown}: {self.endpoint} tells neither the size of the object (HEAD gave no Content-Length) "
+            "nor a Content-Range; serve it from a server that supports byte ranges"
+        )
 
-    async def get_range(
-        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
-    ) -> tuple[list[bytes], int, str]:
-        """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the pieces they
-        arrived in, with the object's total size and version (module doc for the checks).
+    async def open_range(self, name: str, at: int, end: int | None, version: str | None) -> Answer:
+        """The request function of http(s) and the Hub (:mod:`.ranged`): a GET of bytes
+        ``[at, end)`` of ``name``, ``If-Match`` the version where it is a strong ETag (every
+        answer's version is compared in any case); refuses an answer that is not the range
+        asked for (a server that ignores ``Range``)."""
+        headers = {"Accept-Encoding": "identity"}
+        if version and not version.startswith("W/") and version.startswith('"'):
+            headers["If-Match"] = version
+        if at > 0 or end is not None:
+            headers["Range"] = f"bytes={at}-{'' if end is None else end - 1}"
+        response = await self._send_once("GET", await self._object_url(name), headers=headers)
+        try:
+            if response.status == 416:
+                size = response.headers.get("Content-Range", "").rpartition("/")[2]
+                raise PastEnd(int(size) if size.isdigit() else None, _version(response.headers) or None)
+            if response.status == 412:
+                raise Mismatch()
+            total = self._check_span(response, at=at, end=end, shown=self.url_of(name))
+        except BaseException:
+            response.release()
+            raise
+        return Answer(total, _version(response.headers), aiohttp_pieces(response.content), response.release)
 
-        Returns:
-            ``(pieces, object_size_bytes, version)``; fewer bytes than asked only when the
-            object ends before ``end``.
-
-        Raises:
-            ShardNotFoundError: no such object; CorruptShardError: ``start`` lies beyond its
-                end, or it changed between attempts; StorageError: the server ignored
-                ``Range`` (names the URL) or answered nonsense; StorageAccessError,
-                StorageConnectionError as :meth:`_send`.
-        """
-        with _open_requests:
-            return await self._get_range(name, start, end, on_retry)
-
-    async def _get_range(
-        self, name: str, start: int, end: int | None, on_retry: Callable[[BaseException], None] | None
-    ) -> tuple[list[bytes], int, str]:
-        import aiohttp
-
-        url, shown = await self._object_url(name), self.url_of(name)
-        if end is not None and end <= start:
-            total, version = await self.head(name)
-            if start > total:
-                raise CorruptShardError(f"{shown}: ends at byte {total}, before byte {start} (stale index?)")
-            return [], total, version
-        pieces: list[bytes] = []
-        received = 0
-        version: str | None = None
-        total: int | None = None
-        cfg = self.http
-        for attempt in range(1, cfg.max_attempts + 1):
-            at = start + received
-            headers = {"Accept-Encoding": "identity"}
-            if version and not version.startswith("W/") and version.startswith('"'):
-                headers["If-Match"] = version
-            if at > 0 or end is not None:
-                headers["Range"] = f"bytes={at}-{'' if end is None else end - 1}"
-            response = await self._send("GET", url, headers=headers, shown_url=shown, on_retry=on_retry)
-            try:
-                if response.status == 416:
-                    size = response.headers.get("Content-Range", "").rpartition("/")[2]
-                    if size.isdigit() and int(size) == at:  # from the end to the end: nothing
-                        return pieces, at, version or _version(response.headers)
-                    raise CorruptShardError(
-                        f"{shown}: ends before byte {at}; the shard is shorter than its index says "
-                        "(stale index or truncated upload), re-pack or re-upload it"
-                    )
-                answer_version = _version(response.headers)
-                if response.status == 412 or (version is not None and answer_version != version):
-                    raise CorruptShardError(
-                        f"{shown}: changed while it was being read (version {version} "
-                        f"{'no longer matches' if response.status == 412 else 'then ' + answer_version} "
-                        f"at byte {at}); do not overwrite shards of a dataset in use"
-                    )
-                version = answer_version
-                total = self._check_span(response, at=at, end=end, shown=shown, total=total)
-                try:
-                    async for piece in aiohttp_pieces(response.content):
-                        pieces.append(piece)
-                        received += len(piece)
-                except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-                    if attempt == cfg.max_attempts:
-                        raise StorageConnectionError(
-                            f"{shown}: the connection to {self.endpoint} failed during the transfer "
-                            f"{cfg.max_attempts} times ({type(exc).__name__}); check the server and network"
-                        ) from exc
-                    if on_retry is not None:
-                        on_retry(exc)
-                    if end is not None and received >= end - start:
-                        break
-                    continue
-            finally:
-                response.release()
-            break
-        assert total is not None  # internal invariant: set by the answer that ended the loop
-        return pieces, total, version or ""
-
-    def _check_span(self, response: Any, *, at: int, end: int | None, shown: str, total: int | None) -> int:
+    def _check_span(self, response: Any, *, at: int, end: int | None, shown: str) -> int:
         """The object's size from an answer to a ranged GET from byte ``at``; refuses an answer
         that is not the range asked for."""
         if response.status == 206:
@@ -408,21 +345,17 @@ class HttpStore(RemoteStoreMixin):
                 ) from None
             if first != at:
                 raise StorageError(f"{shown}: asked for bytes from {at}, {self.endpoint} sent them from {first}")
-            if size is None:
-                size = total if total is not None else -1
         elif response.status == 200 and at == 0:
             length = response.headers.get("Content-Length")
-            size = int(length) if length is not None and length.isdigit() else -1
-            if end is not None and (size < 0 or size > end):
+            size = int(length) if length is not None and length.isdigit() else None
+            if end is not None and (size is None or size > end):
                 raise self._ignored_range(shown)
         else:
             if response.status == 200:
                 raise self._ignored_range(shown)
             raise StorageError(f"{shown}: unexpected HTTP {response.status} from {self.endpoint} to a ranged GET")
-        if size < 0:
+        if size is None:
             raise StorageError(f"{shown}: {self.endpoint} does not tell the object's size (no total in Content-Range)")
-        if total is not None and size != total:
-            raise CorruptShardError(f"{shown}: changed while it was being read (size {total} then {size})")
         return size
 
     def _ignored_range(self, shown: str) -> StorageError:

@@ -88,22 +88,35 @@ class LocalStore:
         return st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}"
 
     async def get_range(
-        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
+        self,
+        name: str,
+        start: int,
+        end: int | None,
+        *,
+        on_retry: Callable[[BaseException], None] | None = None,
+        version: str | None = None,
     ) -> tuple[list[bytes], int, str]:
         """Bytes ``[start, end)`` of ``name`` as the remote stores give them (the same contract:
         :class:`~shardstream.storage.base.RemoteStore`); readers of local shards map or read
         the file in place instead.
 
         Raises:
-            ShardNotFoundError: no such file; CorruptShardError: ``start`` lies beyond its end.
+            ShardNotFoundError: no such file; CorruptShardError: ``start`` lies beyond its end,
+                or the file is not of ``version``.
         """
         with self.open_read(name, buffer_bytes=0) as f:
             st = os.fstat(f.fileno())
+            current = f"{st.st_mtime_ns:x}-{st.st_ino:x}"
+            if version is not None and current != version:
+                raise CorruptShardError(
+                    f"{self.root / name}: changed while it was being read (version {version} then {current}); "
+                    "do not overwrite shards of a dataset in use"
+                )
             if start > st.st_size:
                 raise CorruptShardError(f"{self.root / name}: ends at byte {st.st_size}, before byte {start}")
             stop = st.st_size if end is None else min(end, st.st_size)
             data = os.pread(f.fileno(), max(stop - start, 0), start)
-        return ([data] if data else []), st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}"
+        return ([data] if data else []), st.st_size, current
 
     def write_bytes(self, name: str, data: bytes) -> None:
         sink = self.open_writer(name)

@@ -1,8 +1,9 @@
-"""What the remote backends share (:mod:`.s3`, :mod:`.http`, :mod:`.gcs`, :mod:`.azure`): the
-count of this process's requests in progress and the text that sets it against a connection
-pool (for stall messages), ``Retry-After``, the per-process cache of library clients, the Store
-methods that read alike on every store governed by an :class:`~shardstream.config.HttpConfig`,
-the pieces of an aiohttp body, and the sink that uploads a shard in parts while it is written.
+"""What the remote backends share beside their ranged reads (:mod:`.ranged`): the error of an
+attempt worth another (:class:`Retryable`, what their error tables give for it), the count of
+this process's requests in progress and the text that sets it against a connection pool (for
+stall messages), ``Retry-After``, the per-process cache of library clients, the pieces of an
+aiohttp body, the Store methods of the bucket stores (GCS, Azure), and the sink that uploads a
+shard in parts while it is written.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from ..config import FetchConfig, HttpConfig
-from ..errors import CorruptShardError, ShardNotFoundError, StorageConnectionError, StorageNotFoundError
+from ..config import FetchConfig
+from ..errors import ShardNotFoundError, StorageConnectionError, StorageNotFoundError
 from . import loop
 
 __all__ = [
@@ -25,8 +26,9 @@ __all__ = [
     "OpenRequests",
     "PartsSink",
     "PerProcess",
-    "RemoteStoreMixin",
+    "Retryable",
     "aiohttp_pieces",
+    "final",
     "pool_state_text",
     "retry_after_s",
 ]
@@ -34,6 +36,26 @@ __all__ = [
 K = TypeVar("K")
 V = TypeVar("V")
 T = TypeVar("T")
+
+
+class Retryable(StorageConnectionError):
+    """A failed attempt worth another (a dropped or refused connection, a timeout, a 408, 429
+    or 5xx answer): what a backend's error table gives for those, with the answer's
+    ``Retry-After``. :mod:`.ranged`'s retry loop tries again; once no attempt is left it raises
+    a plain StorageConnectionError saying so."""
+
+    def __init__(self, message: str, *, retry_after: str | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def final(error: BaseException) -> BaseException:
+    """``error`` as raised to a caller: a :class:`Retryable` becomes a plain StorageConnectionError."""
+    if isinstance(error, Retryable):
+        plain = StorageConnectionError(str(error))
+        plain.__cause__ = error.__cause__
+        return plain
+    return error
 
 
 class OpenRequests:
@@ -123,47 +145,15 @@ class PerProcess(Generic[K, V]):
         return self._lock
 
 
-class RemoteStoreMixin:
-    """What the stores governed by an :class:`~shardstream.config.HttpConfig` (``http``) share:
-    object URLs under ``url``, the bound of one request, and whole reads and existence by way
-    of their ``head`` and ``get_range``."""
-
-    url: str
-    http: HttpConfig
-    head: Callable[[str], Awaitable[tuple[int, str]]]
-    get_range: Callable[[str, int, int | None], Awaitable[tuple[list[bytes], int, str]]]
-
-    def url_of(self, name: str) -> str:
-        return f"{self.url}/{name}" if name else self.url
-
-    @property
-    def request_limit_s(self) -> float:
-        """Every attempt of one request with its waits (``HttpConfig.request_limit_s``); each
-        request is cut off there."""
-        return self.http.request_limit_s
-
-    def exists(self, name: str) -> bool:
-        try:
-            loop.run(self.head(name))
-        except ShardNotFoundError:
-            return False
-        return True
-
-    def read_bytes(self, name: str) -> bytes:
-        """The whole object; a body cut mid-transfer is resumed as :meth:`get_range` does."""
-        return b"".join(loop.run(self.get_range(name, 0, None))[0])
-
-
-class BucketStoreMixin(RemoteStoreMixin):
-    """What the GCS and Azure stores share beside :class:`RemoteStoreMixin`: keys under
-    ``prefix``, listing through ``_list_page``, small writes through ``_put``, one library
-    operation bounded and translated (``_translate``, the module's), and the steps of a
-    ranged read that name the object's version (``version_name``: "generation", "ETag")."""
+class BucketStoreMixin:
+    """What the GCS and Azure stores share beside :class:`~.ranged.RangedStore`: keys under
+    ``prefix``, listing through ``_list_page``, small writes through ``_put``, and one library
+    operation bounded and translated by the store's ``error_table``."""
 
     prefix: str
     endpoint: str
-    version_name: str
-    _translate: Callable[..., BaseException]
+    request_limit_s: float
+    error_table: Callable[..., BaseException]
     _put: Callable[..., Awaitable[bool]]
     # one page under a prefix: ([(key, size_bytes)], [folder keys], the next page's token or None)
     _list_page: Callable[..., Awaitable[tuple[list[tuple[str, int]], list[str], str | None]]]
@@ -224,7 +214,7 @@ class BucketStoreMixin(RemoteStoreMixin):
         not_found: type[StorageNotFoundError] = ShardNotFoundError,
     ) -> T:
         """Await one library operation (the library retries 429/5xx and dropped connections
-        itself), bounded by :attr:`request_limit_s`, translating its errors (``_translate``)."""
+        itself), bounded by ``request_limit_s``, translating its errors (``error_table``)."""
         limit_s = self.request_limit_s
         try:
             return await asyncio.wait_for(awaitable, limit_s)
@@ -232,63 +222,15 @@ class BucketStoreMixin(RemoteStoreMixin):
             import aiohttp
 
             if isinstance(exc, aiohttp.ClientError):
-                raise self._translate(exc, url=url, endpoint=self.endpoint) from exc
+                raise final(self.error_table(exc, url=url)) from exc
             raise StorageConnectionError(
                 f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {self.pool_state()}"
             ) from None
         except Exception as exc:
-            translated = self._translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
+            translated = final(self.error_table(exc, url=url, not_found=not_found))
             if translated is exc:  # ours already (or unknown): as raised, its chain as it was
                 raise
             raise translated from exc
-
-    def _changed(self, name: str, version: str, detail: str) -> CorruptShardError:
-        return CorruptShardError(
-            f"{self.url_of(name)}: changed while it was being read ({self.version_name} {version} {detail}); "
-            "do not overwrite shards of a dataset in use"
-        )
-
-    def _ends_before(self, name: str, at: int, total: int | None) -> CorruptShardError:
-        size = f" (it has {total} bytes)" if total is not None else ""
-        return CorruptShardError(
-            f"{self.url_of(name)}: ends before byte {at}{size}; the shard is shorter than its index says "
-            "(stale index or truncated upload), re-pack or re-upload it"
-        )
-
-    async def _empty_range(self, name: str, start: int, version: str | None) -> tuple[list[bytes], int, str]:
-        """The answer to a read of no bytes from ``start``: none, with the object's size and
-        version, checked against ``version`` when given."""
-        total, current = await self.head(name)
-        if version is not None and current != version:
-            raise self._changed(name, version, f"then {current}")
-        if start > total:
-            raise self._ends_before(name, start, total)
-        return [], total, current
-
-    async def _wait_to_retry(
-        self,
-        url: str,
-        *,
-        attempt: int,
-        last: str,
-        error: BaseException | None,
-        retry_after: str | None,
-        backoff_s: float,
-        on_retry: Callable[[BaseException], None] | None,
-    ) -> float:
-        """After attempt ``attempt`` of a ranged read failed (``last`` says how): raises
-        StorageConnectionError after the last, else tells ``on_retry`` and waits for the
-        answer's ``Retry-After`` (or ``backoff_s``); returns the next backoff."""
-        max_attempts = self.http.max_attempts
-        if attempt == max_attempts:
-            raise StorageConnectionError(
-                f"{url}: no complete answer from {self.endpoint} after {max_attempts} attempts (last: {last}); "
-                "check the network"
-            ) from error
-        if on_retry is not None and error is not None:
-            on_retry(error)
-        await asyncio.sleep(retry_after_s(retry_after, backoff_s, self.http.max_retry_after_s))
-        return min(backoff_s * 2, 5.0)
 
 
 class PartsSink:

@@ -1,28 +1,30 @@
 """S3 storage through aiobotocore: the only module that imports it.
 
-One client per (process, :class:`~shardstream.config.S3Config`) lives on the process's
-background loop (:mod:`shardstream.storage.loop`). Every botocore/aiohttp error is translated
-once, in :func:`_translate`, into the :mod:`shardstream.errors` tree, naming the URL and the
-endpoint but never the secret.
+One client per (process, :class:`~shardstream.config.S3Config`, request policy) lives on the
+process's background loop (:mod:`shardstream.storage.loop`). The request policy is the
+:class:`~shardstream.config.RequestConfig` given beside the S3Config, else the S3Config's own
+timeout, attempt and pool fields (:meth:`S3Config.request_config`). botocore's own retries are
+off: every request is tried again by :mod:`.ranged`'s one retry loop (a ranged read also
+resumes a body cut mid-transfer there), 429 answers included. Every botocore/aiohttp error is
+translated once, in :meth:`S3Store.error_table`, into the :mod:`shardstream.errors` tree,
+naming the URL and the endpoint but never the secret.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import (
     BucketNotFoundError,
-    CorruptShardError,
     ShardNotFoundError,
     StorageAccessError,
-    StorageConnectionError,
     StorageError,
     StorageNotFoundError,
 )
-from . import loop
+from . import loop, ranged
+from .ranged import RETRY_STATUSES, Answer, Mismatch, PastEnd, RangedStore, Retryable
 from .requests import OpenRequests, PartsSink, PerProcess, aiohttp_pieces, pool_state_text
 
 __all__ = ["S3Store", "open_requests", "parse_s3_url", "pool_state"]
@@ -39,7 +41,25 @@ _ACCESS_CODES = frozenset(
         "AuthorizationHeaderMalformed",
     }
 )
-_clients: PerProcess[S3Config, Any] = PerProcess()
+# throttling and transient error codes S3 and its compatibles send (botocore's standard retry mode's)
+_TRANSIENT_CODES = frozenset(
+    {
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "InternalError",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "RequestLimitExceeded",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+    }
+)
+_clients: PerProcess[tuple[S3Config, RequestConfig], Any] = PerProcess()
 _open_gets = OpenRequests()  # ranged GETs of this process in progress
 
 
@@ -48,9 +68,18 @@ def open_requests() -> int:
     return _open_gets.now()
 
 
-def pool_state(cfg: S3Config) -> str:
+def pool_state(cfg: S3Config, requests: RequestConfig | None = None) -> str:
     """How this process's S3 requests stand against its connection pool, for stall messages."""
-    return pool_state_text("S3", open_requests(), cfg.max_pool_connections, "S3Config.max_pool_connections")
+    pool, knob = request_policy(cfg, requests)
+    return pool_state_text("S3", open_requests(), pool.max_pool_connections, f"{knob}.max_pool_connections")
+
+
+def request_policy(s3: S3Config, requests: RequestConfig | None) -> tuple[RequestConfig, str]:
+    """The request policy of S3 and the name of what set it, for messages: ``requests`` when
+    given, else ``s3``'s own timeout, attempt and pool fields."""
+    if requests is not None:
+        return requests, "RequestConfig"
+    return s3.request_config(), "S3Config"
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -106,10 +135,10 @@ def _data_loader() -> Any:
     return _loader
 
 
-async def _client_for(cfg: S3Config) -> Any:
+async def _client_for(cfg: S3Config, policy: RequestConfig) -> Any:
     async with _clients.lock():
         clients = _clients.mine()
-        client = clients.get(cfg)
+        client = clients.get((cfg, policy))
         if client is None:
             warn_plain_http(cfg.resolved_endpoint_url())
             from aiobotocore.config import AioConfig
@@ -126,33 +155,16 @@ async def _client_for(cfg: S3Config) -> Any:
                 aws_session_token=cfg.session_token,
                 config=AioConfig(
                     s3={"addressing_style": cfg.resolved_addressing_style()},
-                    retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
-                    connect_timeout=cfg.connect_timeout_s,
-                    read_timeout=cfg.read_timeout_s,
-                    max_pool_connections=cfg.max_pool_connections,
+                    retries={"mode": "standard", "total_max_attempts": 1},  # retried in .ranged
+                    connect_timeout=policy.connect_timeout_s,
+                    read_timeout=policy.read_timeout_s,
+                    max_pool_connections=policy.max_pool_connections,
                 ),
             )
             client = await context.__aenter__()
-            clients[cfg] = client
+            clients[cfg, policy] = client
             loop.on_shutdown(lambda: context.__aexit__(None, None, None))
         return client
-
-
-def _throttled_s(exc: BaseException) -> float | None:
-    """Seconds to wait before trying again after a 429 answer (its ``Retry-After``, at most
-    30 s; 1 s without one), or None for any other error. Some S3-compatible servers throttle
-    with 429, which botocore's retry modes do not retry."""
-    from botocore.exceptions import ClientError
-
-    if not isinstance(exc, ClientError):
-        return None
-    metadata = exc.response.get("ResponseMetadata", {})
-    if metadata.get("HTTPStatusCode") != 429:
-        return None
-    try:
-        return min(max(float(metadata.get("HTTPHeaders", {}).get("retry-after", 1.0)), 0.0), 30.0)
-    except ValueError:
-        return 1.0
 
 
 def _translate(
@@ -162,23 +174,27 @@ def _translate(
     endpoint: str,
     not_found: type[StorageNotFoundError] = ShardNotFoundError,
 ) -> BaseException:
-    """Map a botocore/aiohttp error to the shardstream error tree (others pass unchanged)."""
+    """S3's error table: a botocore/aiohttp error in the shardstream error tree (others pass
+    unchanged); a :class:`~.ranged.Retryable` for what is worth another attempt."""
+    import asyncio
+
     import aiohttp
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
         ConnectTimeoutError,
         EndpointConnectionError,
+        HTTPClientError,
         NoCredentialsError,
         ProfileNotFound,
-        ReadTimeoutError,
-        ResponseStreamingError,
+        ProxyConnectionError,
     )
 
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        metadata = exc.response.get("ResponseMetadata", {})
+        status = metadata.get("HTTPStatusCode")
         bucket = url[len("s3://") :].split("/", 1)[0]
         if code == "NoSuchBucket":
             return BucketNotFoundError(
@@ -196,19 +212,24 @@ def _translate(
                 "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or S3Config) and "
                 "the bucket's permissions"
             )
-        return StorageError(f"{url}: S3 error {code} (HTTP {status}) from {endpoint}: {error.get('Message', '')}")
+        message = f"{url}: S3 error {code} (HTTP {status}) from {endpoint}: {error.get('Message', '')}"
+        if code in _TRANSIENT_CODES or status in RETRY_STATUSES:
+            return Retryable(message, retry_after=metadata.get("HTTPHeaders", {}).get("retry-after"))
+        return StorageError(message)
     if isinstance(exc, NoCredentialsError):
         return StorageAccessError(
             f"{url}: no AWS credentials found for {endpoint}; set AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or pass S3Config(...)"
         )
-    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError, aiohttp.ClientConnectorError)):
-        return StorageConnectionError(
+    if isinstance(
+        exc, (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError, aiohttp.ClientConnectorError)
+    ):
+        return Retryable(
             f"{url}: cannot reach S3 endpoint {endpoint} ({type(exc).__name__}); check "
             "AWS_ENDPOINT_URL and that the server is running"
         )
-    if isinstance(exc, (aiohttp.ClientError, ResponseStreamingError, ReadTimeoutError)):
-        return StorageConnectionError(
+    if isinstance(exc, (aiohttp.ClientError, HTTPClientError, asyncio.TimeoutError)):
+        return Retryable(
             f"{url}: the connection to {endpoint} failed during the transfer "
             f"({type(exc).__name__}: {exc}); retry, and check the server and network"
         )
@@ -221,36 +242,39 @@ def _translate(
     return exc
 
 
-class S3Store:
+class S3Store(RangedStore):
     """Objects under ``s3://bucket/prefix``.
 
     Args:
         url: ``s3://bucket`` or ``s3://bucket/prefix``.
         s3: endpoint and credentials; default the standard AWS environment.
         fetch: part sizes and concurrency of uploads.
+        requests: timeouts, attempts and the connection pool; default the S3Config's own
+            fields (:func:`request_policy`).
     """
 
-    def __init__(self, url: str, *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        s3: S3Config | None = None,
+        fetch: FetchConfig | None = None,
+        requests: RequestConfig | None = None,
+    ) -> None:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.s3 = s3 or S3Config()
         self.fetch = fetch or FetchConfig()
+        self.requests, self.knob = request_policy(self.s3, requests)
         self.endpoint = self.s3.resolved_endpoint_url() or "AWS S3"
 
     label = "S3"
+    version_name = "ETag"
+    in_progress = _open_gets
     list_page_size = 1000  # keys per LIST request (S3's own maximum)
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
-
-    @property
-    def request_limit_s(self) -> float:
-        """One request's bound, every attempt included: ``max_attempts * (connect_timeout_s + read_timeout_s)``."""
-        cfg = self.s3
-        return cfg.max_attempts * (cfg.connect_timeout_s + cfg.read_timeout_s)
-
-    def pool_state(self) -> str:
-        return pool_state(self.s3)
 
     def key_of(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -258,33 +282,24 @@ class S3Store:
     def url_of(self, name: str) -> str:
         return f"s3://{self.bucket}/{self.key_of(name)}"
 
+    def error_table(
+        self, exc: BaseException, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError
+    ) -> BaseException:
+        return _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
+
+    async def _client(self) -> Any:
+        return await _client_for(self.s3, self.requests)
+
     async def call(
         self, operation: str, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError, **kwargs: Any
     ) -> Any:
-        """Await one S3 API call, translating its errors (see :func:`_translate`).
+        """One S3 API call, tried again and bounded as :func:`.ranged.call` says, its errors
+        translated (:func:`_translate`)."""
 
-        The call (up to the response headers, all attempts included) is bounded by
-        ``max_attempts * (connect_timeout_s + read_timeout_s)``: aiohttp does not bound the
-        wait for a pooled connection, and nothing may hang.
-        """
-        cfg = self.s3
-        limit_s = cfg.max_attempts * (cfg.connect_timeout_s + cfg.read_timeout_s)
-        try:
-            client = await _client_for(cfg)
-            for attempt in range(1, cfg.max_attempts + 1):
-                try:
-                    return await asyncio.wait_for(getattr(client, operation)(**kwargs), limit_s)
-                except Exception as exc:
-                    wait_s = _throttled_s(exc)  # botocore retries 503 SlowDown, not a bare 429
-                    if wait_s is None or attempt == cfg.max_attempts:
-                        raise
-                    await asyncio.sleep(wait_s)
-        except asyncio.TimeoutError:
-            raise StorageConnectionError(
-                f"{url}: no answer from {self.endpoint} to {operation} within {limit_s:.0f} s: {pool_state(cfg)}"
-            ) from None
-        except Exception as exc:
-            raise _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found) from exc
+        async def attempt() -> Any:
+            return await getattr(await self._client(), operation)(**kwargs)
+
+        return await ranged.call(self, operation, attempt, url=url, not_found=not_found)
 
     def check_writable(self) -> None:
         """Check the bucket exists and the credentials are accepted.
@@ -294,17 +309,6 @@ class S3Store:
         """
         loop.run(self.call("head_bucket", url=self.url, not_found=BucketNotFoundError, Bucket=self.bucket))
 
-    def exists(self, name: str) -> bool:
-        try:
-            loop.run(self.call("head_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name)))
-        except ShardNotFoundError:
-            return False
-        return True
-
-    def read_bytes(self, name: str) -> bytes:
-        """The whole object; a body cut mid-transfer is resumed as :meth:`get_range` does."""
-        return b"".join(loop.run(self.get_range(name, 0, None))[0])
-
     def write_bytes(self, name: str, data: bytes) -> None:
         loop.run(self.call("put_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name), Body=data))
 
@@ -312,21 +316,17 @@ class S3Store:
         """Put ``name`` unless it exists (``If-None-Match: *``); False when it already did."""
         from botocore.exceptions import ClientError
 
-        url = self.url_of(name)
-
         async def put() -> bool:
             try:
-                client = await _client_for(self.s3)
+                client = await self._client()
                 await client.put_object(Bucket=self.bucket, Key=self.key_of(name), Body=data, IfNoneMatch="*")
             except ClientError as exc:
                 if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
                     return False
-                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-            except Exception as exc:
-                raise _translate(exc, url=url, endpoint=self.endpoint) from exc
+                raise
             return True
 
-        return loop.run(put())
+        return loop.run(ranged.call(self, "put_object", put, url=self.url_of(name)))
 
     def delete(self, name: str) -> None:
         loop.run(self.call("delete_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name)))
@@ -424,89 +424,30 @@ class S3Store:
         response = await self.call("head_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name))
         return int(response["ContentLength"]), str(response.get("ETag", ""))
 
-    async def get_range(
-        self, name: str, start: int, end: int | None, *, on_retry: Callable[[BaseException], None] | None = None
-    ) -> tuple[list[bytes], int, str]:
-        """Bytes ``[start, end)`` of object ``name`` (``end=None``: to its end) as the pieces
-        they arrived in (uncopied, up to 256 KiB each from aiohttp), with the object's total
-        size and ETag.
+    async def open_range(self, name: str, at: int, end: int | None, version: str | None) -> Answer:
+        """S3's request function (:mod:`.ranged`): a GET of bytes ``[at, end)`` of ``name``,
+        ``IfMatch`` the ETag ``version``; its body as the pieces aiohttp received (uncopied,
+        up to 256 KiB each)."""
+        from botocore.exceptions import ClientError
 
-        A body cut off mid-transfer (which botocore neither wraps nor retries) is resumed at
-        the first byte not received, with a ranged GET conditioned on the ETag of the first
-        response (``IfMatch``), up to ``S3Config.max_attempts`` attempts in all; ``on_retry``
-        is told of each. Nothing received is fetched twice.
-
-        Returns:
-            ``(pieces, object_size_bytes, etag)``; the pieces hold fewer bytes than asked only
-            when the object ends before ``end``.
-
-        Raises:
-            ShardNotFoundError: no such object; CorruptShardError: ``start`` lies beyond its
-                end, or the object changed between attempts (its ETag no longer matches).
-            StorageAccessError, StorageConnectionError, StorageError: other S3 failures.
-        """
-        with _open_gets:
-            return await self._get_range(name, start, end, on_retry)
-
-    async def _get_range(
-        self, name: str, start: int, end: int | None, on_retry: Callable[[BaseException], None] | None
-    ) -> tuple[list[bytes], int, str]:
-        import aiohttp
-        from botocore.exceptions import ResponseStreamingError
-
-        url = self.url_of(name)
-        pieces: list[bytes] = []
-        received = 0
-        etag: str | None = None
-        total = 0
-        for attempt in range(1, self.s3.max_attempts + 1):
-            condition: dict[str, str] = {"IfMatch": etag} if etag else {}
-            if end is not None or start + received > 0:  # "bytes=0-" of an empty object is refused
-                condition["Range"] = f"bytes={start + received}-{'' if end is None else end - 1}"
-            try:
-                response = await self.call(
-                    "get_object", url=url, Bucket=self.bucket, Key=self.key_of(name), **condition
-                )
-            except StorageError as exc:
-                if "InvalidRange" in str(exc):
-                    size, version = await self.head(name)
-                    if start + received == size and (etag is None or version == etag):
-                        return pieces, size, version  # from the end to the end: nothing
-                    raise CorruptShardError(
-                        f"{url}: ends before byte {start + received}; the shard is shorter than its index "
-                        "says (stale index or truncated upload), re-pack or re-upload it"
-                    ) from exc
-                if etag and ("PreconditionFailed" in str(exc) or "HTTP 412" in str(exc)):
-                    raise CorruptShardError(
-                        f"{url}: changed while it was being read (ETag {etag} no longer matches at byte "
-                        f"{start + received}); do not overwrite shards of a dataset in use"
-                    ) from exc
-                raise
-            etag = etag or str(response.get("ETag", ""))
-            content_range = str(response.get("ContentRange", ""))
-            total = (
-                int(content_range.rsplit("/", 1)[1]) if "/" in content_range else int(response.get("ContentLength", 0))
-            )
-            try:
-                async with response["Body"] as body:
-                    async for piece in _body_pieces(body):
-                        pieces.append(piece)
-                        received += len(piece)
-            except (
-                aiohttp.ClientPayloadError,
-                aiohttp.ClientConnectionError,
-                ResponseStreamingError,
-                asyncio.TimeoutError,
-            ) as exc:
-                if attempt == self.s3.max_attempts:
-                    raise _translate(exc, url=url, endpoint=self.endpoint) from exc
-                if on_retry is not None:
-                    on_retry(exc)
-                if end is not None and received >= end - start:
-                    break  # all bytes are here; only the end of the response was lost
-                continue
-            break
-        return pieces, total or start + received, etag or ""
+        condition: dict[str, str] = {"IfMatch": version} if version else {}
+        if end is not None or at > 0:  # "bytes=0-" of an empty object is refused
+            condition["Range"] = f"bytes={at}-{'' if end is None else end - 1}"
+        client = await self._client()
+        try:
+            response = await client.get_object(Bucket=self.bucket, Key=self.key_of(name), **condition)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "InvalidRange" or status == 416:
+                raise PastEnd() from exc
+            if version and (code == "PreconditionFailed" or status == 412):
+                raise Mismatch() from exc
+            raise
+        content_range = str(response.get("ContentRange", ""))
+        total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else int(response.get("ContentLength", 0))
+        body = response["Body"]
+        return Answer(total, str(response.get("ETag", "")), _body_pieces(body), getattr(body, "aclose", body.close))
 
 
 def _body_pieces(body: Any) -> AsyncIterator[bytes]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import MissingDependencyError
 from .base import Store, scheme_of
 from .local import LocalStore
@@ -51,10 +51,25 @@ def _backend(scheme: str) -> type:
     return getattr(module, class_name)
 
 
-def open_store(url: str | os.PathLike[str], *, s3: S3Config | None = None, fetch: FetchConfig | None = None) -> Store:
+def open_store(
+    url: str | os.PathLike[str],
+    *,
+    s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
+    fetch: FetchConfig | None = None,
+) -> Store:
     """The store for a dataset location: a local path or ``file:///dir``, or a URL of a
     remote store (``s3://bucket/prefix``, ``https://host/dir``, ``hf://datasets/ORG/NAME/dir``,
     ``gs://bucket/prefix``, ``az://container/prefix``).
+
+    Args:
+        url: the location.
+        s3: S3's endpoint, credentials and addressing (``s3://`` only).
+        requests: timeouts, attempts, waits and connections of the requests to any remote
+            store; default :class:`~shardstream.config.RequestConfig`, except for S3, whose
+            default is the S3Config's own timeout, attempt and pool fields (a RequestConfig
+            given here wins over them). Local stores make no requests.
+        fetch: part sizes and concurrency of uploads.
 
     Raises:
         ValueError: an unsupported scheme or a URL without a bucket or host.
@@ -65,18 +80,19 @@ def open_store(url: str | os.PathLike[str], *, s3: S3Config | None = None, fetch
     if scheme == "s3":
         from .s3 import S3Store
 
-        return S3Store(text, s3=s3, fetch=fetch)
+        return S3Store(text, s3=s3, fetch=fetch, requests=requests)
     if scheme is not None:
-        return _backend(scheme)(text, fetch=fetch)
+        return _backend(scheme)(text, fetch=fetch, requests=requests)
     if text.startswith("file://"):
         text = text[len("file://") :]
     return LocalStore(text)
 
 
-def pin_urls(urls: list[str]) -> list[str]:
+def pin_urls(urls: list[str], *, requests: RequestConfig | None = None) -> list[str]:
     """``urls`` fixed to the versions they name now, for every process that reads them later:
     an ``hf://`` URL's revision (a branch or tag, ``main`` by default) becomes its commit sha,
-    asked of the Hub once per dataset and revision; other URLs come back unchanged.
+    asked of the Hub once per dataset and revision (under ``requests``); other URLs come back
+    unchanged.
 
     Raises:
         as :func:`open_store`; StorageError and subclasses when the Hub cannot say.
@@ -87,6 +103,6 @@ def pin_urls(urls: list[str]) -> list[str]:
 
     hf = [i for i, url in enumerate(urls) if scheme_of(url) == "hf"]
     pinned = list(urls)
-    for i, url in zip(hf, pin_hf_urls([urls[i] for i in hf])):
+    for i, url in zip(hf, pin_hf_urls([urls[i] for i in hf], requests=requests)):
         pinned[i] = url
     return pinned
