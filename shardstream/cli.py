@@ -129,13 +129,6 @@ def _request_config(args: argparse.Namespace) -> RequestConfig | None:
     return RequestConfig(**given) if given else None
 
 
-def _pack_requests(args: argparse.Namespace) -> dict[str, RequestConfig]:
-    """``requests=`` for pack() where a request flag was given (pack() takes it once it opens its
-    stores with it; until then, the S3 flags' S3Config governs its requests)."""
-    requests = _request_config(args)
-    return {"requests": requests} if requests is not None else {}
-
-
 def _add_store_args(parser: argparse.ArgumentParser) -> None:
     _add_s3_args(parser)
     _add_request_args(parser)
@@ -371,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=not args.no_progress,
                 from_shards=args.from_shards,
                 ray=args.ray,
-                **_pack_requests(args),
+                requests=_request_config(args),
             )
             shown = [p for p in report.problems if not p.packed][:20]
             for problem in shown:

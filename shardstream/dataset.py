@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from .config import FetchConfig, S3Config
+from .config import FetchConfig, RequestConfig, S3Config
 from .decode.cpu import ImageFormat, make_decoder
 from .reading.assign import WorkerSlot, current_slot, distributed_rank, in_worker, loader_id
 from .reading.engine import share_buffer
@@ -38,9 +38,8 @@ def _setting(owner: str, name: str, doc: str) -> property:
 class ShardDataset(IterableDataset):
     """Samples of tar shards from local disk or any store, shuffled and split over the job.
 
-    With an index, epochs are exact: every sample once an epoch, each rank ``len(dataset)``
-    samples; :meth:`state_dict` resumes mid-epoch at any world size. Every argument, with its
-    units and defaults, is described in docs/reading.md ("Every argument of ShardDataset").
+    With an index, epochs are exact (every sample once, each rank ``len(dataset)`` samples) and
+    resume mid-epoch at any world size. docs/reading.md describes every argument.
 
     Args:
         source: a dataset written by ``shardstream pack`` (a directory, an ``s3://`` prefix,
@@ -48,9 +47,10 @@ class ShardDataset(IterableDataset):
         shuffle, shuffle_buffer, seed, max_open_shards, drop_last, batch_size: the epoch's
             order (``shuffle_buffer`` in samples; ``batch_size``: the DataLoader's).
         decode: None (bytes), ``"pil"``, ``"numpy"``, ``"torch"``, or a callable on a sample.
-        s3, fetch, cache_dir, cache_limit_bytes: the store, read-ahead and node cache (bytes).
+        s3, requests, fetch, cache_dir, cache_limit_bytes: the store's endpoint, request
+            policy (RequestConfig) and read-ahead; a node-local cache and its bound (bytes).
         log_every_s, on_error, verify_checksums: stats log lines; ``"raise"`` or ``"skip"``
-            (replaced by repeats); CRC-32 checks of whole shards.
+            (by repeats); CRC-32 checks of whole shards.
         resampled, epoch_samples, mix, replication: endless draws; a mixture's epoch size and
             interleaving; ranks per model-parallel group.
         collate: a :class:`~shardstream.reading.batching.Batcher` or ``collate_fn``: hand out
@@ -75,6 +75,7 @@ class ShardDataset(IterableDataset):
         seed: int = 0,
         decode: ImageFormat | Callable[[dict[str, Any]], Any] | None = None,
         s3: S3Config | None = None,
+        requests: RequestConfig | None = None,
         fetch: FetchConfig | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
@@ -104,7 +105,6 @@ class ShardDataset(IterableDataset):
         self._progress = ReaderPass()  # where this iterator's pass stands
         self._board = StatsBoard(sources=self._schedule.names)
 
-    # The arguments that the schedule, the engine and the reader hold, read-only here: one copy of each.
     seed = _setting("_schedule", "seed", "Seed of shard order and sample shuffle.")
     shuffle = _setting("_schedule", "shuffle", "Whether shard order and samples are shuffled.")
     shuffle_buffer = _setting("_schedule", "shuffle_buffer", "Samples held by each reader's shuffle buffer.")
@@ -114,6 +114,7 @@ class ShardDataset(IterableDataset):
     num_samples = _setting("_schedule", "num_samples", "Samples of an epoch (all sources); None: bare shard URLs.")
     samples_per_source = _setting("_schedule", "per_source", "A mixture's samples per source and epoch, by name.")
     s3 = _setting("_engine", "s3", "S3 endpoint and credentials (None: the standard AWS environment).")
+    requests = _setting("_engine", "requests", "Timeouts, attempts and connections of store requests, or None.")
     cache_dir = _setting("_engine", "cache_dir", "The node cache's directory, or None.")
     cache_limit_bytes = _setting("_engine", "cache_limit_bytes", "The node cache's size bound in bytes.")
     on_error = _setting("_engine", "on_error", "'raise' or 'skip' (corrupt shards, undecodable samples).")

@@ -378,3 +378,77 @@ def test_azure_reads_requests_and_entry_points_take_the_config(azurite, azure_pr
         with pytest.raises(StorageConnectionError, match=rf"{url}/index\.bin: .*HTTP 503.*{ONE_ATTEMPT}"):
             call()
         assert azure_proxy.counts["throttle"] == n
+
+
+# -- the readers and writers: ShardDataset, verify, build_index, pack, ShardWriter, pack_samples ---
+
+
+def test_verify_and_build_index_read_shards_under_the_config(web, tmp_path):
+    dataset = f"{web.url}/ds"
+    assert all(check.ok for check in verify(dataset, requests=ONE))
+    web.set_faults(status=503, path_glob="*/data-000001.tar", times=None)
+    checks = list(verify(dataset, requests=ONE))
+    bad = [c for c in checks if not c.ok]
+    assert len(checks) == 3 and len(bad) == 1 and bad[0].url.endswith("data-000001.tar")
+    assert "gave up after 1 attempt (RequestConfig.max_attempts)" in bad[0].problems[0]
+    assert _gets(web, "/data-000001.tar") == 1
+    web.clear_log()
+    with pytest.raises(StorageConnectionError, match=rf"data-000001\.tar: HTTP 503.*{ONE_ATTEMPT}"):
+        build_index([f"{dataset}/data-{{000000..000002}}.tar"], output=str(tmp_path / "idx"), requests=ONE, workers=1)
+    assert _asks(web, "/data-000001.tar") == 1  # its first request, whatever the method
+    web.clear_log()
+    with pytest.raises(StorageConnectionError, match="gave up after 2 attempts"):
+        build_index(
+            [f"{dataset}/data-{{000000..000002}}.tar"],
+            output=str(tmp_path / "idx2"),
+            requests=RequestConfig(max_attempts=2),
+            workers=1,
+        )
+    assert _asks(web, "/data-000001.tar") == 2
+
+
+def _asks(server, suffix: str) -> int:
+    return sum(1 for r in server.requests() if r["path"].endswith(suffix))
+
+
+def test_shard_dataset_reads_shards_under_the_config(web):
+    dataset = f"{web.url}/ds"
+    web.set_faults(status=503, path_glob="*/data-000001.tar", times=None)
+    with pytest.raises(StorageConnectionError, match=rf"data-000001\.tar: HTTP 503.*{ONE_ATTEMPT}"):
+        list(shardstream.ShardDataset(dataset, shuffle=False, requests=ONE))
+    assert _gets(web, "/data-000001.tar") == 1
+    web.clear_log()
+    web.set_faults(status=503, path_glob="*/data-000001.tar", times=2)  # two failures, then the answers pass
+    three = RequestConfig(max_attempts=3, max_retry_after_s=0.5)
+    keys = [s["__key__"] for s in shardstream.ShardDataset(dataset, shuffle=False, requests=three)]
+    assert keys == [f"{i:03d}" for i in range(12)]
+    assert _gets(web, "/data-000001.tar") == 3
+
+
+def test_the_writers_publish_under_the_config(tmp_path, s3_bucket, s3_config):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        (src / f"{i:03d}.bin").write_bytes(os.urandom(1000))
+    writers = [
+        lambda url, s3, requests: pack(src, url, s3=s3, requests=requests, progress=False),
+        lambda url, s3, requests: _write_four(shardstream.ShardWriter(url, s3=s3, requests=requests)),
+        lambda url, s3, requests: shardstream.pack_samples(
+            lambda i: {"__key__": f"{i:03d}", "bin": b"x"}, range(4), url, s3=s3, requests=requests, progress=False
+        ),
+    ]
+    with FaultProxy(s3_config.endpoint_url, rates={"slowdown": 1.0}) as proxy:
+        via = dataclasses.replace(s3_config, endpoint_url=proxy.endpoint_url)  # max_attempts=5 of its own
+        for n, write in enumerate(writers, 1):
+            with pytest.raises(StorageConnectionError, match=rf"s3://{s3_bucket}/w{n}.*(SlowDown|503).*{ONE_ATTEMPT}"):
+                write(f"s3://{s3_bucket}/w{n}", via, ONE)
+            assert proxy.counts["slowdown"] == n  # one attempt each, not S3Config's five
+    for n, write in enumerate(writers, 1):  # and without faults they write
+        write(f"s3://{s3_bucket}/ok{n}", s3_config, RequestConfig(max_attempts=2))
+        assert open_index(f"s3://{s3_bucket}/ok{n}", s3=s3_config).num_samples == 4
+
+
+def _write_four(writer) -> None:
+    with writer:
+        for i in range(4):
+            writer.write({"__key__": f"{i:03d}", "bin": b"x"})

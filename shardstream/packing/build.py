@@ -195,8 +195,7 @@ def _scan(url: str, s3: S3Config | None, tables_url: str, requests: RequestConfi
     store = open_store(tables_url, s3=s3, requests=requests)
     spool = TableSpool(name)
     try:
-        # iter_shard_streams takes requests= once storage/fetch.py passes it to open_store
-        for _, stream in iter_shard_streams([url], s3=s3, **({"requests": requests} if requests else {})):
+        for _, stream in iter_shard_streams([url], s3=s3, requests=requests):
             hashed = Hashed(stream)
             members = iter_members_at(hashed, url=url, foreign=True, payloads=False)
             first = next(members, None)  # the first bytes are in: is it compressed?

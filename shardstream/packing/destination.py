@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError, IndexFormatError, SourceError
 from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
 from ..storage import LocalStore, Store, is_remote_url, open_store
@@ -144,10 +144,16 @@ def check_options(
     ShardLimits(max_shard_bytes, max_samples_per_shard)
 
 
-def open_destination(dest: str | os.PathLike[str], *, s3: S3Config | None, fetch: FetchConfig | None) -> Store:
+def open_destination(
+    dest: str | os.PathLike[str],
+    *,
+    s3: S3Config | None,
+    fetch: FetchConfig | None,
+    requests: RequestConfig | None = None,
+) -> Store:
     """The store at a writer's ``dest``: where every writer, its worker processes and its Ray
     tasks open it."""
-    return open_store(dest, s3=s3, fetch=fetch)
+    return open_store(dest, s3=s3, requests=requests, fetch=fetch)
 
 
 def check_outside(store: Store, source_url: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError, SampleFnError, ShardstreamError
 from ..storage import Store
 from .destination import (
@@ -70,6 +70,7 @@ def pack_samples(
     on_error: OnError | str = OnError.FAIL,
     overwrite: bool = False,
     s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
     fetch: FetchConfig | None = None,
     progress: bool = True,
     inputs_per_task: int | None = None,
@@ -107,6 +108,8 @@ def pack_samples(
             ``dest/pack-report.jsonl`` (``path`` holds the input's repr, ``reason`` the error).
         overwrite: replace what ``dest`` holds.
         s3, fetch: endpoint, credentials and multipart settings for ``s3://``.
+        requests: timeouts, attempts and connections of the store's requests
+            (:class:`~shardstream.config.RequestConfig`; None: its defaults).
         progress: a tqdm bar on stderr: inputs/s, samples/s and MB/s.
         inputs_per_task: inputs sent to a worker at a time; None: one at first, then as
             many as ``fn`` gets through in about 50 ms (so a few slow inputs, such as
@@ -138,7 +141,7 @@ def pack_samples(
         raise ValueError("overwrite=True with several parts would let one part wipe another's; empty DEST first")
     check_options(name, max_shard_bytes, max_samples_per_shard)
     fn_bytes = _pickled(fn) if workers > 1 else b""
-    store = open_destination(dest, s3=s3, fetch=fetch)
+    store = open_destination(dest, s3=s3, fetch=fetch, requests=requests)
     spec = PackSpec.of_code(
         f"pack_samples:{_qualified_name(fn)}",
         name=name,

@@ -286,6 +286,7 @@ def ensure_listing(
     on_problem: OnProblem,
     shuffle_samples: int,
     s3=None,
+    requests=None,
     wait_poll_s: float = WAIT_POLL_S,
     stale_lock_s: float = STALE_LOCK_S,
 ) -> Listing:
@@ -322,7 +323,9 @@ def ensure_listing(
 
     try:
         with _Heartbeat(store):
-            samples = iter_source_samples(spec.source, list_path=list_path, on_problem=collect, s3=s3)
+            samples = iter_source_samples(
+                spec.source, list_path=list_path, on_problem=collect, s3=s3, requests=requests
+            )
             return write_listing(
                 store, spec, samples, problems, shuffle_samples=shuffle_samples, files_from_sha1=list_sha1
             )

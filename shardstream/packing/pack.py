@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import ShardstreamError
 from ..storage import Store, is_remote_url
 from .destination import (
@@ -54,6 +54,7 @@ def pack(
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     overwrite: bool = False,
     s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
     fetch: FetchConfig | None = None,
     progress: bool = True,
     from_shards: bool = False,
@@ -87,6 +88,8 @@ def pack(
             buffer of ``shuffle_buffer`` samples' names (not contents).
         overwrite: replace a dataset already at ``dest``.
         s3: endpoint and credentials for ``s3://`` sources and destinations.
+        requests: timeouts, attempts and connections of requests to remote sources and
+            destinations (:class:`~shardstream.config.RequestConfig`; None: its defaults).
         fetch: multipart part size and concurrency for ``s3://`` destinations.
         progress: show a tqdm bar on stderr.
         from_shards: ``source`` is tar shards (a directory or S3 prefix of ``.tar`` files,
@@ -140,12 +143,12 @@ def pack(
         source_url = text.rstrip("/") if is_remote_url(text) or "{" in text else os.path.abspath(text)
         if files_from is not None:
             raise ValueError("--files-from lists files; with --from-shards SOURCE names the shards")
-        shard_urls_of([source_url], s3=s3)  # the shards are there (raises naming SOURCE if not)
+        shard_urls_of([source_url], s3=s3, requests=requests)  # the shards are there (raises naming SOURCE if not)
     else:
         source_url = os.fspath(source).rstrip("/") if is_remote_url(os.fspath(source)) else check_source(source)
     if files_from is not None and is_remote_url(source_url):
         raise ValueError("--files-from takes a local SOURCE directory")
-    store = open_destination(dest, s3=s3, fetch=fetch)
+    store = open_destination(dest, s3=s3, fetch=fetch, requests=requests)
     check_outside(store, source_url)
     spec = PackSpec(
         source=source_url,
@@ -174,6 +177,7 @@ def pack(
                 on_error=on_error,
                 shuffle_buffer=shuffle_buffer,
                 s3=s3,
+                requests=requests,
                 found=listed_problems,
             )
             total_files = sum(
@@ -189,6 +193,7 @@ def pack(
                 shuffle_buffer=shuffle_buffer,
                 s3=s3,
                 fetch=fetch,
+                requests=requests,
             )
             for stream in spec.streams_of_part(part.index)
         ]
@@ -223,6 +228,7 @@ def list_once(
     on_error: OnError,
     shuffle_buffer: int,
     s3: S3Config | None,
+    requests: RequestConfig | None = None,
     found: list[Problem] | None = None,
 ) -> Listing:
     """The pack's listing (:mod:`shardstream.packing.listing`), made here unless another part
@@ -238,7 +244,13 @@ def list_once(
             found.append(problem)
 
     return ensure_listing(
-        store, spec, list_path=list_path, on_problem=on_problem, shuffle_samples=shuffle_buffer, s3=s3
+        store,
+        spec,
+        list_path=list_path,
+        on_problem=on_problem,
+        shuffle_samples=shuffle_buffer,
+        s3=s3,
+        requests=requests,
     )
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError, MissingDependencyError, SourceError
 from ..index import MANIFEST_NAME, TABLE_SUFFIX
 from ..storage import Store, is_remote_url
@@ -86,6 +86,8 @@ class ShardDatasink(Datasink):
         overwrite: replace what ``dest`` holds (a dataset, an unfinished pack or write).
         s3, fetch: endpoint, credentials and multipart settings for ``s3://`` (sent to
             every write task).
+        requests: timeouts, attempts and connections of the store's requests
+            (:class:`~shardstream.config.RequestConfig`; None: its defaults).
         jpeg_quality: quality of PIL images saved as JPEG (1-95).
 
     Attributes:
@@ -112,6 +114,7 @@ class ShardDatasink(Datasink):
         max_samples_per_shard: int | None = None,
         overwrite: bool = False,
         s3: S3Config | None = None,
+        requests: RequestConfig | None = None,
         fetch: FetchConfig | None = None,
         jpeg_quality: int = JPEG_QUALITY,
     ) -> None:
@@ -125,6 +128,7 @@ class ShardDatasink(Datasink):
         self.max_samples_per_shard = max_samples_per_shard
         self.overwrite = overwrite
         self.s3 = s3
+        self.requests = requests
         self.fetch = fetch
         self.jpeg_quality = jpeg_quality
         self.totals: dict[str, int] | None = None
@@ -148,7 +152,7 @@ class ShardDatasink(Datasink):
 
     def _open(self) -> Store:
         if self._store is None:
-            self._store = open_destination(self.dest, s3=self.s3, fetch=self.fetch)
+            self._store = open_destination(self.dest, s3=self.s3, fetch=self.fetch, requests=self.requests)
         return self._store
 
     def on_write_start(self, schema: Any = None) -> None:
@@ -240,7 +244,7 @@ class ShardDatasink(Datasink):
         task = int(ctx.task_idx)
         written: list[ManifestRow] = []
         with RotatingTarWriter(
-            open_destination(self.dest, s3=self.s3, fetch=self.fetch),
+            open_destination(self.dest, s3=self.s3, fetch=self.fetch, requests=self.requests),
             shard_names=lambda seq: self.shard_name(task, seq),
             limits=ShardLimits(self.max_shard_bytes, self.max_samples_per_shard),
             on_commit=lambda published: written.append(published.row),

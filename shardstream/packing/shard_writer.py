@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError
 from .destination import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -61,6 +61,8 @@ class ShardWriter:
         overwrite: replace what ``dest`` holds (a dataset, or what a writer that did not
             close left).
         s3, fetch: endpoint, credentials and multipart settings for ``s3://``.
+        requests: timeouts, attempts and connections of the store's requests
+            (:class:`~shardstream.config.RequestConfig`; None: its defaults).
         jpeg_quality: quality of PIL images saved as JPEG (1-95).
 
     Raises:
@@ -80,6 +82,7 @@ class ShardWriter:
         part: Part | None = None,
         overwrite: bool = False,
         s3: S3Config | None = None,
+        requests: RequestConfig | None = None,
         fetch: FetchConfig | None = None,
         jpeg_quality: int = JPEG_QUALITY,
     ) -> None:
@@ -88,7 +91,7 @@ class ShardWriter:
         if overwrite and part.count > 1:
             raise ValueError("overwrite=True with several parts would let one part wipe another's; empty DEST first")
         self._started = time.perf_counter()
-        self._store = open_destination(dest, s3=s3, fetch=fetch)
+        self._store = open_destination(dest, s3=s3, fetch=fetch, requests=requests)
         self._spec = PackSpec.of_code(
             "ShardWriter",
             name=name,

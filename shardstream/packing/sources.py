@@ -293,6 +293,7 @@ def iter_source_samples(
     list_path: str | None,
     on_problem: OnProblem,
     s3=None,
+    requests=None,
     threads: int | None = None,
 ) -> Iterator[Sample]:
     """The samples of a pack's source in walk order, every file with its size.
@@ -302,12 +303,15 @@ def iter_source_samples(
         list_path: a ``--files-from`` list (paths relative to ``source``), or None to walk it.
         on_problem: called, in walk order, for each entry not packed or packed with a warning.
         s3: the S3 endpoint and credentials for an ``s3://`` source.
+        requests: the store's request policy (:class:`~shardstream.config.RequestConfig`).
         threads: directories listed at once (default: 16 for a store, 4 for a local tree).
     """
     if list_path is not None:
         yield from iter_list_samples(source, list_path, on_problem=on_problem)
         return
-    lister = _remote_lister(open_store(source, s3=s3)) if is_remote_url(source) else _local_lister(source)
+    lister = (
+        _remote_lister(open_store(source, s3=s3, requests=requests)) if is_remote_url(source) else _local_lister(source)
+    )
     if threads is None:
         threads = LIST_THREADS if is_remote_url(source) else LOCAL_LIST_THREADS
     for files, problems in _ordered_walk(lister, threads=threads):

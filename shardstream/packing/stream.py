@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError, MemberNameError, ShardNotFoundError, StorageError, UnreadableFileError
 from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store
@@ -55,6 +55,7 @@ class StreamJob:
     shuffle_buffer: int
     s3: S3Config | None
     fetch: FetchConfig | None
+    requests: RequestConfig | None = None
 
 
 @dataclass
@@ -70,7 +71,7 @@ class StreamResult:
 def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamResult:
     """Pack one stream, resuming after its last record."""
     spec, stream = job.spec, job.stream
-    store = open_destination(job.dest, s3=job.s3, fetch=job.fetch)
+    store = open_destination(job.dest, s3=job.s3, fetch=job.fetch, requests=job.requests)
     state = read_stream_state(store, spec, stream)
     result = StreamResult(resumed=state.num_shards > 0 or state.done is not None)
     if state.done is not None:
@@ -111,7 +112,7 @@ def _run_listed(
     remove_stream_partials(store, spec, stream, range(first, end))
     earlier = load_rows(store, spec, stream, state.num_shards)
     start = first + state.num_shards
-    source_store = open_store(spec.source, s3=job.s3) if is_remote_url(spec.source) else None
+    source_store = open_store(spec.source, s3=job.s3, requests=job.requests) if is_remote_url(spec.source) else None
     shard_of: collections.deque[int] = collections.deque()
 
     def planned() -> Iterator[Sample]:
@@ -195,8 +196,8 @@ def _shard_samples(job: StreamJob) -> Iterator[Any]:
     from .build import shard_urls_of
 
     spec = job.spec
-    urls = shard_urls_of([spec.source], s3=job.s3)[job.stream :: spec.num_streams]
-    for url, stream in iter_shard_streams(urls, s3=job.s3, fetch=job.fetch):
+    urls = shard_urls_of([spec.source], s3=job.s3, requests=job.requests)[job.stream :: spec.num_streams]
+    for url, stream in iter_shard_streams(urls, s3=job.s3, requests=job.requests, fetch=job.fetch):
         for batch in iter_sample_batches(stream, url=url, foreign=True):
             for sample in batch:
                 key = sample["__key__"]

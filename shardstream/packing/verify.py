@@ -53,8 +53,7 @@ def verify(
         urls = [index.shard_url(i) for i in range(start, index.num_shards)]
         position = start
         try:
-            # iter_shard_streams takes requests= once storage/fetch.py passes it to open_store
-            streams = iter_shard_streams(urls, s3=s3, fetch=fetch, **({"requests": requests} if requests else {}))
+            streams = iter_shard_streams(urls, s3=s3, requests=requests, fetch=fetch)
             for _, stream in streams:
                 yield ShardCheck(index.shard_url(position), tuple(_check(Hashed(stream), index, position)))
                 position += 1

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import CorruptShardError, DecodeError, ShardNotFoundError
 from ..index import ShardTable
 from ..shuffle import shuffle_buffer
@@ -72,6 +72,7 @@ class ReadingEngine:
     Args:
         shards: the shards, their URLs, sizes, counts and tables.
         s3: S3 endpoint and credentials; None: the standard AWS environment.
+        requests: timeouts, attempts and connections of remote reads (None: the defaults).
         cache_dir: a node-local directory caching ``s3://`` shards
             (:class:`~shardstream.storage.cache.ShardCache`); None: no cache.
         cache_limit_bytes: the cache's size bound in bytes (with ``cache_dir``).
@@ -87,6 +88,7 @@ class ReadingEngine:
         shards: ShardSet,
         *,
         s3: S3Config | None = None,
+        requests: RequestConfig | None = None,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
         on_error: str = "raise",
@@ -94,6 +96,7 @@ class ReadingEngine:
     ) -> None:
         self.shards = shards
         self.s3 = s3
+        self.requests = requests
         self.cache_dir = cache_dir
         self.cache_limit_bytes = cache_limit_bytes
         self.on_error = on_error
@@ -207,6 +210,7 @@ class ReadingEngine:
             sizes_bytes=[shards.size_bytes(run.shard) for run in runs],
             byte_ranges=ranges,
             s3=self.s3,
+            requests=self.requests,
             fetch=fetch,
             cache=self._cache(),
             stats=stats,
@@ -288,7 +292,9 @@ class ReadingEngine:
         counts = self.shards.sample_counts
         urls = [self.shards.url(s) for s in shards]
         sizes = [self.shards.size_bytes(s) for s in shards]
-        streams = iter_shard_streams(urls, sizes_bytes=sizes, s3=self.s3, fetch=fetch, cache=self._cache(), stats=stats)
+        streams = iter_shard_streams(
+            urls, sizes_bytes=sizes, s3=self.s3, requests=self.requests, fetch=fetch, cache=self._cache(), stats=stats
+        )
         for s, (url, stream) in zip(shards, streams):
             count = 0
             for batch in iter_sample_batches(stream, url=url, foreign=self.shards.foreign):

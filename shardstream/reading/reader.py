@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..index import DatasetIndex, resolve_source
 from ..tarstream import Batch
 from .assign import WorkerSlot
@@ -268,6 +268,7 @@ def open_reader(
     seed: int,
     decode: Callable[[dict[str, Any]], Any] | None,
     s3: S3Config | None,
+    requests: RequestConfig | None,
     cache_dir: str | os.PathLike[str] | None,
     cache_limit_bytes: int | None,
     log_every_s: float | None,
@@ -322,7 +323,13 @@ def open_reader(
     )
     order = dict(seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer, max_open_shards=max_open_shards)
     order.update(drop_last=drop_last, batch_size=batch_size)
-    engine = dict(s3=s3, cache_limit_bytes=cache_limit_bytes, on_error=on_error, verify_checksums=verify_checksums)
+    engine = dict(
+        s3=s3,
+        requests=requests,
+        cache_limit_bytes=cache_limit_bytes,
+        on_error=on_error,
+        verify_checksums=verify_checksums,
+    )
     engine.update(cache_dir=os.fspath(cache_dir) if cache_dir is not None else None)
     sources = sources_of(source)
     if sources is not None and len(sources) == 1 and sources[0].rule() == {"repeat": 1.0} and epoch_samples is None:
@@ -332,14 +339,14 @@ def open_reader(
             raise ValueError(
                 f"{epoch_samples=} sets the size of a mixture's epoch; pass a list of Source(...) to mix datasets"
             )
-        urls, index = resolve_source(source, s3=s3)
+        urls, index = resolve_source(source, s3=s3, requests=requests)
         shards = IndexedShards(index) if index is not None else BareShards(urls)
         schedule: Schedule = EpochSchedule(shards, **order)
         return Reader(schedule, [ReadingEngine(shards, **engine)], options), urls, index
     if resampled:
         raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
     with concurrent.futures.ThreadPoolExecutor(min(16, len(sources))) as pool:  # their indexes' GETs at once
-        resolved = list(pool.map(lambda src: resolve_source(src.location, s3=s3), sources))
+        resolved = list(pool.map(lambda src: resolve_source(src.location, s3=s3, requests=requests), sources))
     sets = [IndexedShards(index) if index is not None else BareShards(urls) for urls, index in resolved]
     schedule = MixtureSchedule(sources, sets, epoch_samples=epoch_samples, mix=mix, **order)
     engines = [ReadingEngine(shards, **engine) for shards in sets]

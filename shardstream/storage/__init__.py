@@ -7,9 +7,11 @@
   use), :func:`pin_urls` fixes URLs' versions (a Hub revision to its commit);
 - :mod:`.local`; the remote backends :mod:`.s3` (the only aiobotocore import), :mod:`.http`
   (http(s), aiohttp), :mod:`.hf` (the Hugging Face Hub), :mod:`.gcs` (gcsfs), :mod:`.azure`
-  (adlfs); :mod:`.requests` (what these backends share: counts of open requests, Retry-After,
-  per-process clients, common Store methods, the part-by-part upload sink); :mod:`.loop` (the
-  background event loop remote reads run on);
+  (adlfs), each giving one request function and one error table to :mod:`.ranged` (the
+  resumable ranged read and the one retry loop under every remote store's requests,
+  governed by a :class:`~shardstream.config.RequestConfig`); :mod:`.requests` (what these
+  backends share: counts of open requests, per-process clients, common Store methods, the
+  part-by-part upload sink); :mod:`.loop` (the background event loop remote reads run on);
 - :mod:`.fetch`: :func:`iter_shard_streams`, shard streams in order; :mod:`.producer`: remote
   shards as ranged GETs running ahead in bounded memory (and the one function that cuts that
   budget, ``share_read_ahead``); :mod:`.streams`: the stream adapters (local shards memory-mapped

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..config import FetchConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..tarstream import ShardStream
 from .base import Counters, is_remote_url, split_url
 from .cache import ShardCache
@@ -39,6 +39,7 @@ def iter_shard_streams(
     sizes_bytes: Sequence[int | None] | None = None,
     byte_ranges: Sequence[tuple[int, int] | None] | None = None,
     s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
     fetch: FetchConfig | None = None,
     cache: ShardCache | None = None,
     stats: Counters | None = None,
@@ -57,6 +58,8 @@ def iter_shard_streams(
             them, which ends without the tar end-of-archive blocks), or None for all of it.
             A range read with a cache fills the whole shard (from the range on, then the head).
         s3, fetch: S3 endpoint and read-ahead settings.
+        requests: timeouts, attempts and connections of the requests to remote stores
+            (:class:`~shardstream.config.RequestConfig`; for S3, default the S3Config's own fields).
         cache: a :class:`~shardstream.storage.cache.ShardCache` for remote shards, or None.
         stats: counters to add stall time, cache hits/misses, retries and bytes in flight to.
 
@@ -65,8 +68,8 @@ def iter_shard_streams(
         CorruptShardError: an S3 shard's size differs from ``sizes_bytes``, or it changed
             while being read.
         StorageAccessError, StorageConnectionError, StorageError: S3 failures; a stall of
-            more than ``max_attempts * (connect_timeout_s + read_timeout_s)`` raises
-            StorageConnectionError rather than hanging.
+            more than the store's ``request_limit_s`` (every attempt and the waits between
+            them) raises StorageConnectionError rather than hanging.
     """
     fetch = fetch or FetchConfig()
     sizes = list(sizes_bytes) if sizes_bytes is not None else [None] * len(urls)
@@ -77,7 +80,7 @@ def iter_shard_streams(
     def store_and_name(url: str) -> tuple[Any, str]:
         root, name = split_url(url)
         if root not in stores:
-            stores[root] = open_store(root or os.sep, s3=s3, fetch=fetch)
+            stores[root] = open_store(root or os.sep, s3=s3, requests=requests, fetch=fetch)
         return stores[root], name
 
     ranges = list(byte_ranges) if byte_ranges is not None else [None] * len(urls)
