@@ -9,20 +9,34 @@ from . import errors as _errors
 from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
 from .config import FetchConfig, HttpConfig, RequestConfig, S3Config
 from .errors import *  # noqa: F403 (the whole exception tree is public)
-from .index import DatasetIndex, Index, Manifest, ShardTable, open_index
+from .index import DatasetIndex, Index, Manifest, MemberEntry, SampleEntry, ShardEntry, ShardTable, open_index
 from .packing import PackReport, Part, ShardWriter, build_index, pack, pack_samples
+from .packing.sources import Problem, ProblemKind
+from .packing.verify import ShardCheck, verify
+from .reading.assign import WorkerSlot
+from .reading.batching import Batcher, CollateBatcher, RunBatcher
 from .reading.mixture import Source
+from .reading.slicer import FileRun
+from .reading.stats import StatsSnapshot
 
 if TYPE_CHECKING:
+    from .collate import ByteBatch, ByteCollate
+    from .dali import DaliLoader
     from .dataset import ShardDataset, loader_state_dict
     from .decode.cpu import CpuDecoder, RandomResizedCrop
+    from .packing.ray_sink import ShardDatasink
 
-# torch is imported only when these are first used, so `shardstream pack` starts fast.
+# torch (and Ray) are imported only when these are first used, so `shardstream pack` starts fast;
+# DaliLoader imports DALI itself only when one is made.
 _LAZY = {
     "ShardDataset": ".dataset",
     "loader_state_dict": ".dataset",
     "CpuDecoder": ".decode.cpu",
     "RandomResizedCrop": ".decode.cpu",
+    "ByteBatch": ".collate",
+    "ByteCollate": ".collate",
+    "DaliLoader": ".dali",
+    "ShardDatasink": ".packing.ray_sink",
 }
 
 
@@ -39,26 +53,43 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batcher",
+    "ByteBatch",
+    "ByteCollate",
+    "CollateBatcher",
     "CpuDecoder",
+    "DaliLoader",
     "DatasetIndex",
     "FetchConfig",
+    "FileRun",
     "HttpConfig",
     "Index",
     "Manifest",
+    "MemberEntry",
     "PackReport",
     "Part",
+    "Problem",
+    "ProblemKind",
     "RandomResizedCrop",
     "RequestConfig",
     "S3Config",
+    "SampleEntry",
+    "ShardCheck",
     "ShardDataset",
+    "ShardDatasink",
+    "ShardEntry",
     "ShardTable",
     "ShardWriter",
+    "RunBatcher",
     "Source",
+    "StatsSnapshot",
+    "WorkerSlot",
     "__version__",
     "build_index",
     "loader_state_dict",
     "open_index",
     "pack",
     "pack_samples",
+    "verify",
     *_errors.__all__,
 ]

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .reading.batching import RunPiece, parse_label
+from .reading.batching import parse_label
 from .reading.slicer import FileRun
 from .storage.shm import SharedFile
 
@@ -308,11 +308,11 @@ class ByteCollate:
         """The batch of ``samples`` (:class:`~shardstream.reading.batching.Batcher`): ``self(samples)``."""
         return self(samples)
 
-    def from_runs(self, pieces: Sequence[RunPiece]) -> ByteBatch | None:
+    def from_runs(self, pieces: Sequence[tuple[FileRun, int, int]]) -> ByteBatch | None:
         """The batch of file-run ``pieces`` (:class:`~shardstream.reading.batching.RunBatcher`): :meth:`gather`."""
         return self.gather(pieces)
 
-    def gather(self, pieces: Sequence[RunPiece]) -> ByteBatch | None:
+    def gather(self, pieces: Sequence[tuple[FileRun, int, int]]) -> ByteBatch | None:
         """One batch read straight from local shard files: samples ``i`` to ``j - 1`` of each
         ``(run, i, j)``, in order, their payloads read into the block by ``preadv`` (no
         sample dict, no ``bytes`` object, one copy); what :class:`~shardstream.ShardDataset`

@@ -111,3 +111,30 @@ def test_the_library_below_the_dataset_imports_without_torch():
         "assert 'torch' not in sys.modules, 'imported torch'\n"
         "import shardstream.reading.engine, shardstream.reading.schedule\n"
     )
+
+
+def test_public_signatures_name_only_public_types():
+    """Every shardstream type a public function or method names in its signature is public
+    (in ``shardstream.__all__``), so a user can import what they are handed or must pass."""
+    import builtins
+    import typing
+
+    known = set(shardstream.__all__) | set(dir(builtins)) | set(typing.__all__)
+    known |= {"Callable", "Iterator", "Iterable", "Sequence", "Mapping", "PathLike", "Path", "Location", "os"}
+    known |= {"ImageFormat", "OnError", "FAIL", "AddressingStyle", "ManifestRow", "Random", "np", "torch", "Tensor"}
+    known |= {"RunSlices"}  # FileRun's constructor: the engine makes FileRuns, users only read them
+    private = {}
+    for name in shardstream.__all__:
+        obj = getattr(shardstream, name)
+        members = [obj]
+        if inspect.isclass(obj):
+            members += [m for k, m in vars(obj).items() if not k.startswith("_") and callable(m)]
+        for member in members:
+            try:
+                text = str(inspect.signature(member))
+            except (TypeError, ValueError):
+                continue
+            for word in re.findall(r"\b[A-Za-z_][A-Za-z0-9_]*\b", text):
+                if word[0].isupper() and word not in known:
+                    private.setdefault(f"{name}.{getattr(member, '__name__', '')}", set()).add(word)
+    assert not private, private

@@ -38,7 +38,7 @@ class Batcher(Protocol):
 class RunBatcher(Batcher, Protocol):
     """A :class:`Batcher` that can also read a batch straight from local shard files."""
 
-    def from_runs(self, pieces: Sequence[RunPiece]) -> Any | None:
+    def from_runs(self, pieces: Sequence[tuple[FileRun, int, int]]) -> Any | None:
         """The batch of ``pieces``' samples, in order, read from their files; None: not these
         (the caller makes it :meth:`from_samples` instead, which names what differs)."""
         ...
