@@ -39,6 +39,7 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import KW_ONLY, dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -66,6 +67,7 @@ log = logging.getLogger("shardstream")
 _OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
 
 
+@dataclass(repr=False, eq=False)
 class ReadingEngine:
     """Reads shards of ``shards`` into batches of samples (module doc: order, memory, errors).
 
@@ -83,24 +85,14 @@ class ReadingEngine:
     Samples are dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``.
     """
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        *,
-        s3: S3Config | None = None,
-        requests: RequestConfig | None = None,
-        cache_dir: str | None = None,
-        cache_limit_bytes: int | None = None,
-        on_error: str = "raise",
-        verify_checksums: bool = False,
-    ) -> None:
-        self.shards = shards
-        self.s3 = s3
-        self.requests = requests
-        self.cache_dir = cache_dir
-        self.cache_limit_bytes = cache_limit_bytes
-        self.on_error = on_error
-        self.verify_checksums = verify_checksums
+    shards: ShardSet
+    _: KW_ONLY
+    s3: S3Config | None = None
+    requests: RequestConfig | None = None
+    cache_dir: str | None = None
+    cache_limit_bytes: int | None = None
+    on_error: str = "raise"
+    verify_checksums: bool = False
 
     def __repr__(self) -> str:
         return f"ReadingEngine({self.shards!r}, on_error={self.on_error!r})"

@@ -323,14 +323,10 @@ def open_reader(
     )
     order = dict(seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer, max_open_shards=max_open_shards)
     order.update(drop_last=drop_last, batch_size=batch_size)
-    engine = dict(
-        s3=s3,
-        requests=requests,
-        cache_limit_bytes=cache_limit_bytes,
-        on_error=on_error,
-        verify_checksums=verify_checksums,
+    engine = dict(s3=s3, requests=requests, on_error=on_error, verify_checksums=verify_checksums)
+    engine.update(
+        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None, cache_limit_bytes=cache_limit_bytes
     )
-    engine.update(cache_dir=os.fspath(cache_dir) if cache_dir is not None else None)
     sources = sources_of(source)
     if sources is not None and len(sources) == 1 and sources[0].rule() == {"repeat": 1.0} and epoch_samples is None:
         source, sources = sources[0].location, None  # one whole source: a plain dataset

@@ -278,27 +278,8 @@ class EpochSchedule(Schedule):
         batch_size: the DataLoader's batch size workers' pieces are cut by; None: evenly.
     """
 
-    def __init__(
-        self,
-        shards: ShardSet,
-        *,
-        seed: int,
-        shuffle: bool,
-        shuffle_buffer: int,
-        max_open_shards: int,
-        drop_last: bool,
-        batch_size: int | None,
-    ) -> None:
-        self._keep(
-            shards.sample_counts,
-            shards.num_shards,
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            max_open_shards=max_open_shards,
-            drop_last=drop_last,
-            batch_size=batch_size,
-        )
+    def __init__(self, shards: ShardSet, **order: Any) -> None:
+        self._keep(shards.sample_counts, shards.num_shards, **order)
         self._orders: dict[int, ShardOrder] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -377,12 +358,7 @@ class MixtureSchedule(Schedule):
         *,
         epoch_samples: int | None,
         mix: str,
-        seed: int,
-        shuffle: bool,
-        shuffle_buffer: int,
-        max_open_shards: int,
-        drop_last: bool,
-        batch_size: int | None,
+        **order: Any,
     ) -> None:
         if mix not in MIX_MODES:
             raise ValueError(f"{mix=} must be one of {', '.join(MIX_MODES)}")
@@ -406,19 +382,10 @@ class MixtureSchedule(Schedule):
         self.epoch_samples = epoch_samples
         self.per_epoch = epoch_counts(self.sources, self.sizes, epoch_samples)
         self.mix = mix
-        self._keep(
-            None,
-            sum(s.num_shards for s in shard_sets),
-            seed=seed,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            max_open_shards=max_open_shards,
-            drop_last=drop_last,
-            batch_size=batch_size,
-        )
+        self._keep(None, sum(s.num_shards for s in shard_sets), **order)
         self.num_samples = sum(self.per_epoch)
         self.coverage = [
-            Coverage(counts, per_epoch=n % size, seed=seed, source=i, shuffle=shuffle, base=CoverageBase())
+            Coverage(counts, per_epoch=n % size, seed=self.seed, source=i, shuffle=self.shuffle, base=CoverageBase())
             for i, (counts, n, size) in enumerate(zip(self.source_counts, self.per_epoch, self.sizes))
         ]
         self._selections: dict[int, list[Selection]] = {}

@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 __all__ = [
     "REMOTE_SCHEMES",
     "Counters",
+    "OnRetry",
     "RemoteStore",
     "ShardSink",
     "Store",
@@ -25,6 +26,9 @@ __all__ = [
     "split_url",
     "write_pieces",
 ]
+
+#: Called with each failure a request is tried again after (a reader counts its retries).
+OnRetry = Callable[[BaseException], None]
 
 #: URL schemes of remote stores, each with the module that reads it (loaded on first use).
 REMOTE_SCHEMES = ("s3", "http", "https", "hf", "gs", "gcs", "az", "abfs", "abfss")
@@ -124,13 +128,7 @@ class RemoteStore(Store, Protocol):
         Hub commit and ETag) is what :meth:`get_range` pins."""
 
     async def get_range(
-        self,
-        name: str,
-        start: int,
-        end: int | None,
-        *,
-        on_retry: Callable[[BaseException], None] | None = None,
-        version: str | None = None,
+        self, name: str, start: int, end: int | None, *, on_retry: OnRetry | None = None, version: str | None = None
     ) -> tuple[list[bytes], int, str]:
         """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as pieces, with the
         object's total size and version. A body cut mid-transfer is fetched again from its

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
+from .base import OnRetry
 
 __all__ = ["LocalStore"]
 
@@ -88,13 +89,7 @@ class LocalStore:
         return st.st_size, f"{st.st_mtime_ns:x}-{st.st_ino:x}"
 
     async def get_range(
-        self,
-        name: str,
-        start: int,
-        end: int | None,
-        *,
-        on_retry: Callable[[BaseException], None] | None = None,
-        version: str | None = None,
+        self, name: str, start: int, end: int | None, *, on_retry: OnRetry | None = None, version: str | None = None
     ) -> tuple[list[bytes], int, str]:
         """Bytes ``[start, end)`` of ``name`` as the remote stores give them (the same contract:
         :class:`~shardstream.storage.base.RemoteStore`); readers of local shards map or read

@@ -53,6 +53,7 @@ from ..errors import (
     StorageNotFoundError,
 )
 from . import loop
+from .base import OnRetry
 from .requests import OpenRequests, PerProcess, Retryable, pool_state_text, retry_after_s
 
 __all__ = [
@@ -165,13 +166,7 @@ class RangedStore:
         return b"".join(loop.run(self.get_range(name, 0, None))[0])
 
     async def get_range(
-        self,
-        name: str,
-        start: int,
-        end: int | None,
-        *,
-        on_retry: Callable[[BaseException], None] | None = None,
-        version: str | None = None,
+        self, name: str, start: int, end: int | None, *, on_retry: OnRetry | None = None, version: str | None = None
     ) -> tuple[list[bytes], int, str]:
         """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) as the pieces they
         arrived in, with the object's size and version (:func:`read_range`; ``version``, when
@@ -224,7 +219,7 @@ class _Tries:
     """The retry loop's state for one request: after a failed attempt, :meth:`failed` raises
     (the error is final, or it was the last attempt) or tells ``on_retry`` and waits."""
 
-    def __init__(self, store: Any, url: str, on_retry: Callable[[BaseException], None] | None) -> None:
+    def __init__(self, store: Any, url: str, on_retry: OnRetry | None) -> None:
         self.store, self.url, self.on_retry = store, url, on_retry
         self.attempt = 0
         self.backoff_s = 0.2
@@ -271,7 +266,7 @@ async def call(
     *,
     url: str,
     not_found: type[StorageNotFoundError] = ShardNotFoundError,
-    on_retry: Callable[[BaseException], None] | None = None,
+    on_retry: OnRetry | None = None,
 ) -> T:
     """``attempt()`` (one request, ``operation`` in messages) until it answers, as the module
     doc says; its errors translated by ``store.error_table`` (``not_found``: the class a 404
@@ -291,7 +286,7 @@ async def read_range(
     end: int | None,
     *,
     version: str | None = None,
-    on_retry: Callable[[BaseException], None] | None = None,
+    on_retry: OnRetry | None = None,
 ) -> tuple[list[bytes], int, str]:
     """Bytes ``[start, end)`` of ``name`` (``end=None``: to its end) of ``store`` (a
     :class:`RangedStore`) as the pieces they arrived in, with the object's total size and
@@ -311,7 +306,7 @@ async def _read(
     start: int,
     end: int | None,
     pinned: str | None,
-    on_retry: Callable[[BaseException], None] | None,
+    on_retry: OnRetry | None,
 ) -> tuple[list[bytes], int, str]:
     url = store.url_of(name)
     if end is not None and end <= start:  # no bytes: the size and version say all
