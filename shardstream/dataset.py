@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -32,7 +33,7 @@ Location = str | os.PathLike[str] | Sequence[str]
 
 def _setting(owner: str, name: str, doc: str) -> property:
     """A read-only attribute of the dataset that lives on its reader's schedule, engine or options."""
-    return property(lambda self: getattr(getattr(self, owner), name), doc=doc)
+    return property(lambda self: getattr(operator.attrgetter(owner)(self), name), doc=doc)
 
 
 class ShardDataset(IterableDataset):
@@ -93,9 +94,8 @@ class ShardDataset(IterableDataset):
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "fetch")}  # all but fetch
-        self.reader, self.shard_urls, self.index = open_reader(**{**arguments, "decode": make_decoder(decode)})
-        self.fetch = fetch or FetchConfig()
-        self.collate = collate
+        self.reader, self.shard_urls, self.index = open_reader(**arguments, make_decoder=make_decoder)
+        self.fetch, self._collate = fetch or FetchConfig(), collate
         self._schedule, self._engine = self.reader.schedule, self.reader.engines[0]  # its settings are every engine's
         self._epochs = EpochBoard()  # the epoch of each pass, shared with DataLoader workers
         self._set = self._epochs.set(0, [])  # (generation, state) of the latest set_epoch / load here
@@ -119,12 +119,12 @@ class ShardDataset(IterableDataset):
     cache_limit_bytes = _setting("_engine", "cache_limit_bytes", "The node cache's size bound in bytes.")
     on_error = _setting("_engine", "on_error", "'raise' or 'skip' (corrupt shards, undecodable samples).")
     verify_checksums = _setting("_engine", "verify_checksums", "Whether whole shards are checked by CRC-32.")
-    decode = _setting("_options", "decode", "The sample decoder, or None.")
-    log_every_s = _setting("_options", "log_every_s", "Seconds between reader 0's log lines, or None.")
-    resampled = _setting("_options", "resampled", "Whether shards are drawn with replacement, endlessly.")
-    replication = _setting("_options", "replication", "Ranks per model-parallel group.")
-
-    _options = property(lambda self: self.reader.options)
+    decode = _setting("reader.options", "decode", "The sample decoder, or None.")
+    log_every_s = _setting("reader.options", "log_every_s", "Seconds between reader 0's log lines, or None.")
+    resampled = _setting("reader.options", "resampled", "Whether shards are drawn with replacement, endlessly.")
+    replication = _setting("reader.options", "replication", "Ranks per model-parallel group.")
+    sources = _setting("_schedule", "sources", "A mixture's list of Source, or None (one dataset).")
+    collate = property(lambda self: self._collate, doc="What makes the dataset's batches, or None (samples).")
 
     def __repr__(self) -> str:
         names = self._schedule.names

@@ -20,7 +20,17 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import DecodeError
 from .slicer import FileRun
 
-__all__ = ["Batcher", "CollateBatcher", "RunBatcher", "RunPiece", "as_batcher", "batches", "parse_label", "reads_runs"]
+__all__ = [
+    "Batcher",
+    "CollateBatcher",
+    "GatheringBatcher",
+    "RunBatcher",
+    "RunPiece",
+    "as_batcher",
+    "batches",
+    "parse_label",
+    "reads_runs",
+]
 
 RunPiece = tuple[FileRun, int, int]
 """Samples ``i`` to ``j - 1`` of a :class:`~.slicer.FileRun`: ``(run, i, j)``."""
@@ -61,17 +71,36 @@ class CollateBatcher:
         return self.collate_fn(samples)
 
 
+class GatheringBatcher(CollateBatcher):
+    """A ``collate_fn`` that can also read a batch from file runs (a :class:`RunBatcher`).
+
+    Args:
+        collate_fn: makes a batch from samples.
+        from_runs: makes one from file-run pieces, or declines with None (``ByteCollate.gather``).
+    """
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any], from_runs: Callable[..., Any]) -> None:
+        super().__init__(collate_fn)
+        self._from_runs = from_runs
+
+    def from_runs(self, pieces: Sequence[tuple[FileRun, int, int]]) -> Any | None:
+        return self._from_runs(pieces)
+
+
 def as_batcher(collate: Any) -> Batcher:
-    """``collate`` as a :class:`Batcher`: itself if it is one, else a :class:`CollateBatcher`.
+    """``collate`` as a :class:`Batcher`. A callable is called with each batch's samples (a
+    ``collate_fn``), and its ``from_runs`` or ``gather`` method, if it has one, reads batches
+    from file runs; an object that is not callable must be a :class:`Batcher`.
 
     Raises:
-        ValueError: ``collate`` is not callable and no Batcher.
+        ValueError: ``collate`` is neither callable nor a Batcher.
     """
-    if isinstance(collate, Batcher):
+    if callable(collate):
+        runs = getattr(collate, "from_runs", None) or getattr(collate, "gather", None)
+        return GatheringBatcher(collate, runs) if callable(runs) else CollateBatcher(collate)
+    if callable(getattr(collate, "from_samples", None)):
         return collate
-    if not callable(collate):
-        raise ValueError(f"collate={collate!r} must be callable (a DataLoader collate_fn)")
-    return CollateBatcher(collate)
+    raise ValueError(f"collate={collate!r} must be callable (a DataLoader collate_fn)")
 
 
 def reads_runs(batcher: Batcher | None, *, decode: Any, on_error: str) -> bool:
@@ -146,7 +175,7 @@ def parse_label(sample: dict[str, Any], field: str, *, hint: str = "") -> int:
     """
     raw = sample[field]
     try:
-        return int(raw if isinstance(raw, (int, bytes, bytearray, str)) else bytes(raw))
+        return int(bytes(raw) if isinstance(raw, memoryview) else raw)
     except ValueError:
         raise DecodeError(
             f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} member {field!r} is not an integer "

@@ -172,21 +172,22 @@ class Reader:
         cannot be split for this slot.
         """
         options, schedule = self.options, self.schedule
-        if self.exact and options.batch_size is None and slot.num_workers > 1 and once(_UNBATCHED):
-            log.warning(
-                "ShardDataset read by %d DataLoader workers without ShardDataset(batch_size=...): if the "
-                "DataLoader batches, each worker ends with a short batch, so it may yield up to "
-                "num_workers - 1 = %d batches more than len(loader), which loops that stop at len(loader) "
-                "(Lightning, Hugging Face's Trainer) never train on. Pass the DataLoader's batch_size to "
-                "ShardDataset.",
-                slot.num_workers,
-                slot.num_workers - 1,
-            )
         if self.exact:
+            plan = schedule.plan(state)
             try:
-                mine, seg = schedule.worker_plan(schedule.plan(state), slot)
+                mine, seg = schedule.worker_plan(plan, slot)
             except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
                 return ReaderPass(), failing(exc)
+            if options.batch_size is None and slot.num_workers > 1 and once(_UNBATCHED):
+                log.warning(
+                    "ShardDataset read by %d DataLoader workers without ShardDataset(batch_size=...): if the "
+                    "DataLoader batches, each worker ends with a short batch, so it may yield up to "
+                    "num_workers - 1 = %d batches more than len(loader), which loops that stop at len(loader) "
+                    "(Lightning, Hugging Face's Trainer) never train on. Pass the DataLoader's batch_size to "
+                    "ShardDataset.",
+                    slot.num_workers,
+                    slot.num_workers - 1,
+                )
             progress = ReaderPass((seg, mine.skip))
             file_runs = reads_runs(options.batcher, decode=options.decode, on_error=options.on_error)
             read: Iterator[Batch | FileRun] = schedule.read_worker(
@@ -266,7 +267,7 @@ def open_reader(
     shuffle: bool,
     shuffle_buffer: int,
     seed: int,
-    decode: Callable[[dict[str, Any]], Any] | None,
+    decode: Any,
     s3: S3Config | None,
     requests: RequestConfig | None,
     cache_dir: str | os.PathLike[str] | None,
@@ -282,9 +283,10 @@ def open_reader(
     mix: str,
     replication: int,
     collate: Any,
+    make_decoder: Callable[[Any], Callable[[dict[str, Any]], Any] | None],
 ) -> tuple[Reader, Sequence[str], DatasetIndex | None]:
     """The reader of :class:`shardstream.ShardDataset`'s arguments (their meaning is there
-    and in docs/reading.md; ``decode`` made a callable): one dataset, or a mixture of the
+    and in docs/reading.md; ``make_decoder(decode)`` makes the decoder): one dataset, or a mixture of the
     ``Source`` s in ``source``; with its shard URLs (O(sources) for a mixture: never listed)
     and its index (None for a mixture or bare shard URLs).
 
@@ -308,12 +310,16 @@ def open_reader(
         raise ValueError(f"{max_open_shards=} must be an int >= 1")
     if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
         raise ValueError(f"{cache_limit_bytes=} must be an int >= 1 (bytes) when cache_dir is set")
+    if log_every_s is not None and not log_every_s > 0:
+        raise ValueError(f"{log_every_s=} must be > 0 (seconds) or None")
     if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
         raise ValueError(f"{shuffle_buffer=} must be an int >= 0 (samples)")
     if not isinstance(seed, int):
         raise ValueError(f"{seed=} must be an int")
+    if not isinstance(replication, int) or isinstance(replication, bool) or replication < 1:
+        raise ValueError(f"{replication=} must be an int >= 1 (ranks per model-parallel group)")
     options = ReadOptions(
-        decode=decode,
+        decode=make_decoder(decode),
         on_error=on_error,
         log_every_s=log_every_s,
         resampled=resampled,

@@ -70,6 +70,7 @@ class Schedule:
     """
 
     names: tuple[str, ...] = ()
+    sources: list[Source] | None = None  # a mixture's
 
     def prepare(self, epoch: int) -> None:
         """Compute ``epoch``'s order now (O(shards)), so DataLoader workers forked next inherit it."""
