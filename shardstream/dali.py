@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import gc
 import io
 import logging
 import queue
@@ -300,6 +301,20 @@ class _Feed:
     def running(self) -> bool:
         """The feed thread still runs (after :meth:`close`: still inside the reader)."""
         return self._thread.is_alive()
+
+
+def _forked(loader: Any) -> Iterator[Any]:
+    """``iter(loader)``, whose DataLoader workers are forked here, with the collector's objects
+    frozen around the fork: a DALI pipeline of an earlier epoch left as garbage would otherwise be
+    collected in a worker, whose ``Pipeline.__del__`` waits forever on DALI threads that exist only
+    in this process (a worker then never sends a batch). Garbage is collected here first, where
+    those threads run; the workers inherit the rest frozen, as CPython's docs advise for fork."""
+    gc.collect()
+    gc.freeze()
+    try:
+        return iter(loader)
+    finally:
+        gc.unfreeze()
 
 
 def _reason(problem: str) -> str:
@@ -579,7 +594,7 @@ class DaliLoader:
                 self._loader = loader
                 _OPEN.add(self)
             try:
-                batches = iter(loader)
+                batches = _forked(loader)
             except BaseException:
                 if keep:
                     self._loader = None
