@@ -12,7 +12,9 @@ for ((i = 1; i <= rounds; i++)); do
   for side in a b; do
     tree=$old; [ "$side" = b ] && tree=$new
     echo "ab: round $i, $side ($tree): $*" >&2
-    (cd "$tree" && PYTHONPATH="$tree" "$@") >"$out/$side-$i.log" 2>&1
+    rc=0
+    (cd "$tree" && PYTHONPATH="$tree" "$@") >"$out/$side-$i.log" 2>&1 || rc=$?
+    [ "$rc" = 0 ] || echo "ab: round $i, $side exited $rc (see $out/$side-$i.log)" >&2
   done
 done
 echo "$out"
