@@ -62,8 +62,7 @@ class ReadOptions:
         batcher: make batches of ``batch_size`` samples; None: hand out samples.
         batch_size: samples a batch (with ``batcher``).
 
-    Raises:
-        ValueError: a bad value, named.
+    Made by :func:`open_reader`, which checks every value first.
     """
 
     decode: Callable[[dict[str, Any]], Any] | None = None
@@ -73,15 +72,6 @@ class ReadOptions:
     replication: int = 1
     batcher: Batcher | None = None
     batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error={self.on_error!r} must be 'raise' or 'skip'")
-        if self.log_every_s is not None and not self.log_every_s > 0:
-            raise ValueError(f"log_every_s={self.log_every_s!r} must be > 0 (seconds) or None")
-        r = self.replication
-        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-            raise ValueError(f"replication={r!r} must be an int >= 1 (ranks per model-parallel group)")
 
 
 class ReaderPass:
