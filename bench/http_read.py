@@ -2,7 +2,7 @@
 
 The shards are packed once (``shardstream pack``, 64 MiB shards) from a benchmark corpus
 (bench/corpus.py: photos of 60-150 KB by default, ``--corpus small`` for ~18 KB JPEGs) and
-served by nginx on 127.0.0.1 (:class:`shardstream.testing.webservers.NginxServer`, https
+served by nginx on 127.0.0.1 (:class:`servers.nginx.NginxServer` from tests/servers, https
 with a self-signed certificate when ``--https``). Two readers, each in its own subprocess,
 alternating for ``--rounds`` rounds so both see the same noise:
 
@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # servers.nginx
 
 import corpus
 
@@ -108,8 +109,9 @@ def main() -> None:
         reader_main(args._reader, args._url, args._shards, args.inflight)
         return
 
+    from servers.nginx import NginxServer
+
     from shardstream import pack
-    from shardstream.testing.webservers import NginxServer
 
     source = (corpus.photo_corpus if args.corpus == "photos" else corpus.small_corpus)(args.num_images)
     root = corpus.CACHE / f"http-{args.corpus}-{args.num_images}-{args.shard_mib}"

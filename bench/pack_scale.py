@@ -5,7 +5,7 @@ Listing. A source of ``--files`` objects in ``--dirs`` "directories" is walked
 - as every pack stream walked it before the listing existed: one directory after another
   (``threads=1``), once **per stream**;
 - as the listing walks it now: once per pack, 16 directories at a time.
-LIST requests are counted at a proxy in front of the server (:class:`FaultProxy` with no
+LIST requests are counted at a proxy in front of the server (:class:`FaultProxy` of tests/servers with no
 fault); times are taken without the proxy. A local tree of the same shape is walked both ways too.
 
 Merge. The records of a finished pack of ``--shards`` shards over ``--streams`` streams are
@@ -27,9 +27,14 @@ import concurrent.futures
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # servers.faultproxy
+
+from servers.faultproxy import FaultProxy
 
 from shardstream import S3Config
 from shardstream.packing import journal
@@ -37,7 +42,6 @@ from shardstream.packing.journal import PackSpec, StreamRecord, merge
 from shardstream.packing.sources import iter_source_samples
 from shardstream.storage import open_store
 from shardstream.testing import SeaweedS3Server
-from shardstream.testing.faults import FaultProxy
 
 
 def put_many(store, items, threads: int = 32) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
-from shardstream.testing.synth import CLASS_NAMES, make_image_dataset
+from shardstream.testing import CLASS_NAMES, make_image_dataset
 
 
 def small_cnn(num_classes: int) -> nn.Module:

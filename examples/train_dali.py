@@ -28,7 +28,7 @@ from train_torchrun import (  # the sibling example
 
 from shardstream import ShardDataset
 from shardstream.dali import DaliLoader, gpu_available
-from shardstream.testing.synth import CLASS_NAMES
+from shardstream.testing import CLASS_NAMES
 
 
 def main() -> None:

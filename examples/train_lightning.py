@@ -45,7 +45,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from train_torchrun import small_cnn  # the sibling example
 
 from shardstream import CpuDecoder, Part, RandomResizedCrop, ShardDataset, pack
-from shardstream.testing.synth import CLASS_NAMES, make_image_dataset
+from shardstream.testing import CLASS_NAMES, make_image_dataset
 
 
 class Classifier(L.LightningModule):

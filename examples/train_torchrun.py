@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from shardstream import CpuDecoder, Part, RandomResizedCrop, ShardDataset, pack
 from shardstream.dataset import loader_state_dict
-from shardstream.testing.synth import CLASS_NAMES, make_image_dataset
+from shardstream.testing import CLASS_NAMES, make_image_dataset
 
 
 def small_cnn(num_classes: int) -> nn.Module:

@@ -52,7 +52,7 @@ def web_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def nginx_server(web_root):
     """nginx serving ``web_root`` over http on 127.0.0.1."""
-    from shardstream.testing.webservers import NginxServer
+    from servers.nginx import NginxServer
 
     with NginxServer(web_root) as server:
         yield server
@@ -61,7 +61,7 @@ def nginx_server(web_root):
 @pytest.fixture(scope="session")
 def nginx_tls_server(web_root):
     """nginx serving ``web_root`` over https with a self-signed certificate (``ca_file``)."""
-    from shardstream.testing.webservers import NginxServer
+    from servers.nginx import NginxServer
 
     with NginxServer(web_root, https=True) as server:
         yield server
@@ -70,7 +70,7 @@ def nginx_tls_server(web_root):
 @pytest.fixture(scope="session")
 def fake_hub():
     """A fake Hugging Face Hub (resolve redirects to a second host, tree pages, revisions)."""
-    from shardstream.testing.webservers import FakeHub
+    from servers.hub import FakeHub
 
     with FakeHub() as hub:
         yield hub
@@ -79,7 +79,7 @@ def fake_hub():
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """Google's storage JSON API (gcp-storage-emulator, in memory) on 127.0.0.1."""
-    from shardstream.testing.emulators import GcsEmulator
+    from servers.emulators import GcsEmulator
 
     with GcsEmulator() as server:
         yield server
@@ -88,7 +88,7 @@ def gcs_emulator():
 @pytest.fixture(scope="session")
 def azurite():
     """Azurite's blob service on 127.0.0.1 (the development account devstoreaccount1)."""
-    from shardstream.testing.emulators import Azurite
+    from servers.emulators import Azurite
 
     with Azurite() as server:
         yield server
@@ -140,13 +140,13 @@ def reap_killed_semaphores():
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real Ray cluster on this machine: a head and a second raylet, 1 CPU each
-    (:class:`shardstream.testing.ray_cluster.LocalRayCluster`), stopped after the session.
+    (:class:`servers.ray_cluster.LocalRayCluster`), stopped after the session.
     Drivers run as subprocesses with ``cluster.env()`` (``RAY_ADDRESS`` set)."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:  # the test extra installs it: a missing Ray is a failed set-up
         pytest.fail("Ray is not installed: pip install -e '.[test]' (or 'shardstream[ray]')")
-    from shardstream.testing.ray_cluster import LocalRayCluster
+    from servers.ray_cluster import LocalRayCluster
 
     with LocalRayCluster(num_nodes=2, cpus_per_node=1) as cluster:
         yield cluster

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from servers.faultproxy import FaultProxy
 
 from shardstream import open_index, pack
-from shardstream.testing.faults import FaultProxy
 
 SCRIPT = Path(__file__).with_name("cache_share.py")
 NUM_SAMPLES = 1200

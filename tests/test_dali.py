@@ -298,7 +298,7 @@ def test_a_stalled_store_is_an_error_within_batch_timeout_s_not_a_hang(images_di
     import dataclasses
     import time
 
-    from shardstream.testing.faults import FaultProxy
+    from servers.faultproxy import FaultProxy
 
     url = f"s3://{s3_bucket}/dali-stall-{num_workers}"
     pack(images_dir, url, s3=s3_config, from_shards=True, progress=False)

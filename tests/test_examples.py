@@ -2,7 +2,9 @@
 ranks, resumed at 3, they train on exactly the rest of the epoch; examples/train_lightning.py
 under Lightning's own DDP launcher, stopped mid-epoch and resumed from Lightning's checkpoint;
 examples/pack_from_parquet.py and pack_from_hf_dataset.py pack, read back and check every row,
-and exit with an error when a row did not come back."""
+and exit with an error when a row did not come back; examples/train_from_hub.py indexes a
+WebDataset on a fake Hub (servers.hub) in place and trains from it. Examples import nothing of
+shardstream.testing but its public names, and that package (in the wheel) stays small."""
 
 from __future__ import annotations
 
@@ -104,18 +106,91 @@ def test_train_lightning_resumes_from_its_checkpoint_with_two_devices(tmp_path):
     assert "epoch 1: 600 samples on 2 ranks in this run (dataset epoch 1)" in out, out[-3000:]
 
 
-def test_train_from_hub_indexes_a_hub_webdataset_in_place_and_trains_exact_epochs():
+def make_hub_webdataset(folder: Path, num_images: int) -> None:
+    """``.jpg`` images with ``.cls`` labels 0..3 in ``folder/train/shard-NNNNN.tar``, 100 a shard,
+    written by webdataset's TarWriter (as a WebDataset on the Hub is)."""
+    import io
+
+    import torch
+    import webdataset as wds
+    from PIL import Image
+
+    shards = folder / "train"
+    shards.mkdir(parents=True)
+    rng = torch.Generator().manual_seed(0)
+    per_shard = 100
+    for s in range(0, num_images, per_shard):
+        with wds.TarWriter(str(shards / f"shard-{s // per_shard:05d}.tar")) as sink:
+            for i in range(s, min(s + per_shard, num_images)):
+                label = i % 4
+                pixels = (torch.rand(64, 64, 3, generator=rng) * 80 + label * 50).to(torch.uint8).numpy()
+                jpeg = io.BytesIO()
+                Image.fromarray(pixels).save(jpeg, format="JPEG", quality=90)
+                sink.write({"__key__": f"{i:06d}", "jpg": jpeg.getvalue(), "cls": label})
+
+
+def test_train_from_hub_indexes_a_hub_webdataset_in_place_and_trains_exact_epochs(tmp_path):
+    from servers.hub import FakeHub
+
+    make_hub_webdataset(tmp_path / "repo", 300)
     script = Path(__file__).parents[1] / "examples" / "train_from_hub.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--epochs=2", "--num-images=300"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    with FakeHub() as hub:
+        hub.add_repo("demo/webdataset-images", {hub.commit_sha("first commit"): tmp_path / "repo"})
+        done = subprocess.run(
+            [sys.executable, str(script), "hf://datasets/demo/webdataset-images/train", "--epochs=2"],
+            env={**os.environ, "OMP_NUM_THREADS": "1", **hub.env()},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "indexed 3 shards, 300 samples of hf://datasets/demo/webdataset-images/train" in done.stdout
     assert "epoch 0: 300 samples" in done.stdout and "epoch 1: 300 samples" in done.stdout
+
+
+def test_train_from_hub_needs_a_hub_url():
+    script = Path(__file__).parents[1] / "examples" / "train_from_hub.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "usage: train_from_hub.py" in done.stderr and "shards" in done.stderr, done.stderr
+
+
+def test_examples_import_only_the_public_testing_names():
+    """What examples use of shardstream.testing is its public API (the S3 server, synthetic
+    images), never a test server (tests/servers) or another test module."""
+    import ast
+
+    import shardstream.testing
+
+    public = set(shardstream.testing.__all__)
+    examples = sorted((Path(__file__).parents[1] / "examples").glob("*.py"))
+    assert examples
+    bad = []
+    for path in examples:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                imports = [(alias.name, None) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                imports = [(node.module or "", alias.name) for alias in node.names]
+            else:
+                continue
+            for module, name in imports:
+                where = f"{path.name}:{node.lineno}: {module}{'' if name is None else '.' + name}"
+                top = module.split(".")[0]
+                if top in ("servers", "conftest") or top.startswith("test_"):
+                    bad.append(where)
+                elif module == "shardstream.testing" or module.startswith("shardstream.testing."):
+                    if module != "shardstream.testing" or (name is not None and name not in public):
+                        bad.append(where)
+    assert not bad, bad
+
+
+def test_the_installed_testing_package_stays_small():
+    """shardstream.testing ships in the wheel: the S3 server, synthetic images, what they need;
+    the test servers stay in tests/servers (issue 38: at most 1000 lines)."""
+    package = Path(__file__).parents[1] / "shardstream" / "testing"
+    lines = {path.name: path.read_bytes().count(b"\n") for path in sorted(package.glob("*.py"))}
+    assert sum(lines.values()) <= 1000, lines
 
 
 def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""Faults between the reader and a real S3 server, injected by shardstream.testing.faults.FaultProxy:
+"""Faults between the reader and a real S3 server, injected by servers.faultproxy.FaultProxy:
 each fault alone, then a mix over a whole epoch of 2 ranks x 2 workers, and a pack through
 faults that verify accepts. Every run must deliver exactly the clean run's samples."""
 
@@ -8,12 +8,12 @@ import dataclasses
 import hashlib
 
 import pytest
+from servers.faultproxy import FaultProxy
 from torch.utils.data import DataLoader
 
 from shardstream import FetchConfig, ShardDataset, pack
 from shardstream.errors import CorruptShardError, StorageConnectionError
 from shardstream.packing.verify import verify
-from shardstream.testing.faults import FaultProxy
 
 FETCH = FetchConfig(part_bytes=64 << 10, max_buffer_bytes=1 << 20, max_inflight_requests=4)
 

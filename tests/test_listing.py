@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import all_files
+from servers.faultproxy import FaultProxy
 from test_pack_scale import dataset_files, make_tree, read_back
 
 from shardstream import Part, S3Config, pack
@@ -22,7 +23,6 @@ from shardstream.format import split_key
 from shardstream.packing.journal import SPEC_NAME, PackSpec
 from shardstream.packing.listing import LISTING_DONE, LISTING_LOCK, Listing, ensure_listing
 from shardstream.storage import open_store
-from shardstream.testing.faults import FaultProxy
 
 
 def nested_tree(root: Path) -> Path:

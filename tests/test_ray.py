@@ -2,13 +2,15 @@
 cluster of two raylets (the session's ``ray_cluster``). Drivers run in subprocesses (as users
 run them, and so this process never imports ray); what they wrote is read back with
 ShardDataset (every sample once, and once per epoch over two ranks), tarfile and webdataset,
-and checked against the index with verify."""
+and checked against the index with verify. And LocalRayCluster itself: it stops every process
+it started, and a stale ``~/.ray/auth_token`` of the user's own Ray does not break it."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -19,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from servers.ray_cluster import LocalRayCluster, RayClusterError
 
 from shardstream import S3Config, ShardDataset, ShardWriter, open_index
 from shardstream.packing.verify import verify
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 DRIVER_TIMEOUT_S = 180
 PRELUDE = """
@@ -293,11 +296,27 @@ def test_a_dataset_is_refused_without_overwrite_and_bad_rows_name_key_and_field(
     assert "ValueError" in dotted["error"] and "sample key 'a.b'" in dotted["message"], dotted
 
 
-def test_local_cluster_stops_every_process_it_started(tmp_path):
+def require_ray() -> None:
+    """Fail, as the ``ray_cluster`` fixture does, where Ray is missing: the test extra installs it."""
     if importlib.util.find_spec("ray") is None:
-        pytest.skip("Ray is not installed (pip install 'shardstream[ray]')")
-    from shardstream.testing.ray_cluster import LocalRayCluster, RayClusterError
+        pytest.fail("Ray is not installed: pip install -e '.[test]' (or 'shardstream[ray]')")
 
+
+def alive(pids) -> list[int]:
+    """Those of ``pids`` that are live processes (not zombies)."""
+    found = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            found.append(pid)
+    return found
+
+
+def test_local_cluster_stops_every_process_it_started(tmp_path):
+    require_ray()
     with pytest.raises(RayClusterError, match="not found or not executable"):
         LocalRayCluster(ray_path=str(tmp_path / "no-ray")).start()
     cluster = LocalRayCluster(num_nodes=1)
@@ -307,12 +326,58 @@ def test_local_cluster_stops_every_process_it_started(tmp_path):
         temp_dir = cluster.temp_dir
         assert {"gcs_server", "raylet"} <= set(started.values()), started
     assert cluster.processes() == {} and not temp_dir.exists()
-    alive = []
-    for pid in started:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            alive.append(pid)
-    assert not alive
+    assert not alive(started)
+
+
+# a task on each node reports where it ran and the HOME it ran with
+RUN_TASKS = """
+import json, os, sys
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+
+@ray.remote(num_cpus=1)
+def where():
+    return ray.get_runtime_context().get_node_id(), os.environ.get("HOME")
+
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+ran = ray.get([where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes])
+print("RESULT " + json.dumps({"nodes": sorted({n for n, _ in ran}), "homes": sorted({h for _, h in ran})}))
+"""
+
+
+def run_tasks(address: str, env: dict[str, str]) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_TASKS, address], env=env, capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, (
+        f"driver exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    )
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def test_a_stale_auth_token_in_the_users_home_does_not_break_the_cluster(tmp_path, monkeypatch):
+    """Ray 2.60's ray.init() leaves ~/.ray/auth_token behind; with it, the head's ``ray start``
+    turned token authentication on and the GCS refused the second node (InvalidAuthToken)."""
+    require_ray()
+    home = tmp_path / "user-home"
+    (home / ".ray").mkdir(parents=True)
+    stale = "stale-token-of-an-earlier-ray-init-0123456789abcdef\n"
+    (home / ".ray" / "auth_token").write_text(stale)
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+
+    with LocalRayCluster(num_nodes=2, cpus_per_node=1) as cluster:
+        assert cluster.wait_for_nodes(30) == {"nodes": 2, "cpus": 2.0}
+        assert cluster.env()["HOME"] == str(cluster.home) and cluster.home.parent == cluster.temp_dir
+        # a driver run with cluster.env(): its tasks ran on both nodes, with the cluster's HOME
+        ran = run_tasks(cluster.address, cluster.env())
+        assert len(ran["nodes"]) == 2 and ran["homes"] == [str(cluster.home)], ran  # one task pinned to each
+        # ... and one run with the user's own environment, the stale token in its HOME
+        assert run_tasks(cluster.address, dict(os.environ))["homes"] == [str(cluster.home)]
+        started = cluster.processes()
+    assert not alive(started)
+    assert sorted(p.relative_to(home).as_posix() for p in home.rglob("*")) == [".ray", ".ray/auth_token"]
+    assert (home / ".ray" / "auth_token").read_text() == stale  # the user's token, left as it was

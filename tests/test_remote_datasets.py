@@ -196,7 +196,7 @@ def test_a_shard_replaced_while_it_is_read_is_an_error_never_a_mix(nginx_server,
 
 
 def test_a_server_that_ignores_range_is_named(tmp_path, local_dataset):
-    from shardstream.testing.webservers import FaultServer
+    from servers.faultserver import FaultServer
 
     local, _ = local_dataset
     shutil.copytree(local, tmp_path / "www" / "ds")

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from servers.faultproxy import FaultProxy
 
 import shardstream
 from shardstream import HttpConfig, RequestConfig, S3Config, build_index, open_index, pack
@@ -28,7 +29,6 @@ from shardstream.index import resolve_source
 from shardstream.packing.build import shard_urls_of
 from shardstream.packing.verify import verify
 from shardstream.storage import loop, open_store
-from shardstream.testing.faults import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,7 +113,7 @@ def test_the_cli_flags_build_one_request_config():
 
 @pytest.fixture
 def web(tmp_path):
-    from shardstream.testing.webservers import FaultServer
+    from servers.faultserver import FaultServer
 
     _small_dataset(tmp_path / "www" / "ds")
     with FaultServer(tmp_path / "www") as server:
@@ -343,7 +343,7 @@ def test_gcs_ranged_reads_take_no_more_connections_than_the_config_allows(gcs_em
 
 @pytest.fixture
 def azure_proxy(azurite, monkeypatch):
-    from shardstream.testing.emulators import AZURITE_ACCOUNT, AZURITE_KEY
+    from servers.emulators import AZURITE_ACCOUNT, AZURITE_KEY
 
     with FaultProxy(azurite.endpoint, rates={}) as proxy:
         monkeypatch.setenv(

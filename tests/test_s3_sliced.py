@@ -26,13 +26,13 @@ import random
 import tarfile
 
 import pytest
+from servers.faultproxy import FaultProxy
 from torch.utils.data import DataLoader
 
 from shardstream import FetchConfig, ShardDataset, open_index, pack
 from shardstream.dataset import loader_state_dict
 from shardstream.errors import CorruptShardError, IndexFormatError, ShardNotFoundError
 from shardstream.storage import open_store
-from shardstream.testing.faults import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 

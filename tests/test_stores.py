@@ -4,7 +4,7 @@ Backends: ``local`` (a directory), ``s3`` (SeaweedFS), ``http`` (nginx), ``https
 self-signed certificate trusted through ``SSL_CERT_FILE``), ``hf`` (a fake of the Hub's revision,
 tree and resolve endpoints, redirecting to a second host), ``gs`` (gcp-storage-emulator) and
 ``az`` (Azurite). Faults come from the servers themselves or from a fault-injecting proxy in
-front of them (:class:`~shardstream.testing.faults.FaultProxy`): a body cut mid-transfer, a
+front of them (:class:`~servers.faultproxy.FaultProxy`): a body cut mid-transfer, a
 429/503 with ``Retry-After``, a 403. Each test runs on every backend its subject applies to; the
 parameter lists say which and why the others are left out (no backend is skipped at run time).
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from servers.faultproxy import FaultProxy
 
 from shardstream import S3Config
 from shardstream.errors import (
@@ -33,7 +34,6 @@ from shardstream.errors import (
     StorageError,
 )
 from shardstream.storage import loop, open_store
-from shardstream.testing.faults import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -302,7 +302,7 @@ def _gs(request, tmp_path, monkeypatch, proxies) -> Backend:
 
 
 def _az(request, tmp_path, monkeypatch, proxies) -> Backend:
-    from shardstream.testing.emulators import AZURITE_ACCOUNT, AZURITE_KEY
+    from servers.emulators import AZURITE_ACCOUNT, AZURITE_KEY
 
     server = request.getfixturevalue("azurite")
     proxy = proxies("az", server.endpoint)
@@ -579,7 +579,7 @@ def test_a_redirect_target_that_refuses_is_named_not_retried(backend, status, er
 
 
 def test_head_falls_back_to_a_one_byte_get_where_head_is_refused(tmp_path):
-    from shardstream.testing.webservers import FaultServer
+    from servers.faultserver import FaultServer
 
     (tmp_path / "obj.bin").write_bytes(b"y" * 1234)
     with FaultServer(tmp_path) as server:

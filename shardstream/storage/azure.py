@@ -41,7 +41,7 @@ Every Azure/adlfs/aiohttp error is translated once, in :func:`_translate`, into 
 :mod:`shardstream.errors` tree, naming the URL and the account, never a key, SAS token or
 connection string.
 
-What the local emulator (Azurite, see :mod:`shardstream.testing.emulators`) does not cover:
+What the local emulator (Azurite, see ``tests/servers/emulators.py``) does not cover:
 it has no hierarchical namespace (the ADLS Gen2 directory features behind ``abfs``, unused
 here: this module speaks the Blob API, which such accounts also serve), no Azure AD tokens (only
 account keys and SAS), and a read starting past a blob's end comes back empty instead of 416

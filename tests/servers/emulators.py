@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .process import (
+from shardstream.testing.process import (
     HOST,
     NO_PROXY_OPENER,
     ServerContext,
