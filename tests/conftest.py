@@ -1,5 +1,8 @@
 """Shared fixtures: real local servers for the session (SeaweedFS for S3, nginx for http(s), a
-fake Hugging Face Hub, the GCS emulator, Azurite), buckets, tiny datasets."""
+fake Hugging Face Hub, the GCS emulator, Azurite), buckets, tiny datasets; and the tests'
+isolation from this machine (``tests/isolation.py``): no variable of the user's environment
+(rank, proxies, cloud credentials ...) and a ``HOME`` of each test's own, and a kill test
+removes only the semaphores of the processes it killed."""
 
 from __future__ import annotations
 
@@ -9,12 +12,40 @@ import shutil
 import sysconfig
 from pathlib import Path
 
+import isolation
 import pytest
 
 from shardstream import S3Config
 from shardstream.testing import SeaweedS3Server
 
 _bucket_numbers = itertools.count()
+
+# pytest_collection_modifyitems: the test lanes' hook comes from tests/lanes.py, imported here
+# (`from lanes import pytest_collection_modifyitems`); conftest defines none of its own.
+
+
+def pytest_configure(config):
+    """Before any fixture (a session server inherits os.environ when it starts): the user's
+    environment scrubbed and a HOME of the session (isolation.start; undone at the end)."""
+    isolation.start()
+
+
+def pytest_unconfigure(config):
+    isolation.stop()
+
+
+@pytest.fixture(autouse=True)
+def _own_home():
+    """Each test, and the processes it starts, gets a fresh HOME (and XDG directories under it):
+    no per-user state (a Hub token, AWS or Ray configuration) shared between tests."""
+    saved = {name: os.environ.get(name) for name in isolation.HOME_VARIABLES}
+    os.environ.update(isolation.test_home())
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
@@ -127,14 +158,14 @@ def all_files(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture
 def reap_killed_semaphores():
-    """SIGKILLed packs cannot unlink their multiprocessing semaphores (/dev/shm/sem.mp-*);
-    remove the ones that appear while a kill test runs, so repeated runs leave nothing."""
-    shm = Path("/dev/shm")
-    before = set(shm.glob("sem.mp-*")) if shm.is_dir() else set()
-    yield
-    if shm.is_dir():
-        for path in set(shm.glob("sem.mp-*")) - before:
-            path.unlink(missing_ok=True)
+    """SIGKILLed packs cannot unlink their multiprocessing semaphores (/dev/shm/sem.mp-*): a
+    kill test calls ``reap_killed_semaphores.before_killpg(pgid)`` (or ``.before_kill(pid)``)
+    just before its SIGKILL, which stops those processes and records the semaphores they map;
+    exactly those are unlinked after the test (isolation.KilledSemaphores), so repeated runs
+    leave nothing and another process's semaphores are never touched."""
+    killed = isolation.KilledSemaphores()
+    yield killed
+    killed.reap()
 
 
 @pytest.fixture(scope="session")

@@ -147,6 +147,7 @@ def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_pa
         while len(list(dest.glob("*.tar"))) < threshold and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         try:
+            reap_killed_semaphores.before_killpg(process.pid)
             os.killpg(process.pid, signal.SIGKILL)  # the pack and its workers, at once
         except ProcessLookupError:
             pass
@@ -313,6 +314,7 @@ def test_a_pack_to_s3_killed_mid_upload_resumes_and_leaves_no_unfinished_upload(
     while not [n for n in store.list_names(".shardstream/s") if "done" not in n] and time.monotonic() < deadline:
         time.sleep(0.02)  # until the first shard is published and recorded
     try:
+        reap_killed_semaphores.before_killpg(process.pid)
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass

@@ -260,6 +260,7 @@ def test_a_writer_killed_mid_shard_leaves_only_whole_published_shards(tmp_path, 
     while len(list((dest / ".shardstream").glob("s*-*.json"))) < 3:
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)
+    reap_killed_semaphores.before_kill(process.pid)
     process.send_signal(signal.SIGKILL)
     process.wait(30)
     recorded = {r["shard"]["name"]: r["shard"] for r in records(dest)}
@@ -338,6 +339,7 @@ def test_killed_as_a_whole_at_several_points_a_rerun_finishes_the_same_dataset(
             assert time.monotonic() < deadline, "the pack never got going"
             time.sleep(0.002)
         try:
+            reap_killed_semaphores.before_killpg(process.pid)
             os.killpg(process.pid, signal.SIGKILL)  # the job and its workers at once
         except ProcessLookupError:
             pass
@@ -348,7 +350,7 @@ def test_killed_as_a_whole_at_several_points_a_rerun_finishes_the_same_dataset(
     assert dataset_files(dest) == dataset_files(clean_pack)
 
 
-def test_a_worker_killed_is_an_error_and_the_rerun_resumes(clean_pack, tmp_path, monkeypatch, reap_killed_semaphores):
+def test_a_worker_killed_is_an_error_and_the_rerun_resumes(clean_pack, tmp_path, monkeypatch):
     flag = tmp_path / "flag"
     flag.touch()
     monkeypatch.setenv(write_fns.FLAG_ENV, str(flag))
