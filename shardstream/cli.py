@@ -420,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "index":
             if args.index_command != "merge":
                 raise ValueError(
-                    "shardstream index: give a command: build SHARDS..., merge DEST, upgrade DEST, or --dali DEST"
+                    "`shardstream index` needs a command: build SHARDS..., merge DEST, upgrade DEST, or --dali DEST"
                 )
             from .index import MANIFEST_NAME
             from .packing.journal import SPEC_NAME, PackSpec, merge

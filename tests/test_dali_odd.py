@@ -25,6 +25,8 @@ from PIL import Image
 
 from shardstream.dali import DaliLoader
 
+pytestmark = pytest.mark.slow  # DALI pipelines (tests/lanes.py)
+
 W, H = 96, 64  # every variant shows this picture (after EXIF orientation)
 
 
@@ -239,14 +241,17 @@ def test_undecodable_images_skipped_keep_every_ranks_batch_count(tmp_path, monke
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU that torch and DALI can use here")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU here")
 def test_odd_images_on_the_gpu_path(odd):
     """The mixed (nvJPEG / hardware decoder) path: the same odd dataset, every sample once,
     batches on cuda:0, the odd ones decoded on the CPU and moved there."""
     from shardstream.dali import gpu_available
 
-    if not gpu_available():
-        pytest.skip("torch sees a GPU but DALI does not")
+    # torch sees a GPU here (else the skip above): DALI must use it too, not leave the GPU path untested
+    assert gpu_available(), (
+        "torch sees a CUDA GPU but DALI does not (nvidia.dali.backend.GetCUDADeviceCount() == 0): "
+        "install the nvidia-dali-cudaXXX wheel that matches this driver's CUDA"
+    )
     ds, names = odd
     loader = DaliLoader(ShardDataset(ds, shuffle_buffer=4), batch_size=4, crop_px=24, label_ext="id", device_id="auto")
     batches = list(loader)

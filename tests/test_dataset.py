@@ -10,12 +10,18 @@ import pytest
 import torch
 from PIL import Image
 
-from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, open_index, pack
+from shardstream import CpuDecoder, RandomResizedCrop, ShardDataset, pack
 from shardstream.errors import CorruptShardError, DecodeError, ShardNotFoundError
 from shardstream.reading.assign import WorkerSlot
 
 
 def make_dataset(tmp_path: Path, *, num_samples: int = 120, per_shard: int = 10) -> tuple[Path, list[str]]:
+    """``num_samples`` samples (a .txt and a .cls each) in the folders class0..class2 of
+    ``tmp_path/src``, packed (one worker) into ``tmp_path/ds``, ``per_shard`` samples a shard.
+    Returns the dataset and its keys in the order packing writes them, derived from the source
+    files alone, as a user would (docs/packing.md): a sample's key is its file's path under
+    SOURCE up to the first dot of the file name, and the walk visits a folder's samples sorted by
+    key, folders sorted by name (here every file sits one folder deep: sorted keys)."""
     src = tmp_path / "src"
     for i in range(num_samples):
         d = src / f"class{i % 3}"
@@ -24,7 +30,9 @@ def make_dataset(tmp_path: Path, *, num_samples: int = 120, per_shard: int = 10)
         (d / f"{i:05d}.cls").write_text(str(i % 3))
     dest = tmp_path / "ds"
     pack(src, dest, max_samples_per_shard=per_shard, progress=False)
-    keys = [x.key for s in open_index(dest).as_v1().shards for x in s.samples]
+    files = [p.relative_to(src) for p in src.rglob("*") if p.is_file()]
+    keys = sorted({(f.parent / f.name.split(".", 1)[0]).as_posix() for f in files})
+    assert len(keys) == num_samples
     return dest, keys
 
 

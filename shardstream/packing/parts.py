@@ -27,27 +27,72 @@ class Part:
         """``"1/4"`` -> ``Part(1, 4)``."""
         index, _, count = text.partition("/")
         try:
-            return cls(int(index), int(count))
+            i, n = int(index), int(count)
         except ValueError:
             raise ValueError(f"part {text!r} must be I/N with 0 <= I < N, e.g. 0/2") from None
+        if not 0 <= i < n:  # most often parts numbered from 1
+            hint = f": parts count from 0, the {n} parts are 0/{n} to {n - 1}/{n}" if n > 0 else ", e.g. 0/2"
+            raise ValueError(f"part {text!r} must be I/N with 0 <= I < N{hint}")
+        return cls(i, n)
 
 
 def part_from_env() -> Part | None:
     """The pack part this process should write, from the environment, or None.
 
     ``RANK`` / ``WORLD_SIZE`` (torchrun, or any launcher that sets them) come first, then a
-    job array's index and count (``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT``).
+    SLURM job array's task (``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT``): its part is
+    its place in the array, counted from ``SLURM_ARRAY_TASK_MIN`` in steps of
+    ``SLURM_ARRAY_TASK_STEP`` (both set by SLURM), so ``--array=1-4`` packs parts 0 to 3 and
+    ``--array=0-6:2`` parts 0 to 3 too; without them the part is the task ID.
 
     Raises:
-        ValueError: the variables are not integers or are inconsistent.
+        ValueError: the variables are not integers or are inconsistent, or the array has gaps
+            (``--array=0,2,5``: give each task ``--part I/N``).
     """
-    for index_var, count_var in (("RANK", "WORLD_SIZE"), ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT")):
-        index, count = os.environ.get(index_var), os.environ.get(count_var)
-        if index is not None and count is not None:
-            try:
-                return Part(int(index), int(count))
-            except ValueError:
+    index, count = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if index is not None and count is not None:
+        try:
+            i, n = int(index), int(count)
+        except ValueError:
+            i = n = 0
+        if not 0 <= i < n:
+            raise ValueError(f"RANK={index!r} / WORLD_SIZE={count!r} must be integers with 0 <= index < count")
+        return Part(i, n)
+    return _slurm_array_part()
+
+
+def _slurm_array_part() -> Part | None:
+    task_id, count = os.environ.get("SLURM_ARRAY_TASK_ID"), os.environ.get("SLURM_ARRAY_TASK_COUNT")
+    if task_id is None or count is None:
+        return None
+    names = f"SLURM_ARRAY_TASK_ID={task_id!r} / SLURM_ARRAY_TASK_COUNT={count!r}"
+    try:
+        i, n = int(task_id), int(count)
+    except ValueError:
+        raise ValueError(f"{names} must be integers with 0 <= index < count") from None
+    bounds = {name: os.environ.get(f"SLURM_ARRAY_TASK_{name}") for name in ("MIN", "MAX", "STEP")}
+    if bounds["MIN"] is None:  # no range given: the task ID is the part
+        if not 0 <= i < n:
+            if n > 0:  # an array numbered from 1, or with gaps
                 raise ValueError(
-                    f"{index_var}={index!r} / {count_var}={count!r} must be integers with 0 <= index < count"
-                ) from None
-    return None
+                    f"{names}: the part is the task ID, so the array's tasks must be numbered 0 to {n - 1} "
+                    f"(#SBATCH --array=0-{n - 1}), or give --part I/N"
+                )
+            raise ValueError(f"{names} must be integers with 0 <= index < count")
+        return Part(i, n)
+    try:
+        first, step = int(bounds["MIN"]), int(bounds["STEP"] or 1)
+        last = first + (n - 1) * step if bounds["MAX"] is None else int(bounds["MAX"])
+    except ValueError:
+        given = ", ".join(f"SLURM_ARRAY_TASK_{k}={v!r}" for k, v in bounds.items() if v is not None)
+        raise ValueError(f"{given} must be integers") from None
+    spec = f"{first}-{last}" + (f":{step}" if step != 1 else "")
+    if n < 1 or step < 1 or last != first + (n - 1) * step:
+        raise ValueError(
+            f"{names}: the array {spec} does not hold {n} evenly spaced tasks (an array with gaps, such as "
+            "--array=0,2,5, has no part numbering): give each task --part I/N"
+        )
+    offset = i - first
+    if offset % step or not 0 <= offset // step < n:
+        raise ValueError(f"{names}: task {i} is not one of the array {spec}")
+    return Part(offset // step, n)
