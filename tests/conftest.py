@@ -20,8 +20,9 @@ from shardstream.testing import SeaweedS3Server
 
 _bucket_numbers = itertools.count()
 
-# pytest_collection_modifyitems: the test lanes' hook comes from tests/lanes.py, imported here
-# (`from lanes import pytest_collection_modifyitems`); conftest defines none of its own.
+# The test lanes (tests/lanes.py): a test that starts a server is marked slow, and one not marked
+# slow fails if it starts a server, torchrun or Ray (tools/test --fast runs the others).
+from lanes import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: E402, F401
 
 
 def pytest_configure(config):
@@ -38,6 +39,8 @@ def pytest_unconfigure(config):
 def _own_home():
     """Each test, and the processes it starts, gets a fresh HOME (and XDG directories under it):
     no per-user state (a Hub token, AWS or Ray configuration) shared between tests."""
+    for name in isolation.scrubbed(os.environ):  # left by an import (ray sets RAY_CLIENT_MODE) or a test
+        del os.environ[name]
     saved = {name: os.environ.get(name) for name in isolation.HOME_VARIABLES}
     os.environ.update(isolation.test_home())
     yield

@@ -107,6 +107,7 @@ def test_s3_errors_from_the_command_line(stdlib_tree, s3_server, s3_bucket):
     assert result.returncode == 1 and f"s3://{s3_bucket}/nothing/index.bin: no index here" in error_line(result)
 
 
+@pytest.mark.slow  # `shardstream demo` starts a SeaweedFS server (in its own process: tests/lanes.py cannot see it)
 def test_demo_runs_end_to_end_on_its_own_s3_server(tmp_path):
     result = run("demo", "--num-images", "300", "--workdir", str(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -25,6 +25,7 @@ if os.environ.get("SHARDSTREAM_NO_DALI") == "1":
 from shardstream.dali import IMAGENET_MEAN, IMAGENET_STD, DaliLoader, gpu_available
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU that torch and DALI can use here")
+pytestmark = pytest.mark.slow  # DALI pipelines
 
 NUM_IMAGES = 45
 

@@ -19,6 +19,8 @@ from shardstream import pack
 from shardstream.format import split_key
 from shardstream.packing.dali_index import write_dali_index
 
+pytestmark = pytest.mark.slow  # DALI's reader and wds2idx (tests/lanes.py)
+
 if os.environ.get("SHARDSTREAM_NO_DALI") == "1":
     pytest.skip("SHARDSTREAM_NO_DALI=1: DALI tests skipped on request", allow_module_level=True)
 

@@ -38,6 +38,7 @@ def torchrun(nproc: int, *args: str, script: Path = SCRIPT) -> str:
     return run.stdout
 
 
+@pytest.mark.slow
 def test_train_torchrun_checkpoints_and_resumes_at_another_world_size(tmp_path):
     common = [
         f"--workdir={tmp_path / 'work'}",
@@ -55,6 +56,7 @@ def test_train_torchrun_checkpoints_and_resumes_at_another_world_size(tmp_path):
     assert re.search(rf"epoch 0: {3 * left} samples on 3 ranks \({left} on rank 0\)", out), out
 
 
+@pytest.mark.slow
 def test_train_dali_runs_on_the_cpu_and_resumes(tmp_path):
     script = SCRIPT.with_name("train_dali.py")
     common = [
@@ -72,6 +74,7 @@ def test_train_dali_runs_on_the_cpu_and_resumes(tmp_path):
     assert f"epoch 0: {3 * left} samples on 3 ranks" in out, out
 
 
+@pytest.mark.slow
 def test_train_lightning_resumes_from_its_checkpoint_with_two_devices(tmp_path):
     script = SCRIPT.with_name("train_lightning.py")
     common = [
@@ -129,6 +132,7 @@ def make_hub_webdataset(folder: Path, num_images: int) -> None:
                 sink.write({"__key__": f"{i:06d}", "jpg": jpeg.getvalue(), "cls": label})
 
 
+@pytest.mark.slow
 def test_train_from_hub_indexes_a_hub_webdataset_in_place_and_trains_exact_epochs(tmp_path):
     from servers.hub import FakeHub
 
@@ -204,6 +208,7 @@ def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_pack_from_parquet_packs_row_groups_to_a_local_s3_server_and_reads_every_row_back():
     done = run_example("pack_from_parquet.py", "--rows=120", "--workers=2")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -216,6 +221,7 @@ def test_pack_from_parquet_packs_row_groups_to_a_local_s3_server_and_reads_every
     assert "all 120 rows came back once, captions, labels and image sizes equal" in out, out
 
 
+@pytest.mark.slow
 def test_pack_from_parquet_in_two_parts_and_fails_on_a_dataset_of_other_rows(tmp_path):
     dest = str(tmp_path / "captions")
     done = run_example("pack_from_parquet.py", f"--dest={dest}", "--rows=80", "--workers=1", "--part=0/2")
@@ -236,6 +242,7 @@ def test_pack_from_parquet_in_two_parts_and_fails_on_a_dataset_of_other_rows(tmp
     assert "MISMATCH: 60 rows, 50 samples read, 50 distinct keys, 10 rows missing" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_pack_from_hf_dataset_writes_the_same_samples_with_shard_writer_and_pack_samples(tmp_path):
     done = run_example("pack_from_hf_dataset.py", f"--dest={tmp_path}", "--rows=90", "--workers=2")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -249,6 +256,7 @@ def test_pack_from_hf_dataset_writes_the_same_samples_with_shard_writer_and_pack
     assert "both datasets hold the same 90 samples, equal to the source rows" in out, out
 
 
+@pytest.mark.slow
 def test_pack_from_hf_dataset_check_exits_on_a_difference():
     import importlib.util
 

@@ -69,6 +69,7 @@ def subprocess_merge(dest: Path, *, check: bool) -> None:
     merge(store, PackSpec.from_json(store.read_bytes(SPEC_NAME), url="spec"))
 
 
+@pytest.mark.slow
 def test_index_merge_command_and_torchrun_parts(tmp_path):
     src = make_tree(tmp_path / "src")
     pack(src, tmp_path / "ref", workers=2, max_samples_per_shard=7, progress=False)
@@ -126,6 +127,7 @@ def test_index_merge_command_and_torchrun_parts(tmp_path):
     assert dataset_files(tmp_path / "torchrun") == dataset_files(tmp_path / "ref")
 
 
+@pytest.mark.slow
 def test_sigkill_at_several_points_then_the_same_command_finishes_the_job(tmp_path, reap_killed_semaphores):
     src = make_tree(tmp_path / "src", classes=10, per_class=150, size=2000)
     dest = tmp_path / "out"

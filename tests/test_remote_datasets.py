@@ -195,6 +195,7 @@ def test_a_shard_replaced_while_it_is_read_is_an_error_never_a_mix(nginx_server,
         list(it)
 
 
+@pytest.mark.slow
 def test_a_server_that_ignores_range_is_named(tmp_path, local_dataset):
     from servers.faultserver import FaultServer
 

@@ -124,6 +124,7 @@ def _gets(server, suffix: str) -> int:
     return sum(1 for r in server.requests() if r["method"] == "GET" and r["path"].endswith(suffix))
 
 
+@pytest.mark.slow
 def test_http_attempts_and_retry_after_follow_the_config(web):
     web.set_faults(status=503, retry_after_s=0.2, path_glob="*/data-000000.tar", times=None)
     url = f"{web.url}/ds/data-000000.tar"
@@ -140,6 +141,7 @@ def test_http_attempts_and_retry_after_follow_the_config(web):
     assert open_store(f"{web.url}/ds", requests=RequestConfig(max_attempts=3)).read_bytes("data-000000.tar")
 
 
+@pytest.mark.slow
 def test_http_a_stalled_answer_is_cut_at_the_timeouts(web):
     web.set_faults(stall_s=30, path_glob="*/data-000000.tar", methods=["GET"], times=None)
     cfg = RequestConfig(connect_timeout_s=0.3, read_timeout_s=0.3, max_attempts=1)
@@ -151,6 +153,7 @@ def test_http_a_stalled_answer_is_cut_at_the_timeouts(web):
     assert time.monotonic() - started < 3  # the read timeout (0.3 s), not the server's 30 s
 
 
+@pytest.mark.slow
 def test_http_entry_points_and_cli_take_the_config(web, capsys):
     web.set_faults(status=503, path_glob="*/index.bin", times=None)
     dataset = f"{web.url}/ds"
@@ -383,6 +386,7 @@ def test_azure_reads_requests_and_entry_points_take_the_config(azurite, azure_pr
 # -- the readers and writers: ShardDataset, verify, build_index, pack, ShardWriter, pack_samples ---
 
 
+@pytest.mark.slow
 def test_verify_and_build_index_read_shards_under_the_config(web, tmp_path):
     dataset = f"{web.url}/ds"
     assert all(check.ok for check in verify(dataset, requests=ONE))
@@ -411,6 +415,7 @@ def _asks(server, suffix: str) -> int:
     return sum(1 for r in server.requests() if r["path"].endswith(suffix))
 
 
+@pytest.mark.slow
 def test_shard_dataset_reads_shards_under_the_config(web):
     dataset = f"{web.url}/ds"
     web.set_faults(status=503, path_glob="*/data-000001.tar", times=None)

@@ -578,6 +578,7 @@ def test_a_redirect_target_that_refuses_is_named_not_retried(backend, status, er
     assert time.monotonic() - started < 5  # asked the Hub again once, then said so
 
 
+@pytest.mark.slow
 def test_head_falls_back_to_a_one_byte_get_where_head_is_refused(tmp_path):
     from servers.faultserver import FaultServer
 

@@ -12,6 +12,7 @@ from shardstream import S3Config, ShardDataset, pack
 from shardstream.testing import S3ServerError, SeaweedS3Server
 
 
+@pytest.mark.slow
 def test_server_starts_with_auth_and_stops_leaving_nothing(tmp_path):
     server = SeaweedS3Server()
     info = server.start()
