@@ -7,6 +7,8 @@ import textwrap
 import types
 from pathlib import Path
 
+import pytest
+
 import shardstream
 from shardstream import errors
 
@@ -43,6 +45,7 @@ def _run_python(code: str) -> None:
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_old_and_new_homes_of_public_names_import_in_either_order():
     # `shardstream.pack` is the pack function; `from shardstream.pack import Part` (the old
     # home of Part, in the README's examples until the packing/ split) must not replace it.
@@ -91,6 +94,7 @@ def _imports_of(tree: ast.AST) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_every_shardstream_import_in_the_readme_docs_and_examples_works():
     root = Path(__file__).resolve().parent.parent
     files = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "examples").glob("*.py"))]

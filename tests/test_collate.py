@@ -175,6 +175,7 @@ def test_batches_from_workers_equal_the_default_collate(dataset_dir):
     assert any(len(v) == 0 for b in batches for v in b["jpg"])
 
 
+@pytest.mark.slow
 def test_held_batches_and_views_are_never_overwritten_and_slots_are_reused(dataset_dir, tmp_path):
     ds, expected = dataset_dir
     pid_dir = tmp_path / "pids"
@@ -266,6 +267,7 @@ def test_persistent_workers_over_three_epochs(dataset_dir, tmp_path):
     gc.collect()
 
 
+@pytest.mark.slow
 def test_spawned_workers(dataset_dir, tmp_path):
     ds, expected = dataset_dir
     pid_dir = tmp_path / "pids"
@@ -390,6 +392,7 @@ def test_errors():
     assert batch.labels.tolist() == [12, -3] and [bytes(v) for v in batch["jpg"]] == [b"1", b""]
 
 
+@pytest.mark.slow
 def test_a_non_integer_label_from_a_worker_names_shard_and_key(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -437,6 +440,7 @@ def test_a_batch_from_a_worker_pickles_with_its_bytes(dataset_dir):
     assert same_bytes(pickle.loads(payload), expected)
 
 
+@pytest.mark.slow
 def test_a_batch_collected_by_the_cyclic_gc_while_a_slot_is_mapped_does_not_deadlock():
     """The training process frees a batch's slot from a weakref finalizer; the cyclic GC can
     run it in the middle of mapping another slot (at any allocation there), in the same thread."""

@@ -152,6 +152,7 @@ def test_train_from_hub_indexes_a_hub_webdataset_in_place_and_trains_exact_epoch
     assert "epoch 0: 300 samples" in done.stdout and "epoch 1: 300 samples" in done.stdout
 
 
+@pytest.mark.slow
 def test_train_from_hub_needs_a_hub_url():
     script = Path(__file__).parents[1] / "examples" / "train_from_hub.py"
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

@@ -221,6 +221,7 @@ def test_index_build_output_elsewhere_leaves_read_only_shards_untouched(foreign,
         foreign.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_a_reshard_killed_midway_resumes_to_the_same_bytes(tmp_path):
     """SIGKILL a 2-worker `pack --from-shards` once it has published some shards; the same
     command finishes the job (resumed), and the result is byte for byte a reshard never killed."""

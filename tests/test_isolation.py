@@ -106,6 +106,7 @@ def test_env_a_process_a_test_starts_sees_the_same():
     assert _view()["scrubbed"] == []
 
 
+@pytest.mark.slow
 def test_a_whole_session_in_a_hostile_environment_passes(tmp_path):
     """pytest run in a subprocess with the user's rank, proxies, credentials and a HOME holding a
     Hub token and an AWS configuration: its tests see none of them."""
