@@ -7,8 +7,10 @@ read every sample once, in that epoch's order, with nothing of ours in the loop.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,8 @@ from torch.utils.data import DataLoader
 
 from shardstream import ShardDataset
 
+pytestmark = pytest.mark.slow
+
 # Even over 2 ranks (no pads: every epoch is exactly the dataset), but 2 DataLoader workers
 # splitting a rank's part evenly would each end with a short batch of 2, one batch more than
 # len(loader) (196 = 49 x 4; 98 = 24 x 4 + 2): ShardDataset(batch_size=) must prevent that.
@@ -32,19 +36,89 @@ def dataset_dir(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("frameworks"), num_samples=NUM_SAMPLES, per_shard=8)
 
 
-def lightning(dest: Path, out: Path, *args: str) -> list[dict]:
-    """Run tests/lightning_epochs.py; each rank's record."""
-    out.mkdir()
-    script = Path(__file__).with_name("lightning_epochs.py")
-    run = subprocess.run(
-        [sys.executable, str(script), str(dest), str(out), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    return [json.loads(p.read_text()) for p in sorted(out.glob("keys-*.json"))]
+# The Lightning runs of the tests below: (devices, workers, mode) of the uninterrupted runs, and
+# (devices, workers, persistent workers) of the runs stopped mid-epoch 1 by max_steps and resumed.
+EPOCH_CASES = [(1, 2, "--persistent"), (1, 0, "--loader=stateful"), (2, 2, "--persistent"), (2, 2, "--loader=plain")]
+RESUME_CASES = [(1, 2, True), (1, 0, False), (2, 2, False), (2, 2, True)]
+MIXTURE_PER_RANK = 256 // 2  # the mixture's epoch (mixture_json) over 2 ranks
+MIXTURE_MODE = ("--workers=2", "--persistent")
+
+
+def stop_step(devices: int) -> int:
+    """The step where the stopped runs stop: 5 steps into epoch 1."""
+    return -(-NUM_SAMPLES // devices // 4) + 5
+
+
+def resume_mode(workers: int, persistent: bool) -> tuple[str, ...]:
+    return (f"--workers={workers}", "--persistent") if persistent else (f"--workers={workers}",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of tests/lightning_epochs.py: its options, on ``devices`` devices, of the
+    framework dataset or the mixture; ``resumes`` names the run whose last.ckpt it resumes."""
+
+    devices: int
+    options: tuple[str, ...]
+    mixture: bool = False
+    resumes: str | None = None
+
+
+RUNS: dict[str, Run] = {
+    **{f"epochs-{d}-{w}{m}": Run(d, (f"--workers={w}", m)) for d, w, m in EPOCH_CASES},
+    **{f"stop-{d}-{w}-{p}": Run(d, (*resume_mode(w, p), f"--max-steps={stop_step(d)}")) for d, w, p in RESUME_CASES},
+    **{f"resume-{d}-{w}-{p}": Run(d, resume_mode(w, p), resumes=f"stop-{d}-{w}-{p}") for d, w, p in RESUME_CASES},
+    "mixture-stop": Run(2, (*MIXTURE_MODE, f"--max-steps={MIXTURE_PER_RANK // 4 + 5}"), mixture=True),
+    "mixture-resume": Run(2, MIXTURE_MODE, mixture=True, resumes="mixture-stop"),
+}
+
+
+class LightningRuns:
+    """The records of RUNS, each rank's: the runs of one device count that resume none run one
+    after another in one launch of tests/lightning_epochs.py, and those that resume one in a
+    second launch (a resume is always in other processes than its stopped run). Each launch
+    pays Lightning's import, the DDP start-up and the workers' forkserver once for several
+    runs; it is made when a test first asks for one of its runs. A failed launch fails the
+    tests of its runs with its stderr (which names the run it was in)."""
+
+    def __init__(self, root: Path, datasets: dict[bool, Path]) -> None:
+        self.root, self.datasets = root, datasets
+        self.failures: dict[tuple[int, bool], str | None] = {}
+
+    def __call__(self, name: str) -> list[dict]:
+        run = RUNS[name]
+        self.launch(run.devices, resumed=run.resumes is not None)
+        out = self.root / name
+        return [json.loads(p.read_text()) for p in sorted(out.glob("keys-*.json"))]
+
+    def launch(self, devices: int, *, resumed: bool) -> None:
+        if resumed:
+            self.launch(devices, resumed=False)  # the runs they resume
+        key = (devices, resumed)
+        if key not in self.failures:
+            names = [n for n, r in RUNS.items() if r.devices == devices and (r.resumes is not None) == resumed]
+            runs = []
+            for name in names:
+                run, out = RUNS[name], self.root / name
+                out.mkdir()
+                resume = [f"--resume={self.root / run.resumes / 'last.ckpt'}"] if run.resumes else []
+                runs.append(shlex.join([str(self.datasets[run.mixture]), str(out), *run.options, *resume]))
+            script = Path(__file__).with_name("lightning_epochs.py")
+            self.failures[key] = f"runs {names}: did not end in 300 s"  # unless they end, and once only
+            done = subprocess.run(
+                [sys.executable, str(script), f"--devices={devices}", *runs],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            self.failures[key] = None if done.returncode == 0 else f"runs {names}: {done.stderr[-4000:]}"
+        assert self.failures[key] is None, self.failures[key]
+
+
+@pytest.fixture(scope="module")
+def lightning(tmp_path_factory, dataset_dir, mixture_json) -> LightningRuns:
+    return LightningRuns(tmp_path_factory.mktemp("lightning"), {False: dataset_dir[0], True: mixture_json})
 
 
 def per_epoch(*runs: list[dict]) -> dict[int, list[list[str]]]:
@@ -64,13 +138,10 @@ def reference_order(dest: Path, epoch: int, *, workers: int) -> list[str]:
     return [k for batch in DataLoader(dataset, batch_size=4, num_workers=workers) for k in batch]
 
 
-@pytest.mark.parametrize(
-    ("devices", "workers", "mode"),
-    [(1, 2, "--persistent"), (1, 0, "--loader=stateful"), (2, 2, "--persistent"), (2, 2, "--loader=plain")],
-)
-def test_lightning_epochs_differ_and_are_exact(tmp_path, dataset_dir, devices, workers, mode):
+@pytest.mark.parametrize(("devices", "workers", "mode"), EPOCH_CASES)
+def test_lightning_epochs_differ_and_are_exact(lightning, dataset_dir, devices, workers, mode):
     dest, keys = dataset_dir
-    ranks = lightning(dest, tmp_path / "run", f"--devices={devices}", f"--workers={workers}", mode)
+    ranks = lightning(f"epochs-{devices}-{workers}{mode}")
     assert len(ranks) == devices
     epochs = per_epoch(ranks)
     assert sorted(epochs) == [0, 1, 2]
@@ -84,19 +155,17 @@ def test_lightning_epochs_differ_and_are_exact(tmp_path, dataset_dir, devices, w
         assert [epochs[e][0] for e in (0, 1, 2)] == [reference_order(dest, e, workers=workers) for e in (0, 1, 2)]
 
 
-@pytest.mark.parametrize(
-    ("devices", "workers", "persistent"), [(1, 2, True), (1, 0, False), (2, 2, False), (2, 2, True)]
-)
-def test_lightning_resumes_mid_epoch_from_its_checkpoint(tmp_path, dataset_dir, devices, workers, persistent):
-    """Stopped by max_steps in epoch 1, resumed from Lightning's own checkpoint (which holds the
-    StatefulDataLoader's state): epoch 1 is completed with no repeat or loss, epoch 2 follows."""
+@pytest.mark.parametrize(("devices", "workers", "persistent"), RESUME_CASES)
+def test_lightning_resumes_mid_epoch_from_its_checkpoint(lightning, dataset_dir, devices, workers, persistent):
+    """Stopped by max_steps in epoch 1, resumed (in new processes) from Lightning's own checkpoint
+    (which holds the StatefulDataLoader's state): epoch 1 is completed with no repeat or loss,
+    epoch 2 follows."""
     dest, keys = dataset_dir
-    steps_per_epoch = -(-NUM_SAMPLES // devices // 4)
-    stop = steps_per_epoch + 5
-    mode = [f"--devices={devices}", f"--workers={workers}"] + (["--persistent"] if persistent else [])
-    first = lightning(dest, tmp_path / "first", *mode, f"--max-steps={stop}")
+    first = lightning(f"stop-{devices}-{workers}-{persistent}")
+    assert len(first) == devices
     assert sum(len(k) for e, k in first[0]["batches"]) == NUM_SAMPLES // devices + 4 * 5  # stopped 5 steps in
-    second = lightning(dest, tmp_path / "second", *mode, f"--resume={tmp_path / 'first' / 'last.ckpt'}")
+    second = lightning(f"resume-{devices}-{workers}-{persistent}")
+    assert len(second) == devices
     epochs = per_epoch(first, second)
     assert sorted(epochs) == [0, 1, 2]
     for epoch, by_rank in epochs.items():
@@ -255,15 +324,13 @@ def mixture_epoch(spec: Path, epoch: int) -> collections.Counter:
     return collections.Counter(dataset)
 
 
-def test_lightning_resumes_a_mixture_mid_epoch_on_two_ranks(tmp_path, mixture_json):
+def test_lightning_resumes_a_mixture_mid_epoch_on_two_ranks(lightning, mixture_json):
     """A mixture under Lightning's DDP (2 ranks, 2 persistent workers, StatefulDataLoader),
     stopped mid-epoch 1 and resumed from Lightning's checkpoint: every epoch holds each
     source's count exactly, nothing of it lost or repeated beyond its own repeats."""
-    per_rank = 256 // 2
-    stop = per_rank // 4 + 5
-    mode = ["--devices=2", "--workers=2", "--persistent"]
-    first = lightning(mixture_json, tmp_path / "first", *mode, f"--max-steps={stop}")
-    second = lightning(mixture_json, tmp_path / "second", *mode, f"--resume={tmp_path / 'first' / 'last.ckpt'}")
+    per_rank = MIXTURE_PER_RANK
+    first, second = lightning("mixture-stop"), lightning("mixture-resume")
+    assert len(first) == len(second) == 2
     epochs = per_epoch(first, second)
     assert sorted(epochs) == [0, 1, 2]
     for epoch, by_rank in epochs.items():

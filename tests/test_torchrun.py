@@ -20,6 +20,8 @@ import pytest
 
 from shardstream import S3Config, open_index, pack
 
+pytestmark = pytest.mark.slow
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -186,14 +188,15 @@ def test_one_node_two_ranks_two_workers_exact_epochs_from_s3(tmp_path, s3_server
         "--batch-size=4",
         "--epochs=2",
         "--slow-rank=1",
-        "--slow-s=8",
+        "--slow-s=60",
         env=env,
     )
     epochs = json.loads((tmp_path / "epochs.json").read_text())
     assigned = [check_epoch(e, world_size=2) for e in epochs]
     assert set(assigned[0][0]) != set(assigned[1][0])  # rank 0 reads other samples in epoch 1
     # Nothing in iteration waits for other ranks: rank 0 read its whole first epoch before
-    # the slow rank 1 even started (they meet only at the test's own all_gather).
+    # the slow rank 1 even started, rank 1 waiting for that up to 60 s (they meet only at the
+    # test's own all_gather).
     fast, slow = epochs[0]["ranks"]
     assert fast["ended"] < slow["started"]
 
@@ -208,62 +211,6 @@ def test_two_nodes_of_two_ranks_drop_last(tmp_path, s3_server, uneven_dataset):
         finish(process)
     for epoch in json.loads((tmp_path / "epochs.json").read_text()):
         check_epoch(epoch, world_size=4, drop_last=True)
-
-
-def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_server, uneven_dataset):
-    """World size 4 is killed mid-epoch; 2 ranks resume it (persistent workers) and are killed
-    too; 3 ranks finish it (persistent workers, no set_epoch: the pass after the resumed one
-    reads epoch 1 by itself): every sample of the epoch is delivered (pads aside, counted), and
-    the next epoch is whole again."""
-    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
-    consumed: list[str] = []
-    state = None
-    for step, (world_size, stop_at, mode) in enumerate([(4, 2, ()), (2, 3, ("--persistent",))]):
-        out = tmp_path / f"run{step}"
-        out.mkdir()
-        resume = [f"--resume={state}"] if state else []
-        process = torchrun(
-            world_size,
-            uneven_dataset,
-            str(out),
-            "--workers=2",
-            "--batch-size=3",
-            f"--stop-at-batch={stop_at}",
-            *resume,
-            *mode,
-            env=env,
-            wait=False,
-        )
-        kill_when_ready(process, out, world_size)
-        assert not running_with(str(out)), f"ranks of the killed job still run: {running_with(str(out))}"
-        for r in range(world_size):
-            keys = json.loads((out / f"consumed-{r}.json").read_text())
-            assert len(keys) == 3 * stop_at
-            consumed += keys
-        state = out / "state.json"
-    assert len(consumed) == 4 * 6 + 2 * 9
-    final = tmp_path / "final"
-    final.mkdir()
-    torchrun(
-        3,
-        uneven_dataset,
-        str(final),
-        "--workers=2",
-        "--batch-size=3",
-        "--epochs=2",
-        f"--resume={state}",
-        "--persistent",
-        "--no-set-epoch",
-        env=env,
-    )
-    rest, next_epoch = json.loads((final / "epochs.json").read_text())
-    assert rest["epoch"] == 0 and next_epoch["epoch"] == 1
-    counts = [len(r["keys"]) for r in rest["ranks"]]
-    assert len(set(counts)) == 1 and counts[0] == rest["ranks"][0]["len"]
-    epoch0 = consumed + [k for r in rest["ranks"] for k in r["keys"]]
-    assert sorted(set(epoch0)) == ALL_KEYS  # none lost
-    assert len(epoch0) - len(set(epoch0)) <= (4 - 1) + (2 - 1) + (3 - 1)  # repeats only as pads
-    check_epoch(next_epoch, world_size=3)
 
 
 def test_spawned_workers_keep_the_rank_of_their_process(tmp_path):
@@ -330,34 +277,74 @@ def mixture_epoch(spec: Path, s3: S3Config, epoch: int) -> list[str]:
     return list(dataset)
 
 
-def test_mixture_killed_mid_epoch_resumes_exactly_at_other_world_sizes(tmp_path, s3_server, mixture_spec):
+# The jobs killed mid-epoch 0: (world size, batches each rank reads before the kill, mode).
+KILLED_JOBS = [(4, 2, ()), (2, 3, ("--persistent",))]
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory, s3_server, uneven_dataset, mixture_spec) -> dict[str, tuple[list, list]]:
+    """The torchrun jobs of the two tests below, each job reading the uneven dataset and then
+    the mixture, with the same options (2 workers, batches of 3): world size 4 is killed
+    mid-epoch 0 once each rank has read 2 batches of both; 2 ranks resume both (persistent
+    workers) and are killed after 3 batches; 3 ranks finish both epochs (persistent workers,
+    no set_epoch: the pass after the resumed one reads epoch 1 by itself). Per dataset: the
+    keys each rank of each killed job consumed, and the last job's two epochs."""
+    root = tmp_path_factory.mktemp("killed")
+    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
+    sources = {"uneven": uneven_dataset, "mixture": str(mixture_spec)}
+    options = ["--workers=2", "--batch-size=3", "--epoch-samples=200"]  # epoch_samples: the mixture's
+
+    def job(name: str) -> tuple[dict[str, Path], list[str]]:
+        outs = {source: root / name / source for source in sources}
+        for out in outs.values():
+            out.mkdir(parents=True)
+        uneven, mixture = ([sources[s], str(outs[s])] for s in ("uneven", "mixture"))
+        return outs, [*uneven, "--also", *mixture, *options]
+
+    consumed: dict[str, list[list[list[str]]]] = {source: [] for source in sources}
+    resume: list[str] = []
+    for step, (world_size, stop_at, mode) in enumerate(KILLED_JOBS):
+        outs, args = job(f"run{step}")
+        process = torchrun(world_size, *args, f"--stop-at-batch={stop_at}", *resume, *mode, env=env, wait=False)
+        kill_when_ready(process, outs["uneven"], world_size)
+        killed = running_with(str(root / f"run{step}"))
+        assert not killed, f"ranks of the killed job still run: {killed}"
+        for source, out in outs.items():
+            consumed[source].append([json.loads((out / f"consumed-{r}.json").read_text()) for r in range(world_size)])
+        resume = [f"--resume={out / 'state.json'}" for out in outs.values()]
+    outs, args = job("final")
+    torchrun(3, *args, "--epochs=2", *resume, "--persistent", "--no-set-epoch", env=env)
+    return {source: (consumed[source], json.loads((out / "epochs.json").read_text())) for source, out in outs.items()}
+
+
+def test_killed_mid_epoch_resumes_exactly_at_other_world_sizes(killed_and_resumed):
+    """World size 4 is killed mid-epoch; 2 ranks resume it (persistent workers) and are killed
+    too; 3 ranks finish it (persistent workers, no set_epoch: the pass after the resumed one
+    reads epoch 1 by itself): every sample of the epoch is delivered (pads aside, counted), and
+    the next epoch is whole again (the jobs: killed_and_resumed)."""
+    killed, (rest, next_epoch) = killed_and_resumed["uneven"]
+    for (world_size, stop_at, _), ranks in zip(KILLED_JOBS, killed, strict=True):
+        assert [len(keys) for keys in ranks] == [3 * stop_at] * world_size
+    consumed = [k for ranks in killed for keys in ranks for k in keys]
+    assert len(consumed) == 4 * 6 + 2 * 9
+    assert rest["epoch"] == 0 and next_epoch["epoch"] == 1
+    counts = [len(r["keys"]) for r in rest["ranks"]]
+    assert len(set(counts)) == 1 and counts[0] == rest["ranks"][0]["len"]
+    epoch0 = consumed + [k for r in rest["ranks"] for k in r["keys"]]
+    assert sorted(set(epoch0)) == ALL_KEYS  # none lost
+    assert len(epoch0) - len(set(epoch0)) <= (4 - 1) + (2 - 1) + (3 - 1)  # repeats only as pads
+    check_epoch(next_epoch, world_size=3)
+
+
+def test_mixture_killed_mid_epoch_resumes_exactly_at_other_world_sizes(s3_server, mixture_spec, killed_and_resumed):
     """A mixture of an S3 and two local datasets, killed at world size 4, resumed by 2 (killed
     too) and finished by 3: each source's samples of the epoch all delivered, repeats only as
     pads; every rank the same count, each source's share per rank within one; the next epoch
-    whole, with the sub-sampled source's next part."""
-    env = {**os.environ, **s3_server.info.env(), "OMP_NUM_THREADS": "1"}
-    common = [str(mixture_spec), "--epoch-samples=200", "--workers=2", "--batch-size=3"]
-    consumed: list[str] = []
-    state = None
-    for step, (world_size, stop_at, mode) in enumerate([(4, 2, ()), (2, 3, ("--persistent",))]):
-        out = tmp_path / f"run{step}"
-        out.mkdir()
-        resume = [f"--resume={state}"] if state else []
-        process = torchrun(
-            world_size, common[0], str(out), *common[1:], f"--stop-at-batch={stop_at}", *resume, *mode, env=env,
-            wait=False,
-        )  # fmt: skip
-        kill_when_ready(process, out, world_size)
-        for r in range(world_size):
-            consumed += json.loads((out / f"consumed-{r}.json").read_text())
-        state = out / "state.json"
-    final = tmp_path / "final"
-    final.mkdir()
-    torchrun(
-        3, common[0], str(final), *common[1:], "--epochs=2", f"--resume={state}", "--persistent", "--no-set-epoch",
-        env=env,
-    )  # fmt: skip
-    rest, next_epoch = json.loads((final / "epochs.json").read_text())
+    whole, with the sub-sampled source's next part (the jobs: killed_and_resumed)."""
+    killed, (rest, next_epoch) = killed_and_resumed["mixture"]
+    for (world_size, stop_at, _), ranks in zip(KILLED_JOBS, killed, strict=True):
+        assert [len(keys) for keys in ranks] == [3 * stop_at] * world_size
+    consumed = [k for ranks in killed for keys in ranks for k in keys]
     assert rest["epoch"] == 0 and next_epoch["epoch"] == 1
     assert (
         len({len(r["keys"]) for r in rest["ranks"]}) == 1 and len(rest["ranks"][0]["keys"]) == rest["ranks"][0]["len"]
