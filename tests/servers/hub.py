@@ -40,7 +40,6 @@ from servers.httpapp import (
     _serve_file,
     _State,
 )
-
 from shardstream.testing.process import HOST
 
 if TYPE_CHECKING:

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from servers.httpapp import WebServerError, _ManagedProcess
-
 from shardstream.testing.process import HOST, exit_on_stop_signals, free_port, sleep_until_interrupted
 
 __all__ = ["NginxServer", "main"]
