@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ __all__ = [
     "STOP_GRACE_S",
     "ServerContext",
     "exit_on_stop_signals",
+    "find_program",
     "free_port",
     "free_ports",
     "log_tail",
@@ -85,6 +87,27 @@ def free_ports(count: int) -> list[int]:
 def free_port() -> int:
     """Returns a TCP port on 127.0.0.1 that was free a moment ago."""
     return free_ports(1)[0]
+
+
+def find_program(name: str, given: str | None, error: type[Exception], *, what: str, missing: str, hint: str) -> str:
+    """The path of the program ``name``: ``given`` when set (it must be executable), else the one
+    beside this interpreter (a venv's scripts), else the one on ``PATH``.
+
+    Raises:
+        error: ``given`` is not executable (``"{what} not found or not executable at ...; {hint}"``),
+            or no program was found (``"{missing}; {hint}"``).
+    """
+    if given is not None:
+        if not os.access(given, os.X_OK):
+            raise error(f"{what} not found or not executable at {given!r}; {hint}")
+        return given
+    sibling = Path(sys.executable).parent / name
+    if os.access(sibling, os.X_OK):
+        return str(sibling)
+    found = shutil.which(name)
+    if found is None:
+        raise error(f"{missing}; {hint}")
+    return found
 
 
 def spawn(

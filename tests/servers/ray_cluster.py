@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from shardstream.testing.process import HOST, free_ports, log_tail, startup_timeout
+from shardstream.testing.process import HOST, find_program, free_ports, log_tail, startup_timeout
 
 __all__ = ["LocalRayCluster", "RayClusterError"]
 
@@ -65,19 +65,14 @@ class RayClusterError(RuntimeError):
 
 
 def _find_ray(ray_path: str | None) -> str:
-    if ray_path is not None:
-        if not os.access(ray_path, os.X_OK):
-            raise RayClusterError(
-                f"ray CLI not found or not executable at {ray_path!r}; pip install 'shardstream[ray]'"
-            )
-        return ray_path
-    sibling = Path(sys.executable).parent / "ray"
-    if os.access(sibling, os.X_OK):
-        return str(sibling)
-    found = shutil.which("ray")
-    if found is None:
-        raise RayClusterError("the `ray` CLI was not found; pip install 'shardstream[ray]'")
-    return found
+    return find_program(
+        "ray",
+        ray_path,
+        RayClusterError,
+        what="ray CLI",
+        missing="the `ray` CLI was not found",
+        hint="pip install 'shardstream[ray]'",
+    )
 
 
 def _session_processes(sids: set[int]) -> dict[int, tuple[str, str]]:
