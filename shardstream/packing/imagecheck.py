@@ -31,5 +31,6 @@ def image_problem(member_name: str, data: bytes) -> str | None:
             with Image.open(io.BytesIO(data)) as image:
                 image.load()
     except Exception as exc:  # noqa: BLE001 - Pillow raises OSError, ValueError, SyntaxError, struct.error, ...
-        return str(exc) or type(exc).__name__
+        reason = str(exc) or type(exc).__name__
+        return "cannot identify image file" if reason.startswith("cannot identify image file") else reason
     return None
