@@ -8,6 +8,8 @@
 #   SHARDSTREAM_EXTRAS      the extras to install (default test: everything the tests use,
 #                           DALI included; tools/demo sets demo: the S3 server only)
 #   PYTHON                  interpreter to create it with (default python3)
+#   SHARDSTREAM_INSTALLER   uv (default: installed into the venv with pip, then it installs the
+#                           rest) or pip
 # With the test extra it also installs the servers the tests start that are not Python
 # packages: nginx (Debian package nginx-light, via apt-get as root) for the http(s) stores, and
 # Azurite 3.35.0 (npm, into .cache/azurite; the last release that runs on Node 20) for az://.
@@ -17,11 +19,28 @@ venv=${SHARDSTREAM_VENV:-.venv}
 if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"
 fi
+# uv installs the same packages as pip, about 10x faster (~10 s instead of ~80 s here); it reads
+# no pip.conf, so pip's find-links (where this machine keeps its torch wheels) are handed to it.
+if [ "${SHARDSTREAM_INSTALLER:-uv}" = uv ] && [ ! -x "$venv/bin/uv" ]; then
+  "$venv/bin/python" -m pip install -q uv 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) ||
+    echo "bootstrap: uv could not be installed; installing with pip" >&2
+fi
+install() {
+  if [ "${SHARDSTREAM_INSTALLER:-uv}" = uv ] && [ -x "$venv/bin/uv" ]; then
+    local links=() link
+    for link in ${PIP_FIND_LINKS:-} $("$venv/bin/python" -m pip config get global.find-links 2>/dev/null || true); do
+      links+=(--find-links "$link")
+    done
+    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" ${links[@]+"${links[@]}"} "$@"
+  else
+    "$venv/bin/python" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  fi
+}
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
   echo "bootstrap: installing ${SHARDSTREAM_TORCH_SPEC:-torch==2.13.0} into $venv" >&2
-  "$venv/bin/python" -m pip install -q "${SHARDSTREAM_TORCH_SPEC:-torch==2.13.0}"
+  install "${SHARDSTREAM_TORCH_SPEC:-torch==2.13.0}"
 fi
-"$venv/bin/python" -m pip install -q -e ".[${SHARDSTREAM_EXTRAS:-test}]" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+install -e ".[${SHARDSTREAM_EXTRAS:-test}]"
 "$venv/bin/python" -c "import shardstream, torch, webdataset, aiobotocore" 
 if [ "${SHARDSTREAM_EXTRAS:-test}" = test ]; then
   if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
