@@ -4,7 +4,9 @@ The only module that imports DALI (``pip install shardstream[dali]``, which inst
 ``nvidia-dali-cuda120``). shardstream streams the encoded bytes (S3 ranged reads, exact
 epochs, resume); DALI decodes them: ``fn.decoders.image_random_crop`` on the GPU
 (``device="mixed"``: nvJPEG and the hardware JPEG decoder) or, with ``device_id=None``, the
-same pipeline on the CPU, then a resize, a random horizontal flip and normalisation.
+same pipeline on the CPU, then a resize, a random horizontal flip and normalisation. For
+evaluation (``resize_shorter_px``) it is ``fn.decoders.image``, ``fn.resize(resize_shorter=)``
+and a centre crop, with no flip.
 
 A feeder thread assembles whole batches of encoded bytes and labels ``prefetch_batches``
 ahead, read in this process or by DataLoader workers (``num_workers``) that send
@@ -42,8 +44,9 @@ import torch
 from .collate import ByteBatch, ByteCollate
 from .dataset import ShardDataset
 from .decode.check import gpu_jpeg_problem
-from .decode.cpu import RandomResizedCrop
+from .decode.cpu import RandomResizedCrop, to_rgb
 from .errors import DecodeError
+from .fields import Fields, FieldSpec, MissingFieldError
 from .reading.batching import parse_label
 from .reading.repeat import Repeater
 
@@ -88,13 +91,142 @@ def gpu_available() -> bool:
 class _Item(NamedTuple):
     """One sample on its way to a batch: ``data`` (encoded JPEG bytes DALI decodes) or
     ``cpu`` (the image already decoded and augmented on the CPU: ``torch.uint8``
-    ``(3, crop_px, crop_px)``), or neither (undecodable, skipped by ``on_error="skip"``)."""
+    ``(3, crop_px, crop_px)``), or neither (undecodable or lacking a member, skipped by
+    ``on_error="skip"``)."""
 
     data: bytes | np.ndarray | None  # an ndarray: a view into a worker's shared batch
     label: int
     cpu: torch.Tensor | None
     problem: str | None  # why it is not decoded by DALI (None: it is)
     where: str  # "shard: sample 'key', member 'jpg'", for errors
+
+
+class _Default(str):
+    """The default of ``image_ext`` / ``label_ext``: a ``str`` equal to it, told apart from the
+    same value given by the caller (which ``fields=`` refuses beside it)."""
+
+
+@dataclass(frozen=True)
+class _Members:
+    """Which members of a sample hold the image and the label: the fields of ``fields=``
+    (matched by :meth:`Fields.match`: case-insensitively, by the last dot part of the member's
+    name, the first alternative present winning), or else the members named exactly
+    ``image_ext`` and ``label_ext`` (None: no label, -1)."""
+
+    fields: Fields | None
+    image: str  # image_ext; with fields, the name of the image field
+    label: str | None  # label_ext; with fields, the name of the label field (None: no label)
+
+    @classmethod
+    def of(cls, fields: FieldSpec | None, image_ext: str, label_ext: str | None) -> _Members:
+        """``fields=`` checked for DaliLoader, or the extension arguments.
+
+        Raises:
+            ValueError: ``fields`` with ``image_ext`` / ``label_ext`` given too, or a spec that is
+                not one image field, or an image and a label field (the message quotes it).
+        """
+        if fields is None:
+            return cls(None, str(image_ext), None if label_ext is None else str(label_ext))
+        given = [
+            f"{name}={value!r}"
+            for name, value in (("image_ext", image_ext), ("label_ext", label_ext))
+            if not isinstance(value, _Default)
+        ]
+        if given:
+            raise ValueError(
+                f"fields={fields!r} and {', '.join(given)} are both given: fields= replaces the extension "
+                "arguments; pass one of them"
+            )
+        shapes = "{'image': 'jpg;jpeg;png', 'label': 'cls'} or ('jpg;jpeg;png', 'cls') (a label-less ('jpg;jpeg',))"
+        try:
+            parsed = Fields.parse(fields)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"DaliLoader(fields=...): {exc}; DaliLoader takes {shapes}") from exc
+        if parsed.as_tuple:
+            if len(parsed.names) > 2:
+                raise ValueError(
+                    f"fields={fields!r} names {len(parsed.names)} fields; DaliLoader yields (images, labels): "
+                    f"give the image field first, then the label field: {shapes}"
+                )
+            return cls(parsed, parsed.names[0], parsed.names[1] if len(parsed.names) == 2 else None)
+        if "image" not in parsed.names or not set(parsed.names) <= {"image", "label"}:
+            raise ValueError(
+                f"fields={fields!r}: DaliLoader takes the keys 'image' and, optionally, 'label' "
+                f"(it yields (images, labels)), got {list(parsed.names)}: {shapes}"
+            )
+        return cls(parsed, "image", "label" if "label" in parsed.names else None)
+
+    def pick(self, sample: dict[str, Any]) -> tuple[str, str | None]:
+        """The names of the sample's image member and label member (None: no label).
+
+        Raises:
+            MissingFieldError: (with ``fields``) the sample lacks one; names the shard, the key,
+                the fields asked for and the members the sample has.
+            DecodeError: (without) the same, naming the extension asked for.
+        """
+        if self.fields is None:
+            for ext in (self.image, self.label):
+                if ext is not None and ext not in sample:
+                    raise DecodeError(
+                        f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} has no {ext!r} member "
+                        f"(it has {sorted(k for k in sample if not k.startswith('__'))}); set image_ext / label_ext, "
+                        "or pass fields=('jpg;jpeg', 'cls') to match extensions case-insensitively"
+                    )
+            return self.image, self.label
+        try:
+            chosen = dict(zip(self.fields.names, self.fields.match(sample)))
+        except MissingFieldError as exc:  # again, with the shard and key, as the CPU reader does
+            raise MissingFieldError(
+                f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}: {exc}; add the alternative the "
+                "sample has to fields=, or pass ShardDataset(on_error='skip') to skip such samples (counted in "
+                "DaliLoader.stats()['skipped'])"
+            ) from None
+        return chosen[self.image], None if self.label is None else chosen[self.label]
+
+
+@dataclass(frozen=True)
+class _ResizeCenterCrop:
+    """What DALI's evaluation pipeline (``decoders.image`` with EXIF orientation applied,
+    ``resize(resize_shorter=shorter_px)``, a ``size_px`` square crop at the centre) makes of
+    image bytes, done with Pillow on the CPU, to the same rounding as DALI's: the resized
+    longer side and the crop's corner are rounded half up, and the scale is exactly
+    ``shorter / shorter_px`` on both axes (DALI's ``subpixel_scale``), the resized image
+    centred on the source. Only the crop's pixels are resampled (Pillow's ``resize`` with a
+    ``box``, bilinear and antialiased as DALI's linear resize): within 1 level of DALI's CPU
+    pipeline on photos (tests/test_dali_fields.py)."""
+
+    shorter_px: int
+    size_px: int
+
+    def box(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """The crop's area ``(left, top, right, bottom)`` in pixels of a ``width`` x ``height`` image."""
+        short = min(width, height)
+        scale = short / self.shorter_px  # source pixels per output pixel
+        out_w = (2 * width * self.shorter_px + short) // (2 * short)  # round(width / scale), half up
+        out_h = (2 * height * self.shorter_px + short) // (2 * short)
+        left = (out_w - self.size_px + 1) // 2  # DALI's crop_pos 0.5, rounded half up
+        top = (out_h - self.size_px + 1) // 2
+        x0 = (width - out_w * scale) / 2 + left * scale
+        y0 = (height - out_h * scale) / 2 + top * scale
+        span = self.size_px * scale
+        return max(0.0, x0), max(0.0, y0), min(float(width), x0 + span), min(float(height), y0 + span)
+
+    def augment(self, data: bytes, rng: Any, *, flip_p: float = 0.0) -> torch.Tensor:
+        """A ``torch.uint8`` tensor ``(3, size_px, size_px)``; ``rng`` and ``flip_p`` (0 here) are
+        for the interface of :meth:`RandomResizedCrop.augment`.
+
+        Raises:
+            OSError, ValueError, SyntaxError: Pillow cannot decode ``data``.
+        """
+        from PIL import Image, ImageOps
+
+        image = Image.open(io.BytesIO(data))
+        image.load()  # decode it all here, so a damaged file fails here
+        image = to_rgb(ImageOps.exif_transpose(image))
+        size = (self.size_px, self.size_px)
+        out = image.resize(size, Image.Resampling.BILINEAR, box=self.box(*image.size))
+        tensor = torch.from_numpy(np.array(out)).permute(2, 0, 1).contiguous()
+        return tensor.flip(-1) if flip_p and rng.random() < flip_p else tensor
 
 
 @dataclass(frozen=True)
@@ -104,9 +236,8 @@ class _Encoder:
     :mod:`shardstream.decode.check`) or cannot read (not a JPEG), the image decoded and
     augmented here with Pillow instead. A worker sends a batch of them in one message."""
 
-    image_ext: str
-    label_ext: str | None
-    crop: RandomResizedCrop
+    members: _Members
+    crop: RandomResizedCrop | _ResizeCenterCrop
     flip_p: float
     on_error: str
     check_images: bool
@@ -117,8 +248,15 @@ class _Encoder:
     from_samples = __call__  # a Batcher (shardstream.reading.batching)
 
     def item(self, sample: dict[str, Any]) -> _Item:
-        data, label = _member(sample, self.image_ext), _label(sample, self.label_ext)
-        where = f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}, member {self.image_ext!r}"
+        try:
+            image, label_member = self.members.pick(sample)
+        except (DecodeError, MissingFieldError) as exc:  # a member missing: a bad sample, as an undecodable one
+            if self.on_error == "raise":
+                raise
+            return _Item(None, -1, None, str(exc), f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}")
+        data = sample[image]
+        label = -1 if label_member is None else parse_label(sample, label_member)
+        where = f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}, member {image!r}"
         problem = gpu_jpeg_problem(data) if self.check_images else None
         if problem is None:
             return _Item(data, label, None, None, where)
@@ -230,7 +368,7 @@ class _Feed:
             if skipped:
                 self.skipped += 1
                 if self.skipped == 1:  # once a pass; stats() counts the rest
-                    log.warning("skipping undecodable samples (first: %s)", item.problem)
+                    log.warning("skipping bad samples (first: %s)", item.problem)
                 first = first or item
             elif item.problem is not None:
                 self.counts[_reason(item.problem)] += 1
@@ -335,23 +473,6 @@ def _placeholder_jpeg() -> np.ndarray:
 _PLACEHOLDER = _placeholder_jpeg()
 
 
-def _member(sample: dict[str, Any], ext: str) -> bytes:
-    try:
-        return sample[ext]
-    except KeyError:
-        raise DecodeError(
-            f"{sample.get('__shard__')}: sample {sample.get('__key__')!r} has no {ext!r} member "
-            f"(it has {sorted(k for k in sample if not k.startswith('__'))}); set image_ext / label_ext"
-        ) from None
-
-
-def _label(sample: dict[str, Any], ext: str | None) -> int:
-    if ext is None:
-        return -1
-    _member(sample, ext)  # there, or named
-    return parse_label(sample, ext)
-
-
 def _shut_down(loader: Any) -> None:
     """Stop a DataLoader's workers: torch tells them to stop and joins each for at most 5 s,
     then terminates it. Done in the caller's thread, not in one of its own: a thread left
@@ -378,14 +499,31 @@ class DaliLoader:
     """Batches of decoded, augmented images from a :class:`ShardDataset`, decoded by DALI.
 
     Args:
-        dataset: a ShardDataset with ``decode=None`` (raw bytes; DALI decodes).
+        dataset: a ShardDataset with ``decode=None`` (raw bytes; DALI decodes) and no
+            ``fields=`` of its own (give them here).
         batch_size: images per batch.
-        image_ext, label_ext: the members holding the encoded image and the integer label
-            (ASCII, as ``.cls``); ``label_ext=None``: labels are -1.
-        crop_px: output height and width in pixels (random resized crop, then resize).
-        scale: range of the crop's area as a fraction of the image's.
-        ratio: range of the crop's aspect ratio (width / height).
-        flip_p: probability of a horizontal flip.
+        fields: which members hold the image and the label, as ``ShardDataset(fields=...)``
+            takes them: ``{"image": "jpg;jpeg;png", "label": "cls"}`` or
+            ``("jpg;jpeg;png", "cls")`` (image first). Alternatives are separated by ``;`` and
+            match the last dot part of a member's name case-insensitively (``"jpg;jpeg"``
+            finds a ``JPEG`` member), the first present winning. A single image field
+            (``{"image": "jpg;jpeg"}`` or ``("jpg;jpeg",)``) gives labels of -1. Replaces
+            ``image_ext`` / ``label_ext``: giving both is a ValueError.
+        image_ext, label_ext: without ``fields``, the members holding the encoded image and
+            the integer label (ASCII, as ``.cls``), named exactly (default ``"jpg"`` and
+            ``"cls"``); ``label_ext=None``: labels are -1.
+        crop_px: output height and width in pixels: of the random resized crop (training),
+            or of the centre crop (with ``resize_shorter_px``).
+        resize_shorter_px: evaluation instead of training augmentation: each whole image
+            is resized so that its shorter side is this many pixels (aspect ratio kept), then
+            the centre ``crop_px`` x ``crop_px`` square is cut out; no flip (torchvision's
+            ``Resize(256)`` + ``CenterCrop(224)`` with ``resize_shorter_px=256, crop_px=224``).
+            Must be at least ``crop_px``. None (default): training augmentation.
+        scale: range of the crop's area as a fraction of the image's (training only;
+            default ``(0.08, 1.0)``).
+        ratio: range of the crop's aspect ratio, width / height (training only; default
+            ``(3/4, 4/3)``).
+        flip_p: probability of a horizontal flip (training only; default 0.5).
         mean, std: per-channel normalisation, in units of the [0, 1] range (ImageNet's by
             default); ignored for ``dtype=torch.uint8``.
         dtype: ``torch.float32`` (normalised) or ``torch.uint8`` (0-255, not normalised).
@@ -402,6 +540,7 @@ class DaliLoader:
             feed thread or a DataLoader worker); longer raises TimeoutError instead of hanging.
         last_batch: ``"partial"`` yields the short last batch; ``"drop"`` drops it.
         seed: DALI's random seed (crops, flips); rank-specific seeds are derived from it.
+            Evaluation has no randomness.
         check_images: check each image's structure before DALI sees it
             (:func:`shardstream.decode.check.gpu_jpeg_problem`, ~4 µs an image) and decode
             those it would reject on the CPU. False: every image goes to DALI (a failure
@@ -412,12 +551,15 @@ class DaliLoader:
     JPEGs that are damaged in ways Pillow tolerates and DALI does not) is decoded with Pillow
     by the reader (a DataLoader worker or the feed thread) with the same augmentation: random
     resized crop of the same ``scale`` and ``ratio``, EXIF orientation applied (as DALI does),
-    resize, flip, normalisation, so it comes out with the same shape and dtype and goes into
-    its batch in its place. If DALI still fails on a batch, the pipeline is rebuilt and the
-    batches it held are decoded on the CPU. An image nobody can decode follows the dataset's
-    ``on_error``: ``"raise"`` raises DecodeError naming shard, key and member; ``"skip"``
-    repeats the previous good sample in its place, so every rank keeps ``len(loader)``
-    batches. :meth:`stats` counts all of it.
+    resize, flip, normalisation (for evaluation: the same resize of the shorter side and
+    centre crop, to DALI's rounding), so it comes out with the same shape and dtype and goes
+    into its batch in its place. If DALI still fails on a batch, the pipeline is rebuilt and
+    the batches it held are decoded on the CPU. An image nobody can decode, and a sample
+    without the image or label member, follow the dataset's ``on_error``: ``"raise"`` raises
+    DecodeError naming shard, key and member (MissingFieldError, with ``fields``, naming
+    shard, key, the fields asked for and the members present); ``"skip"`` repeats the
+    previous good sample in its place, so every rank keeps ``len(loader)`` batches.
+    :meth:`stats` counts all of it.
 
     Yields:
         ``(images, labels)``: images ``(B, 3, crop_px, crop_px)`` (NCHW) of ``dtype`` on
@@ -426,10 +568,15 @@ class DaliLoader:
 
     Raises:
         ImportError: DALI is not installed (names the extra to install).
-        ValueError: bad arguments.
-        DecodeError: a sample lacks the image or label member, or a label is not an integer
-            (names shard and key); an image no decoder can read, with ``on_error="raise"``
-            (names shard, key and member).
+        ValueError: bad arguments (``fields`` of another shape, or beside ``image_ext`` /
+            ``label_ext``; ``scale``, ``ratio`` or ``flip_p`` with ``resize_shorter_px``).
+        DecodeError: a label is not an integer (names shard and key); with
+            ``on_error="raise"``, an image no decoder can read (names shard, key and
+            member), or a sample lacks the image or label member (names shard, key, the
+            extension asked for and the members present).
+        MissingFieldError: (a KeyError; :mod:`shardstream.fields`) with ``fields`` and
+            ``on_error="raise"``, a sample lacks a field: names shard, key, the fields asked
+            for and the members present.
     """
 
     def __init__(
@@ -437,12 +584,14 @@ class DaliLoader:
         dataset: ShardDataset,
         *,
         batch_size: int,
-        image_ext: str = "jpg",
-        label_ext: str | None = "cls",
+        fields: FieldSpec | None = None,
+        image_ext: str = _Default("jpg"),
+        label_ext: str | None = _Default("cls"),
         crop_px: int = 224,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        flip_p: float = 0.5,
+        resize_shorter_px: int | None = None,
+        scale: tuple[float, float] | None = None,
+        ratio: tuple[float, float] | None = None,
+        flip_p: float | None = None,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         dtype: torch.dtype = torch.float32,
@@ -459,6 +608,11 @@ class DaliLoader:
         _import_dali()
         if not isinstance(dataset, ShardDataset):
             raise ValueError(f"dataset must be a ShardDataset, not {type(dataset).__name__}")
+        if getattr(dataset, "fields", None) is not None:  # before decode: fields= sets one
+            raise ValueError(
+                "construct the ShardDataset without fields=: DaliLoader picks the members itself; "
+                "pass the fields to DaliLoader(fields=...) instead"
+            )
         if dataset.decode is not None:
             raise ValueError("construct the ShardDataset with decode=None: DALI decodes the raw bytes")
         if dataset.collate is not None:
@@ -467,6 +621,21 @@ class DaliLoader:
             )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"{batch_size=} must be an int >= 1")
+        members = _Members.of(fields, image_ext, label_ext)
+        if not isinstance(crop_px, int) or crop_px < 1:
+            raise ValueError(f"{crop_px=} must be an int >= 1")
+        if resize_shorter_px is not None:
+            if not isinstance(resize_shorter_px, int) or resize_shorter_px < crop_px:
+                raise ValueError(
+                    f"{resize_shorter_px=} must be an int >= crop_px ({crop_px}): the centre crop is cut from "
+                    "the image resized to it"
+                )
+            training = [n for n, v in (("scale", scale), ("ratio", ratio), ("flip_p", flip_p)) if v is not None]
+            if training:
+                raise ValueError(
+                    f"{', '.join(training)} set the training crop and flip; with {resize_shorter_px=} the loader "
+                    "resizes and centre-crops each image, with no flip: leave them out"
+                )
         if last_batch not in ("partial", "drop"):
             raise ValueError(f"{last_batch=} must be 'partial' or 'drop'")
         if dtype not in (torch.float32, torch.uint8):
@@ -481,8 +650,18 @@ class DaliLoader:
             device_id = int(os.environ.get("LOCAL_RANK", "0")) if gpu_available() else None
         self.dataset = dataset
         self.batch_size = batch_size
-        self.image_ext, self.label_ext = image_ext, label_ext
-        self.crop_px, self.scale, self.ratio, self.flip_p = crop_px, scale, ratio, flip_p
+        self._members = members
+        self.fields = members.fields
+        self.image_ext = None if fields is not None else str(image_ext)  # as given, or None with fields
+        self.label_ext = None if fields is not None or label_ext is None else str(label_ext)
+        self.crop_px, self.resize_shorter_px = crop_px, resize_shorter_px
+        if resize_shorter_px is None:  # training: a random resized crop and a flip
+            self.scale = (0.08, 1.0) if scale is None else tuple(scale)
+            self.ratio = (3 / 4, 4 / 3) if ratio is None else tuple(ratio)
+            self.flip_p = 0.5 if flip_p is None else flip_p
+        else:  # evaluation: resize and centre crop
+            self.scale = self.ratio = None
+            self.flip_p = 0.0
         self.mean, self.std = tuple(mean), tuple(std)
         self.dtype = dtype
         self.device_id = device_id
@@ -546,10 +725,14 @@ class DaliLoader:
         return self.dataset.state_dict(self._consumed, batch_size=batch_size, num_workers=self.num_workers)
 
     def _encoder(self) -> _Encoder:
+        crop: RandomResizedCrop | _ResizeCenterCrop
+        if self.resize_shorter_px is None:
+            crop = RandomResizedCrop(size_px=self.crop_px, scale=self.scale, ratio=self.ratio)
+        else:
+            crop = _ResizeCenterCrop(self.resize_shorter_px, self.crop_px)
         return _Encoder(
-            self.image_ext,
-            self.label_ext,
-            RandomResizedCrop(size_px=self.crop_px, scale=self.scale, ratio=self.ratio),
+            self._members,
+            crop,
             self.flip_p,
             self.dataset.on_error,
             self.check_images,
@@ -650,15 +833,23 @@ class DaliLoader:
         )
         with pipe:
             jpegs, labels = fn.external_source(source=feed, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64])
-            images = fn.decoders.image_random_crop(
-                jpegs,
-                device="mixed" if gpu else "cpu",
-                output_type=types.RGB,
-                random_area=list(self.scale),
-                random_aspect_ratio=list(self.ratio),
-                num_attempts=10,
-            )
-            images = fn.resize(images, resize_x=self.crop_px, resize_y=self.crop_px)
+            if self.resize_shorter_px is None:  # training: random resized crop, flip
+                images = fn.decoders.image_random_crop(
+                    jpegs,
+                    device="mixed" if gpu else "cpu",
+                    output_type=types.RGB,
+                    random_area=list(self.scale),
+                    random_aspect_ratio=list(self.ratio),
+                    num_attempts=10,
+                )
+                images = fn.resize(images, resize_x=self.crop_px, resize_y=self.crop_px)
+                crop: dict[str, Any] = {"mirror": fn.random.coin_flip(probability=self.flip_p)}
+            else:  # evaluation: the whole image, its shorter side resized, then the centre square
+                images = fn.decoders.image(jpegs, device="mixed" if gpu else "cpu", output_type=types.RGB)
+                images = fn.resize(images, resize_shorter=self.resize_shorter_px)
+                # crop_mirror_normalize's crop is fn.crop's (crop_pos_x/y 0.5: the centre, rounded
+                # half up), done in the same pass as the normalisation
+                crop = {"crop": (self.crop_px, self.crop_px), "crop_pos_x": 0.5, "crop_pos_y": 0.5}
             uint8 = self.dtype == torch.uint8
             images = fn.crop_mirror_normalize(
                 images,
@@ -666,7 +857,7 @@ class DaliLoader:
                 output_layout="CHW",
                 mean=[0.0] * 3 if uint8 else [m * 255 for m in self.mean],
                 std=[1.0] * 3 if uint8 else [s * 255 for s in self.std],
-                mirror=fn.random.coin_flip(probability=self.flip_p),
+                **crop,
             )
             pipe.set_outputs(images, labels.gpu() if gpu else labels)
         return pipe
