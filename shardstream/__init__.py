@@ -9,6 +9,7 @@ from . import errors as _errors
 from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
 from .config import FetchConfig, HttpConfig, RequestConfig, S3Config
 from .errors import *  # noqa: F403 (the whole exception tree is public)
+from .fields import MissingFieldError
 from .index import DatasetIndex, Index, Manifest, MemberEntry, SampleEntry, ShardEntry, ShardTable, open_index
 from .packing import PackReport, Part, ShardWriter, build_index, pack, pack_samples
 from .packing.sources import Problem, ProblemKind
@@ -23,7 +24,8 @@ if TYPE_CHECKING:
     from .collate import ByteBatch, ByteCollate
     from .dali import DaliLoader
     from .dataset import ShardDataset, loader_state_dict
-    from .decode.cpu import CpuDecoder, RandomResizedCrop
+    from .decode.cpu import CpuDecoder
+    from .decode.steps import CenterCrop, RandomResizedCrop, Resize
     from .packing.ray_sink import ShardDatasink
 
 # torch (and Ray) are imported only when these are first used, so `shardstream pack` starts fast;
@@ -33,6 +35,8 @@ _LAZY = {
     "loader_state_dict": ".dataset",
     "CpuDecoder": ".decode.cpu",
     "RandomResizedCrop": ".decode.cpu",
+    "Resize": ".decode.steps",
+    "CenterCrop": ".decode.steps",
     "ByteBatch": ".collate",
     "ByteCollate": ".collate",
     "DaliLoader": ".dali",
@@ -56,6 +60,7 @@ __all__ = [
     "Batcher",
     "ByteBatch",
     "ByteCollate",
+    "CenterCrop",
     "CollateBatcher",
     "CpuDecoder",
     "DaliLoader",
@@ -66,12 +71,14 @@ __all__ = [
     "Index",
     "Manifest",
     "MemberEntry",
+    "MissingFieldError",
     "PackReport",
     "Part",
     "Problem",
     "ProblemKind",
     "RandomResizedCrop",
     "RequestConfig",
+    "Resize",
     "S3Config",
     "SampleEntry",
     "ShardCheck",

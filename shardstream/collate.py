@@ -266,6 +266,12 @@ class ByteCollate:
                 "read it with DataLoader(dataset, batch_size=None)"
             )
         first, label_field = samples[0], self.label_field
+        if not isinstance(first, dict):
+            raise ValueError(
+                f"ByteCollate takes samples as dicts, not a {type(first).__name__}; with ShardDataset(fields=...) "
+                "name the fields with a dict, e.g. fields={'image': 'jpg;png', 'label': 'cls'} with "
+                "ByteCollate(label_field='label')"
+            )
         fields = tuple(
             f for f, v in first.items() if f != label_field and isinstance(v, (bytes, bytearray, memoryview))
         )

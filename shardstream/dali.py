@@ -34,7 +34,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -584,7 +584,7 @@ class DaliLoader:
         dataset: ShardDataset,
         *,
         batch_size: int,
-        fields: FieldSpec | None = None,
+        fields: Mapping[str, str] | Sequence[str] | None = None,
         image_ext: str = _Default("jpg"),
         label_ext: str | None = _Default("cls"),
         crop_px: int = 224,

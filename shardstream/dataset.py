@@ -9,13 +9,16 @@ import gc
 import logging
 import operator
 import os
-from collections.abc import Callable, Iterator, Sequence
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from .config import FetchConfig, RequestConfig, S3Config
-from .decode.cpu import ImageFormat, make_decoder
+from .decode.cpu import ImageFormat
+from .decode.stage import PickedSamples, make_decoder
 from .reading.assign import WorkerSlot, current_slot, distributed_rank, in_worker, loader_id
 from .reading.engine import share_buffer
 from .reading.epochs import EpochBoard, PassState, PassView, warn_advanced
@@ -47,7 +50,23 @@ class ShardDataset(IterableDataset):
             its index file), shard URLs or a brace pattern, or a list of ``Source(...)``: a mixture.
         shuffle, shuffle_buffer, seed, max_open_shards, drop_last, batch_size: the epoch's
             order (``shuffle_buffer`` in samples; ``batch_size``: the DataLoader's).
-        decode: None (bytes), ``"pil"``, ``"numpy"``, ``"torch"``, or a callable on a sample.
+        decode: None (bytes), ``"pil"``, ``"numpy"``, ``"torch"``, a
+            :class:`~shardstream.decode.CpuDecoder` (image steps, ``transform``), or a callable
+            on a sample.
+        fields: pick and name what each sample yields (:mod:`shardstream.fields`):
+            ``{"image": "jpg;jpeg;png;webp", "label": "cls"}`` yields dicts with those keys
+            (and ``__key__``, ``__shard__``, a mixture's ``__source__``), ``("jpg;png", "cls")``
+            tuples in that order. Alternatives (``;``) match the last part of a member's
+            extension, case-insensitively, the first present winning; only the picked members
+            are decoded, each by the extension that matched (a ``.JPEG`` as a ``.jpg``). A
+            custom ``decode`` gets the picked sample: ``__key__``, ``__shard__``
+            (``__source__``) and each field's bytes under its name (a tuple's fields are named
+            ``"0"``, ``"1"``, ...); what it returns is yielded (a dict, with a tuple spec, as the
+            tuple of its fields). A sample without a field raises ``MissingFieldError`` (a
+            ``DecodeError`` naming shard, key, fields and members), or is skipped under
+            ``on_error="skip"``. With ``collate``, the collate gets these named samples
+            (``ByteCollate`` takes dicts: use a dict spec with ``decode=None``, and
+            ``ByteCollate(label_field=)`` the label's field name).
         s3, requests, fetch, cache_dir, cache_limit_bytes: the store's endpoint, request
             policy (RequestConfig) and read-ahead; a node-local cache and its bound (bytes).
         log_every_s, on_error, verify_checksums: stats log lines; ``"raise"`` or ``"skip"``
@@ -55,11 +74,16 @@ class ShardDataset(IterableDataset):
         resampled, epoch_samples, mix, replication: endless draws; a mixture's epoch size and
             interleaving; ranks per model-parallel group.
         collate: a :class:`~shardstream.reading.batching.Batcher` or ``collate_fn``: hand out
-            batches of ``batch_size`` (read with ``DataLoader(batch_size=None)``).
+            batches of ``batch_size`` (read with ``DataLoader(batch_size=None)``: a DataLoader
+            that batches them again raises a ValueError when iteration starts).
 
     Yields:
         dicts ``{"__key__": str, "__shard__": URL, "<ext>": bytes, ...}`` (decoded as ``decode``
-        says; a mixture's with ``"__source__"``), or with ``collate`` its batches.
+        says; a mixture's with ``"__source__"``), what ``fields`` names, or with ``collate`` its
+        batches.
+
+    A DataLoader that batches by another size than ``batch_size`` is warned about when
+    iteration starts (its ``len()`` and the batches it gives disagree), naming both sizes.
 
     Raises:
         ValueError: a bad argument or mixture (named), or a world size not a multiple of
@@ -91,11 +115,14 @@ class ShardDataset(IterableDataset):
         mix: str = "stratified",
         replication: int = 1,
         collate: Callable[[list[Any]], Any] | None = None,
+        fields: Mapping[str, str] | Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "fetch")}  # all but fetch
         self.reader, self.shard_urls, self.index = open_reader(**arguments, make_decoder=make_decoder)
         self.fetch, self._collate = fetch or FetchConfig(), collate
+        stage = self.reader.options.decode
+        self._fields = stage.fields if isinstance(stage, PickedSamples) else None
         self._schedule, self._engine = self.reader.schedule, self.reader.engines[0]  # its settings are every engine's
         self._epochs = EpochBoard()  # the epoch of each pass, shared with DataLoader workers
         self._set = self._epochs.set(0, [])  # (generation, state) of the latest set_epoch / load here
@@ -125,6 +152,20 @@ class ShardDataset(IterableDataset):
     replication = _setting("reader.options", "replication", "Ranks per model-parallel group.")
     sources = _setting("_schedule", "sources", "A mixture's list of Source, or None (one dataset).")
     collate = property(lambda self: self._collate, doc="What makes the dataset's batches, or None (samples).")
+    fields = property(lambda self: self._fields, doc="The parsed fields= (a shardstream.fields.Fields), or None.")
+
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names of the dataset's index (``pack --labels-from-dirs``), in class-index
+        order, as torchvision's ``ImageFolder.classes``: a mixture's when every source has the
+        same list, else None; None without an index or without class names in it."""
+        return self.reader.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """``{class name: class index}`` of :attr:`classes`, as torchvision's ``ImageFolder.class_to_idx``; or None."""
+        classes = self.classes
+        return None if classes is None else {name: i for i, name in enumerate(classes)}
 
     def __repr__(self) -> str:
         names = self._schedule.names
@@ -267,7 +308,7 @@ class ShardDataset(IterableDataset):
             return failing(exc)
         self._loaded = None
         self._pass, self._reader_pid = state, os.getpid()
-        if first_advance:
+        if first_advance and (self._schedule.epoch_varies or self.resampled):  # else every pass reads alike
             warn_advanced(state.epoch)
         self._progress, out = self.reader.open(
             state,
@@ -278,7 +319,65 @@ class ShardDataset(IterableDataset):
             on_end=lambda: self._epochs.finish_pass(rank=slot.rank, worker_id=worker_id),
             once=self._epochs.once,
         )
-        return out
+        return self._checked(out)
+
+    def _checked(self, out: Iterator[Any]) -> Iterator[Any]:
+        """``out``, once the DataLoader reading it (if any) was checked at the first sample
+        (:func:`_loader_batching`; O(1) a pass): batches that the DataLoader would batch again
+        raise, a batch size other than ``batch_size`` is warned about (once a dataset)."""
+        loader_batch = _loader_batching(self)
+        if loader_batch is not None:
+            if self.collate is not None:
+                raise ValueError(
+                    f"ShardDataset(collate=...) hands out whole batches of {self.batch_size} samples, but the "
+                    f"DataLoader batches them again (batch_size={loader_batch}); read it with "
+                    "DataLoader(dataset, batch_size=None)"
+                )
+            if self.batch_size is not None and loader_batch != self.batch_size and self._epochs.once(_MISBATCHED):
+                _warn(
+                    f"ShardDataset(batch_size={self.batch_size}) but the DataLoader batches {loader_batch} samples: "
+                    f"the dataset cuts each DataLoader worker's share into whole batches of {self.batch_size}, so "
+                    "with several workers the DataLoader gives more batches than len(loader) counts (loops that "
+                    "stop at len(loader), as Lightning and Hugging Face's Trainer do, miss the rest), and "
+                    "loader_state_dict() refuses it. Give both the same batch size: "
+                    f"ShardDataset(batch_size={loader_batch}) or DataLoader(batch_size={self.batch_size})."
+                )
+        yield from out
+
+
+_MISBATCHED = 4  # EpochBoard.once flag: warned that the DataLoader batches by another size
+
+
+def _loader_batching(dataset: ShardDataset) -> int | None:
+    """The batch size of the DataLoader whose fetcher is asking ``dataset``'s iterator for its
+    first sample, where it batches (``auto_collation``); None where it does not, or where no
+    torch ``_IterableDatasetFetcher.fetch`` of ``dataset`` is among the calling frames (another
+    torch, a plain loop). Its ``possibly_batched_index`` is the DataLoader's batch of indices,
+    in the training process and in DataLoader workers alike."""
+    try:
+        frame = sys._getframe(2)  # past this function and the generator that asks
+        for _ in range(4):
+            if frame is None:
+                return None
+            fetcher = frame.f_locals.get("self") if frame.f_code.co_name == "fetch" else None
+            if fetcher is not None and type(fetcher).__name__ == "_IterableDatasetFetcher":
+                index = frame.f_locals.get("possibly_batched_index")
+                if getattr(fetcher, "dataset", None) is not dataset or not getattr(fetcher, "auto_collation", False):
+                    return None
+                return len(index) if isinstance(index, Sequence) else None
+            frame = frame.f_back
+    except Exception:  # noqa: BLE001 - a check, never a failure of the read
+        return None
+    return None
+
+
+def _warn(message: str) -> None:
+    """``warnings.warn`` in the training process; in a DataLoader worker, a log line (a
+    worker's warnings filters and output are not the training process's)."""
+    if in_worker():
+        log.warning("%s", message)
+    else:
+        warnings.warn(message, UserWarning, stacklevel=2)
 
 
 def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:

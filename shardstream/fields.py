@@ -18,13 +18,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .errors import DecodeError
+
 __all__ = ["FieldSpec", "Fields", "MissingFieldError"]
 
 FieldSpec = Mapping[str, str] | Sequence[str]
 
 
-class MissingFieldError(KeyError):
-    """Raised by :meth:`Fields.match` with a plain message; callers wrap it with the shard and key."""
+class MissingFieldError(DecodeError, KeyError):
+    """A sample has no member for a requested field. :meth:`Fields.match` raises it with a plain
+    message (the fields asked for, the members present); the reader raises it again with the
+    shard and key. A :class:`~shardstream.errors.DecodeError`, so ``on_error="skip"`` skips
+    such samples (counted), and a ``KeyError``."""
 
     def __str__(self) -> str:  # KeyError's own quotes the message
         return str(self.args[0]) if self.args else ""
@@ -92,7 +97,9 @@ class Fields:
 
     def match(self, members: Iterable[str]) -> list[str]:
         """For each field, the member name (as in the sample) it takes: the member whose
-        lower-cased last extension part is the field's first alternative present.
+        lower-cased last extension part is the field's first alternative present (an
+        alternative with a dot, ``"seg.png"``, matches the whole extension or its last parts:
+        ``seg.png``, ``left.SEG.PNG``).
 
         Raises:
             MissingFieldError: a field matches no member; the message lists the fields asked
@@ -106,7 +113,7 @@ class Fields:
         chosen: list[str] = []
         for name, alts in zip(self.names, self.alternatives):
             for alt in alts:
-                member = by_kind.get(alt)
+                member = by_kind.get(alt) if "." not in alt else _dotted(names, alt)
                 if member is not None:
                     chosen.append(member)
                     break
@@ -127,3 +134,12 @@ class Fields:
         if extra:
             out.update(extra)
         return out
+
+
+def _dotted(members: Sequence[str], alt: str) -> str | None:
+    """The first of ``members`` whose lower-cased name is ``alt`` or ends with ``"." + alt``."""
+    for member in members:
+        lowered = member.lower()
+        if lowered == alt or lowered.endswith("." + alt):
+            return member
+    return None

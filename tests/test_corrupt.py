@@ -85,7 +85,10 @@ def test_a_short_member_and_a_truncated_shard(clean, tmp_path):
         CorruptShardError, match=r"data-000001.tar: is \d+ bytes but the index says \d+; the shard is truncated"
     ):
         list(ShardDataset(dest, shuffle=False))
-    bare = sorted(str(p) for p in dest.glob("*.tar"))  # no index: the parser finds it
+    with pytest.raises(CorruptShardError, match=r"data-000001.tar: ends at byte \d+, but the index says sample '015'"):
+        list(ShardDataset(sorted(str(p) for p in dest.glob("*.tar")), shuffle=False))  # its table beside it
+    (tmp_path / "bare").mkdir()
+    bare = [shutil.copy(p, tmp_path / "bare") for p in sorted(dest.glob("*.tar"))]  # no tables: the parser finds it
     with pytest.raises(
         CorruptShardError,
         match=rf"data-000001.tar: member '015.jpg' ends early \(expected {size} bytes from byte {offset}\)",

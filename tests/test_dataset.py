@@ -73,7 +73,7 @@ def test_sources_as_list_brace_pattern_and_single_shard(tmp_path):
     pattern = str(dest / f"data-{{000000..{len(shards) - 1:06d}}}.tar")
     assert keys_of(ShardDataset(pattern, shuffle=False)) == keys
     assert keys_of(ShardDataset("file://" + shards[0], shuffle=False)) == keys[:10]
-    assert ShardDataset(dest).num_samples == 120 and ShardDataset(shards).num_samples is None
+    assert ShardDataset(dest).num_samples == 120 and ShardDataset(shards).num_samples == 120  # by their tables
 
 
 def test_dataloader_workers_split_shards_and_read_every_sample_once(tmp_path):

@@ -8,6 +8,7 @@ import collections
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -374,7 +375,8 @@ def test_a_single_whole_source_is_todays_dataset(sources):
 def test_a_mixture_needs_indexed_sources_and_distinct_names(sources, tmp_path):
     with pytest.raises(ValueError, match="two sources are named 'x'"):
         ShardDataset([Source(sources["cur"], name="x"), Source(sources["syn"], name="x")])
-    bare = sorted(str(p) for p in sources["syn"].glob("*.tar"))
+    (tmp_path / "bare").mkdir()
+    bare = [shutil.copy(p, tmp_path / "bare") for p in sorted(sources["syn"].glob("*.tar"))]  # without their tables
     with pytest.raises(ValueError, match="Source 'bare' has no index"):
         ShardDataset([Source(bare, name="bare"), Source(sources["cur"])])
     with pytest.raises(TypeError, match="give every entry as Source"):

@@ -1,5 +1,9 @@
-"""Sample decoders: :mod:`.cpu` (Pillow) here; the DALI GPU path lives in its own module."""
+"""Sample decoders: :mod:`.cpu` (Pillow), its image steps (:mod:`.steps`), and the per-sample
+stage a reader calls (:mod:`.stage`: fields picked, decoded, named, transformed); the DALI GPU
+path lives in its own module."""
 
-from .cpu import CpuDecoder, ImageFormat, RandomResizedCrop, make_decoder
+from .cpu import CpuDecoder, ImageFormat
+from .stage import make_decoder
+from .steps import CenterCrop, RandomResizedCrop, Resize
 
-__all__ = ["CpuDecoder", "ImageFormat", "RandomResizedCrop", "make_decoder"]
+__all__ = ["CenterCrop", "CpuDecoder", "ImageFormat", "RandomResizedCrop", "Resize", "make_decoder"]

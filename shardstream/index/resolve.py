@@ -1,5 +1,6 @@
 """Opening a dataset's index: a directory or S3 prefix (or its index file) -> a
 :class:`DatasetIndex`; what ``ShardDataset`` takes as its source -> shard URLs and the index;
+shard URLs with their sample tables beside them (``NAME.samples``) -> :class:`ShardTables`;
 and ``shardstream index upgrade`` (version 1 -> 2, in place, shards untouched).
 
 Opening reads ``index.bin`` only: one mapped file locally, one GET on S3 (the bytes go into a
@@ -11,21 +12,27 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
+import numpy as np
+
 from ..config import RequestConfig
-from ..errors import IndexFormatError, ShardNotFoundError, StorageConnectionError
+from ..errors import IndexFormatError, ShardNotFoundError, StorageAccessError, StorageConnectionError
 from ..format import SHARD_SUFFIXES
 from ..storage import LocalStore, is_remote_url, loop, open_store, pin_urls, split_url, write_pieces
-from .manifest import MANIFEST_NAME, Manifest
+from .manifest import MANIFEST_NAME, TABLE_SUFFIX, Manifest
+from .table import MAGIC as TABLE_MAGIC
 from .table import ShardTable
 from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
 
-__all__ = ["DatasetIndex", "ShardUrls", "open_index", "resolve_source", "upgrade"]
+__all__ = ["DatasetIndex", "ShardTables", "ShardUrls", "open_index", "resolve_source", "upgrade"]
 
+log = logging.getLogger("shardstream")
 _TABLES_KEPT = 64  # per-shard tables a process keeps (a reader needs one or two at a time)
 
 
@@ -337,6 +344,134 @@ def resolve_source(
         return pin_urls([_normalize(text)], requests=requests), None
     index = open_index(_normalize(text), s3=s3, requests=requests)
     return ShardUrls(index), index
+
+
+class ShardTables:
+    """The sample tables beside shards given by URL (``NAME.samples`` beside shard ``NAME``, as
+    ``pack`` writes them): each shard's sample count, read by :meth:`open`, and each table on
+    demand (the last few kept). No index needed: shard URLs with tables read in exact epochs.
+
+    Attributes:
+        urls: the shard URLs.
+        sample_counts: int64 array of shape ``(len(urls),)``.
+    """
+
+    def __init__(
+        self, urls: Sequence[str], sample_counts: np.ndarray, *, s3: Any = None, requests: RequestConfig | None = None
+    ) -> None:
+        self.urls, self.sample_counts = urls, sample_counts
+        self.s3, self.requests = s3, requests
+        self._stores: dict[str, Any] = {}
+        self._tables: collections.OrderedDict[int, ShardTable] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ShardTables({len(self.urls)} shards, num_samples={int(self.sample_counts.sum())})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {**self.__dict__, "_stores": {}, "_tables": collections.OrderedDict()}
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, urls: Sequence[str], *, s3: Any = None, requests: RequestConfig | None = None) -> ShardTables | None:
+        """The tables of ``urls``, or None where the first shard has none (not found, or not
+        readable: such shard URLs read as today, without counts). Reads every table's header
+        (locally) or whole table (remote stores: one GET each, 16 at once): O(shards).
+
+        Raises:
+            IndexFormatError: a table is damaged. Storage errors of the tables after the first.
+        """
+        probe = cls(urls, np.zeros(len(urls), np.int64), s3=s3, requests=requests)
+        try:
+            first = probe._count(0)
+        except (ShardNotFoundError, StorageAccessError, StorageConnectionError) as exc:
+            log.debug("%s: no sample table beside it (%s); the shard URLs read without counts", urls[0], exc)
+            return None
+        counts = [first]
+        if len(urls) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(16, len(urls) - 1)) as pool:
+                counts += pool.map(probe._maybe_count, range(1, len(urls)))
+        if None in counts:
+            missing = urls[counts.index(None)]
+            log.warning(
+                "%s%s: no sample table beside this shard, though %s%s has one: the shard URLs read without counts "
+                "(no len(), no exact epochs); re-run shardstream pack, or read the dataset by its directory",
+                missing,
+                TABLE_SUFFIX,
+                urls[0],
+                TABLE_SUFFIX,
+            )
+            return None
+        probe.sample_counts = np.asarray(counts, np.int64)
+        return probe
+
+    def table(self, i: int) -> ShardTable:
+        """Shard ``i``'s sample table, checked against its count and its shard's name.
+
+        Raises:
+            ShardNotFoundError: it is gone; IndexFormatError: it is damaged or another shard's.
+        """
+        with self._lock:
+            table = self._tables.get(i)
+            if table is not None:
+                self._tables.move_to_end(i)
+                return table
+        store, name = self._where(i)
+        table = ShardTable.parse(store.read_bytes(name), url=store.url_of(name), num_samples=int(self.sample_counts[i]))
+        shard = split_url(self.urls[i])[1]
+        if table.shard not in ("", "None") and table.shard.rsplit("/", 1)[-1] != shard:
+            raise IndexFormatError(
+                f"{table.url}: is the sample table of shard {table.shard!r}, not of {shard!r}; the tables were "
+                "mixed up or copied over each other, re-run shardstream pack"
+            )
+        with self._lock:
+            self._tables[i] = table
+            while len(self._tables) > _TABLES_KEPT:
+                self._tables.popitem(last=False)
+        return table
+
+    def _where(self, i: int) -> tuple[Any, str]:
+        """The store holding shard ``i``'s table, and the table's name in it."""
+        root, name = split_url(self.urls[i])
+        with self._lock:
+            store = self._stores.get(root)
+            if store is None:
+                store = self._stores[root] = open_store(root or os.sep, s3=self.s3, requests=self.requests)
+        return store, name + TABLE_SUFFIX
+
+    def _maybe_count(self, i: int) -> int | None:
+        try:
+            return self._count(i)
+        except ShardNotFoundError:
+            return None
+
+    def _count(self, i: int) -> int:
+        """Shard ``i``'s sample count, from its table's header."""
+        store, name = self._where(i)
+        url = store.url_of(name)
+        if isinstance(store, LocalStore):
+            try:
+                with open(url, "rb") as f:
+                    head = f.read(16)
+                    data = head + f.read(int.from_bytes(head[8:16], "little")) if len(head) == 16 else head
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                raise ShardNotFoundError(f"{url}: no such file") from exc
+        else:
+            data = store.read_bytes(name)
+        if data[:8] != TABLE_MAGIC or len(data) < 16:
+            raise IndexFormatError(f"{url}: not a shardstream sample table (bad magic); re-run shardstream pack")
+        try:
+            count = json.loads(data[16 : 16 + int.from_bytes(data[8:16], "little")])["num_samples"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IndexFormatError(f"{url}: damaged shardstream sample table ({exc}); re-run shardstream pack") from exc
+        if not isinstance(count, int) or count < 0:
+            raise IndexFormatError(f"{url}: num_samples={count!r} is not a count; re-run shardstream pack")
+        return count
 
 
 def upgrade(dest: str | os.PathLike[str], *, s3: Any = None, requests: RequestConfig | None = None) -> dict[str, int]:

@@ -234,8 +234,8 @@ class ReadingEngine:
         shards, counts = self.shards, self.shards.sample_counts
         assert counts is not None  # internal invariant: runs come from the index
         checked = None
-        if self.verify_checksums and byte_range is None:
-            stream = checked = Hashed(stream)
+        if self.verify_checksums and byte_range is None and shards.crc32_hex(run.shard) is not None:
+            stream = checked = Hashed(stream)  # (shard URLs with tables have no checksum to check)
         try:
             table = table_of()
         except ShardNotFoundError:
@@ -436,7 +436,7 @@ def repeat_over_skips(
                     shard = str(sample.get("__shard__"))
                     if shard not in warned:
                         warned.add(shard)
-                        log.warning("skipping undecodable samples of %s (first: %s)", shard, exc)
+                        log.warning("skipping samples of %s: undecodable or lacking a field (first: %s)", shard, exc)
                     sample = None
             if sample is None:
                 stats.add("skipped", 1)

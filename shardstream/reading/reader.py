@@ -38,7 +38,7 @@ from .engine import ReadingEngine, repeat_over_skips, shuffled
 from .epochs import PassState
 from .mixture import sources_of
 from .schedule import EpochSchedule, MixtureSchedule, Schedule
-from .shards import BareShards, ChainedUrls, IndexedShards
+from .shards import ChainedUrls, IndexedShards, url_shards
 from .slicer import FileRun
 from .stats import ReaderStats
 
@@ -53,7 +53,9 @@ class ReadOptions:
     """How a reader delivers what it reads.
 
     Attributes:
-        decode: a callable taking and returning a sample, or None (members as bytes).
+        decode: the per-sample stage: a callable taking a sample (a dict of the members) and
+            returning what is handed on (``make_decoder`` composes it once from ``decode`` and
+            ``fields``), or None (members as bytes).
         on_error: ``"raise"`` or ``"skip"`` (undecodable samples and corrupt runs replaced by
             repeats of the previous good sample).
         log_every_s: seconds between log lines of reader 0 (None: no logging).
@@ -100,6 +102,14 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"Reader({self.schedule.num_shards} shards, {len(self.engines)} source(s), {self.options!r})"
+
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names of the data's index (``Manifest.classes``): a mixture's when every
+        source has the same list, else None; None without an index."""
+        lists = [getattr(engine.shards, "classes", None) for engine in self.engines]
+        first = lists[0] if lists else None
+        return list(first) if first is not None and all(other == first for other in lists) else None
 
     @property
     def exact(self) -> bool:
@@ -273,12 +283,15 @@ def open_reader(
     mix: str,
     replication: int,
     collate: Any,
-    make_decoder: Callable[[Any], Callable[[dict[str, Any]], Any] | None],
+    fields: Any = None,
+    make_decoder: Callable[..., Callable[[dict[str, Any]], Any] | None],
 ) -> tuple[Reader, Sequence[str], DatasetIndex | None]:
     """The reader of :class:`shardstream.ShardDataset`'s arguments (their meaning is there
-    and in docs/reading.md; ``make_decoder(decode)`` makes the decoder): one dataset, or a mixture of the
-    ``Source`` s in ``source``; with its shard URLs (O(sources) for a mixture: never listed)
-    and its index (None for a mixture or bare shard URLs).
+    and in docs/reading.md; ``make_decoder(decode, fields=fields)`` makes the per-sample stage,
+    :attr:`ReadOptions.decode`): one dataset, or a mixture of the ``Source`` s in ``source``;
+    with its shard URLs (O(sources) for a mixture: never listed) and its index (None for a
+    mixture or shard URLs). Shard URLs with their sample tables beside them read in exact
+    epochs (:func:`~.shards.url_shards`: their tables' headers are read here, O(shards)).
 
     Raises:
         ValueError: a bad argument (named with its value), ``epoch_samples`` without a
@@ -309,7 +322,7 @@ def open_reader(
     if not isinstance(replication, int) or isinstance(replication, bool) or replication < 1:
         raise ValueError(f"{replication=} must be an int >= 1 (ranks per model-parallel group)")
     options = ReadOptions(
-        decode=make_decoder(decode),
+        decode=make_decoder(decode, fields=fields),
         on_error=on_error,
         log_every_s=log_every_s,
         resampled=resampled,
@@ -332,14 +345,17 @@ def open_reader(
                 f"{epoch_samples=} sets the size of a mixture's epoch; pass a list of Source(...) to mix datasets"
             )
         urls, index = resolve_source(source, s3=s3, requests=requests)
-        shards = IndexedShards(index) if index is not None else BareShards(urls)
+        shards = IndexedShards(index) if index is not None else url_shards(urls, s3=s3, requests=requests)
         schedule: Schedule = EpochSchedule(shards, **order)
         return Reader(schedule, [ReadingEngine(shards, **engine)], options), urls, index
     if resampled:
         raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
     with concurrent.futures.ThreadPoolExecutor(min(16, len(sources))) as pool:  # their indexes' GETs at once
         resolved = list(pool.map(lambda src: resolve_source(src.location, s3=s3, requests=requests), sources))
-    sets = [IndexedShards(index) if index is not None else BareShards(urls) for urls, index in resolved]
+    sets = [
+        IndexedShards(index) if index is not None else url_shards(urls, s3=s3, requests=requests)
+        for urls, index in resolved
+    ]
     schedule = MixtureSchedule(sources, sets, epoch_samples=epoch_samples, mix=mix, **order)
     engines = [ReadingEngine(shards, **engine) for shards in sets]
     return Reader(schedule, engines, options), ChainedUrls([urls for urls, _ in resolved]), None

@@ -96,6 +96,11 @@ class Schedule:
         """Samples each source gives one epoch, by name (empty for one dataset)."""
         return {}
 
+    @property
+    def epoch_varies(self) -> bool:
+        """Whether one epoch differs from another (in order or in samples): with ``shuffle``."""
+        return self.shuffle
+
     def _keep(
         self,
         counts: np.ndarray | None,
@@ -403,6 +408,11 @@ class MixtureSchedule(Schedule):
     @property
     def per_source(self) -> dict[str, int]:
         return dict(zip(self.names, self.per_epoch))
+
+    @property
+    def epoch_varies(self) -> bool:
+        """With ``shuffle``, ``mix="random"``, or a source read in part (each epoch the next part)."""
+        return self.shuffle or self.mix == "random" or any(n % size for n, size in zip(self.per_epoch, self.sizes))
 
     def selections(self, epoch: int) -> list[Selection]:
         """Each source's samples in ``epoch`` (kept for the two latest epochs, so DataLoader

@@ -2,9 +2,11 @@
 
 The reading engine (:mod:`.engine`) and the epoch schedule (:mod:`.schedule`) never touch a
 :class:`~shardstream.index.DatasetIndex`; they ask a :class:`ShardSet` for a shard's URL,
-size, sample count, sample table, checksum and whether the shards are another tool's. Two
-kinds exist today: :class:`IndexedShards` (a dataset with an index) and :class:`BareShards`
-(shard URLs and nothing else known). Several datasets read as one would be one more
+size, sample count, sample table, checksum and whether the shards are another tool's. Three
+kinds exist today: :class:`IndexedShards` (a dataset with an index), :class:`TabledShards`
+(shard URLs with their sample tables beside them: counts and tables known, sizes and
+checksums not) and :class:`BareShards` (shard URLs and nothing else known); :func:`url_shards`
+picks between the last two. Several datasets read as one would be one more
 :class:`ShardSet` (shard ids of the sources laid end to end), with no change to the engine.
 """
 
@@ -12,14 +14,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import ShardNotFoundError
 from ..index import DatasetIndex, ShardTable
+from ..index.resolve import ShardTables
 
-__all__ = ["BareShards", "ChainedUrls", "IndexedShards", "ShardSet"]
+__all__ = ["BareShards", "ChainedUrls", "IndexedShards", "ShardSet", "TabledShards", "url_shards"]
 
 
 class ShardSet(Protocol):
@@ -31,11 +34,13 @@ class ShardSet(Protocol):
             None where they are unknown (bare shard URLs: no exact epochs, no ``len``).
         foreign: the shards were written by another tool (links, devices and FIFOs in them
             are skipped with a warning instead of refused).
+        classes: the class names the index holds (``Manifest.classes``), or None.
     """
 
     num_shards: int
     sample_counts: np.ndarray | None
     foreign: bool
+    classes: list[str] | None
 
     def url(self, shard: int) -> str:
         """The shard's URL (``s3://...`` or a local path)."""
@@ -75,6 +80,8 @@ class IndexedShards:
         self.num_shards = index.num_shards
         self.sample_counts: np.ndarray | None = index.manifest.shard_samples
         self.foreign = index.manifest.foreign
+        classes = getattr(index.manifest, "classes", None)  # an index with class names (pack --labels-from-dirs)
+        self.classes: list[str] | None = list(classes) if classes is not None else None
 
     def __repr__(self) -> str:
         return f"IndexedShards({self.index!r})"
@@ -97,11 +104,46 @@ class IndexedShards:
         return self.index.request_table(shard, on_retry=on_retry)
 
 
+class TabledShards:
+    """Shard URLs with their sample tables beside them (:class:`~shardstream.index.resolve.ShardTables`):
+    counts and tables known, sizes and checksums not (``verify_checksums`` has nothing to check
+    them against, as for bare shard URLs)."""
+
+    foreign = True  # as bare shard URLs: a whole shard parsed skips links rather than refusing them
+    classes: list[str] | None = None
+
+    def __init__(self, tables: ShardTables) -> None:
+        self.tables = tables
+        self.num_shards = len(tables.urls)
+        self.sample_counts: np.ndarray | None = tables.sample_counts
+
+    def __repr__(self) -> str:
+        return f"TabledShards({self.tables!r})"
+
+    def url(self, shard: int) -> str:
+        return self.tables.urls[shard]
+
+    def size_bytes(self, shard: int) -> int | None:
+        return None
+
+    def crc32_hex(self, shard: int) -> str | None:
+        return None
+
+    def table(self, shard: int) -> ShardTable:
+        return self.tables.table(shard)
+
+    def request_table(
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+    ) -> Callable[[], ShardTable]:
+        return lambda: self.table(shard)
+
+
 class BareShards:
     """Shard URLs with no index: sizes, counts, tables and checksums unknown."""
 
     sample_counts: np.ndarray | None = None
     foreign = True
+    classes: list[str] | None = None
 
     def __init__(self, urls: Sequence[str]) -> None:
         self.urls = urls
@@ -126,6 +168,14 @@ class BareShards:
         self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
     ) -> Callable[[], ShardTable]:
         return lambda: self.table(shard)
+
+
+def url_shards(urls: Sequence[str], *, s3: Any = None, requests: Any = None) -> TabledShards | BareShards:
+    """The shards of shard URLs given without an index: :class:`TabledShards` where every shard
+    has its table beside it (``pack`` writes them), else :class:`BareShards`
+    (:meth:`~shardstream.index.resolve.ShardTables.open`)."""
+    tables = ShardTables.open(urls, s3=s3, requests=requests)
+    return TabledShards(tables) if tables is not None else BareShards(urls)
 
 
 class ChainedUrls(Sequence[str]):
