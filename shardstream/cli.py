@@ -143,7 +143,10 @@ def _part_arg(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _info(source: str, manifest) -> str:
+CLASSES_SHOWN = 10  # `shardstream info` lists the first and last this many classes (--all-classes: every one)
+
+
+def _info(source: str, manifest, *, all_classes: bool = False) -> str:
     import numpy as np
 
     lines = [
@@ -153,6 +156,8 @@ def _info(source: str, manifest) -> str:
     for what, column in (("shard bytes", manifest.shard_bytes), ("samples per shard", manifest.shard_samples)):
         if len(column):
             lines.append(f"{what}: min {column.min()}, median {np.median(column):.0f}, max {column.max()}")
+    if manifest.classes is not None:
+        lines += _classes_info(manifest.classes, manifest.class_counts, all_classes=all_classes)
     numbers = [re.search(r"(\d+)\.tar$", manifest.name(i)) for i in range(manifest.num_shards)]
     if manifest.num_shards and all(numbers):
         found = sorted(int(m.group(1)) for m in numbers)  # type: ignore[union-attr]
@@ -164,25 +169,117 @@ def _info(source: str, manifest) -> str:
     return "\n".join(lines)
 
 
+def _classes_info(names: list[str], counts: list[int] | None, *, all_classes: bool) -> list[str]:
+    """``shardstream info``'s lines on a labelled dataset's classes: index, name and samples of
+    each, the first and last :data:`CLASSES_SHOWN` of a long list unless ``all_classes``."""
+    import numpy as np
+
+    head = f"{len(names)} classes (class index, name" + (", samples)" if counts is not None else ")")
+    if counts:
+        head += f"; samples per class: min {min(counts)}, median {np.median(counts):.0f}, max {max(counts)}"
+    lines = [head]
+    shown: list[int | None] = list(range(len(names)))
+    if not all_classes and len(names) > 2 * CLASSES_SHOWN + 1:
+        shown = [*range(CLASSES_SHOWN), None, *range(len(names) - CLASSES_SHOWN, len(names))]
+    width = len(str(len(names) - 1))
+    name_width = max((len(names[i]) for i in shown if i is not None), default=0)
+    for i in shown:
+        if i is None:
+            more = len(names) - 2 * CLASSES_SHOWN
+            lines.append(f"  {'...':>{width}}  {more} more classes (shardstream info --all-classes lists every one)")
+        elif counts is None:
+            lines.append(f"  {i:>{width}}  {names[i]}")
+        else:
+            lines.append(f"  {i:>{width}}  {names[i]:<{name_width}}  {counts[i]}")
+    return lines
+
+
+def _dataset_usage_error(given: str) -> str | None:
+    """Why ``given`` is not a dataset ``info`` and ``verify`` can open, as one line that says
+    what to pass instead; None when it may be one (an index file, a directory holding an index,
+    or a remote location, which the store answers for)."""
+    from .format import SHARD_SUFFIXES
+    from .index import INDEX_NAME, MANIFEST_NAME
+    from .storage import is_remote_url
+
+    instead = "pass a dataset's directory (what shardstream pack wrote) or its index.bin"
+    if is_remote_url(given):
+        if given.endswith(SHARD_SUFFIXES):
+            parent = given.rsplit("/", 1)[0]
+            return (
+                f"{given} is a shard, not a dataset; pass its dataset's prefix ({parent}) or index ({parent}/index.bin)"
+            )
+        return None
+    path = os.path.abspath(given)
+    if not os.path.exists(path):
+        return f"{given}: no such file or directory; {instead}"
+    if os.path.isdir(path):
+        if any(os.path.isfile(os.path.join(path, name)) for name in (MANIFEST_NAME, INDEX_NAME)):
+            return None
+        shards = any(name.endswith(SHARD_SUFFIXES) for name in os.listdir(path))
+        hint = f" (to index the tar shards it holds: shardstream index build {given})" if shards else ""
+        return f"{given} holds no index.bin, so it is not a dataset; {instead}{hint}"
+    if given.endswith((".bin", ".json")):
+        return None
+    if given.endswith(SHARD_SUFFIXES):
+        parent = os.path.dirname(given.rstrip("/")) or "."
+        if any(os.path.isfile(os.path.join(os.path.dirname(path), n)) for n in (MANIFEST_NAME, INDEX_NAME)):
+            return (
+                f"{given} is one shard of a dataset; pass the dataset's directory ({parent}) or its index "
+                f"({os.path.join(parent, MANIFEST_NAME)})"
+            )
+        return (
+            f"{given} is a tar shard and {parent} holds no index; index the shards first "
+            f"(shardstream index build {parent}), then pass {parent}"
+        )
+    return f"{given} is a file, not a dataset; {instead}"
+
+
+def _no_index(exc: Exception) -> ValueError:
+    """A usage error (exit 2) for a location where the store found no index (its message names
+    the index URL it looked for and what to pass)."""
+    return ValueError(str(exc))
+
+
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from .errors import ShardNotFoundError
     from .packing.verify import verify
 
-    bad = total = 0
-    for check in tqdm(
-        verify(args.dest, s3=_s3_config(args), requests=_request_config(args)),
-        unit="shard",
-        desc="verifying",
-        disable=args.no_progress,
-        file=sys.stderr,
-    ):
-        total += 1
-        if not check.ok:
-            bad += 1
-            for problem in check.problems:
-                print(f"BAD {check.url}: {problem}")
+    bad = total = images = undecodable = 0
+    checks = verify(
+        args.dest,
+        s3=_s3_config(args),
+        requests=_request_config(args),
+        decode=args.decode,
+        decode_threads=args.decode_threads,
+    )
+    with tqdm(unit=" shards", desc="verifying", disable=args.no_progress, file=sys.stderr) as bar:
+        try:
+            for check in checks:
+                total += 1
+                images += check.num_images
+                undecodable += check.num_undecodable
+                bar.update()
+                if args.decode:
+                    bar.set_postfix_str(f"{images} images decoded", refresh=False)
+                if not check.ok:
+                    bad += 1
+                    for problem in check.problems:
+                        bar.write(f"BAD {check.url}: {problem}", file=sys.stdout)
+        except ShardNotFoundError as exc:  # raised before any shard is checked: no index there
+            if total:
+                raise
+            raise _no_index(exc) from None
     print(f"{total - bad} of {total} shards match the index" + (f"; {bad} do not" if bad else ""))
+    if args.decode:
+        if not images:
+            print("no image members to decode (none ends in .jpg, .jpeg, .png, .webp or another image extension)")
+        elif undecodable:
+            print(f"{images} images decoded, {undecodable} do not decode: replace or remove those files and pack again")
+        else:
+            print(f"{images} images decoded, all decode")
     return 1 if bad else 0
 
 
@@ -252,6 +349,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="pack part I of N of the input (default: RANK/WORLD_SIZE or a job array's index, "
         "else all); the last part to finish writes the index",
     )
+    p.add_argument(
+        "--labels-from-dirs",
+        action="store_true",
+        help="SOURCE is a tree of class folders (torchvision's ImageFolder layout): each file becomes its own "
+        "sample with a cls member holding its class index (the sorted folder names directly under SOURCE), "
+        "and a json member from a metadata.jsonl or metadata.csv row (Hugging Face imagefolder's file_name "
+        "column); the index records the class names and counts",
+    )
+    p.add_argument(
+        "--check-images",
+        action="store_true",
+        help="decode every image member (jpg, png, webp, ...) while packing; one that does not decode follows "
+        "--on-error (costs a decode per image)",
+    )
     p.add_argument("--shuffle", action="store_true", help="spread samples over shards in a seeded random order")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished pack) at DEST")
@@ -270,10 +381,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DATASET",
         help="local directory, a URL (s3://, https://, hf://datasets/..., gs://, az://), or its index file",
     )
+    i.add_argument(
+        "--all-classes",
+        action="store_true",
+        help=f"list every class of a labelled dataset (default: the first and last {CLASSES_SHOWN} of a long list)",
+    )
     _add_store_args(i)
 
     v = commands.add_parser("verify", help="re-read every shard and check it against the index")
     v.add_argument("dest", metavar="DATASET", help="local directory or a URL (s3://, https://, hf://, gs://, az://)")
+    v.add_argument(
+        "--decode",
+        action="store_true",
+        help="also decode every image member (jpg, png, webp, ...) with Pillow and name each one that does not",
+    )
+    v.add_argument(
+        "--decode-threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="with --decode: threads decoding images (default: the CPU count)",
+    )
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_store_args(v)
 
@@ -337,7 +465,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-size", type=_positive_int, default=64, help="DataLoader batch size (default: 64)")
     d.add_argument("--workdir", help="keep the generated files here (default: a temporary directory)")
     d.add_argument("--local", action="store_true", help="pack to a local directory instead of S3")
+    # `shardstream s3-server` (a local S3 for users, issue 39 point 7) is added here, after demo.
     return parser
+
+
+PROBLEMS_SHOWN = 20  # problems `shardstream pack` prints on stderr; pack-report.jsonl lists every one
+
+
+def _print_problems(report) -> None:
+    """The pack's problems on stderr, as the report lists them: ``not packed: PATH: REASON``, or
+    ``warning: PATH: REASON`` for what was packed all the same; the first :data:`PROBLEMS_SHOWN`."""
+    for problem in report.problems[:PROBLEMS_SHOWN]:
+        print(f"{'warning' if problem.packed else 'not packed'}: {problem.path}: {problem.reason}", file=sys.stderr)
+    more = len(report.problems) - PROBLEMS_SHOWN
+    if more > 0:
+        print(f"... and {more} more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -365,19 +507,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from_shards=args.from_shards,
                 ray=args.ray,
                 requests=_request_config(args),
+                labels_from_dirs=args.labels_from_dirs,
+                check_images=args.check_images,
             )
-            shown = [p for p in report.problems if not p.packed][:20]
-            for problem in shown:
-                print(f"not packed: {problem.path}: {problem.reason}", file=sys.stderr)
-            if len(shown) < sum(not p.packed for p in report.problems):
-                print(f"... and more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
+            _print_problems(report)
             print(report.summary())
         elif args.command == "info":
+            from .errors import ShardNotFoundError
             from .index import open_index
 
-            index = open_index(args.source, s3=_s3_config(args), requests=_request_config(args))
-            print(_info(args.source, index.manifest))
+            problem = _dataset_usage_error(args.source)
+            if problem is not None:
+                raise ValueError(problem)
+            try:
+                index = open_index(args.source, s3=_s3_config(args), requests=_request_config(args))
+            except ShardNotFoundError as exc:
+                raise _no_index(exc) from None
+            print(_info(args.source, index.manifest, all_classes=args.all_classes))
         elif args.command == "verify":
+            problem = _dataset_usage_error(args.dest)
+            if problem is not None:
+                raise ValueError(problem)
             return _verify(args)
         elif args.command == "index" and args.dali:
             from .packing.dali_index import write_dali_index

@@ -19,7 +19,8 @@ so callers can catch either. Messages name the file, shard, key or URL and say w
     │   └── StorageConnectionError (ConnectionError)  the S3 endpoint cannot be reached
     ├── IndexFormatError (ValueError)          an index file is malformed or of an unknown version
     ├── CorruptShardError (ValueError)         a shard's tar bytes are malformed or truncated
-    ├── DecodeError (ValueError)               a sample's member cannot be decoded
+    ├── DecodeError (ValueError)               a sample's member cannot be decoded (or, pack --check-images, a file)
+    │   └── MissingFieldError (KeyError)       a sample lacks a field of fields= (shardstream.fields)
     └── MissingDependencyError (ImportError)   an optional extra is not installed
 """
 
@@ -113,7 +114,8 @@ class CorruptShardError(ShardstreamError, ValueError):
 
 
 class DecodeError(ShardstreamError, ValueError):
-    """A member of a sample cannot be decoded; the message names shard, key and extension."""
+    """A member of a sample cannot be decoded; the message names shard, key and extension (for
+    ``pack --check-images``: the image file and Pillow's reason)."""
 
 
 class MissingDependencyError(ShardstreamError, ImportError):

@@ -104,7 +104,7 @@ def test_s3_errors_from_the_command_line(stdlib_tree, s3_server, s3_bucket):
     assert result.returncode == 1 and s3_bucket in line and s3_server.info.endpoint_url in line
     assert "not-the-secret-0000" not in result.stderr + result.stdout
     result = run("info", f"s3://{s3_bucket}/nothing", env={**os.environ, **s3_server.info.env()})
-    assert result.returncode == 1 and f"s3://{s3_bucket}/nothing/index.bin: no index here" in error_line(result)
+    assert result.returncode == 2 and f"s3://{s3_bucket}/nothing/index.bin: no index here" in error_line(result)
 
 
 @pytest.mark.slow  # `shardstream demo` starts a SeaweedFS server (in its own process: tests/lanes.py cannot see it)

@@ -8,9 +8,12 @@ Header fields: ``format`` ("shardstream-index"), ``version`` (2), ``num_shards``
 ``num_samples``, ``num_members``, ``bytes`` (totals), ``table_suffix`` (".samples": shard
 ``NAME``'s table is ``NAME.samples`` beside it), and ``foreign`` (true, only in an index
 ``shardstream index build`` wrote for other tools' shards: readers parsing a whole shard
-skip its links, as when reading it without an index), and ``shards_url`` (only when the
+skip its links, as when reading it without an index), ``shards_url`` (only when the
 shards lie elsewhere than the index and its tables: ``index build --output``; their
-directory or S3 prefix). Columns, one entry per shard in dataset order:
+directory or S3 prefix), and ``classes`` and ``class_counts`` (only in a labelled dataset:
+``pack --labels-from-dirs``, or a reshard or ``index build`` of one): the class names in
+class-index order (a sample's ``cls`` member holds its class's position) and the samples of
+each (null when not known). Columns, one entry per shard in dataset order:
 
 ==============  =======  =========================================================
 ``bytes``       int64    size of the shard file
@@ -56,6 +59,8 @@ class Manifest:
         crc32: uint32 array of shape ``(num_shards,)``.
         foreign: indexes shards other tools wrote (``shardstream index build``).
         shards_url: where the shards lie when not beside the index, else None.
+        classes: the class names of a labelled dataset, in class-index order, else None.
+        class_counts: the samples of each class (same order), else None.
     """
 
     def __init__(
@@ -71,10 +76,14 @@ class Manifest:
         source: tuple[str, Any] | None = None,
         foreign: bool = False,
         shards_url: str | None = None,
+        classes: Sequence[str] | None = None,
+        class_counts: Sequence[int] | None = None,
     ) -> None:
         self.url = url
         self.foreign = foreign
         self.shards_url = shards_url
+        self.classes = None if classes is None else list(classes)
+        self.class_counts = None if class_counts is None else [int(c) for c in class_counts]
         self.shard_bytes, self.shard_samples, self.shard_members = shard_bytes, shard_samples, shard_members
         self.crc32 = crc32
         self._name_offsets, self._names = name_offsets, names
@@ -138,6 +147,9 @@ class Manifest:
             fields["foreign"] = True
         if self.shards_url:
             fields["shards_url"] = self.shards_url
+        if self.classes is not None:
+            fields["classes"] = self.classes
+            fields["class_counts"] = self.class_counts
         return container.to_pieces(
             MAGIC,
             fields,
@@ -163,8 +175,10 @@ class Manifest:
         url: str = MANIFEST_NAME,
         foreign: bool = False,
         shards_url: str | None = None,
+        classes: Sequence[str] | None = None,
+        class_counts: Sequence[int] | None = None,
     ) -> Manifest:
-        """A manifest from per-shard values (names are checked as :meth:`parse` does)."""
+        """A manifest from per-shard values (names and classes are checked as :meth:`parse` does)."""
         encoded = [name.encode("utf-8") for name in names]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
@@ -179,6 +193,8 @@ class Manifest:
             names=blob,
             foreign=foreign,
             shards_url=shards_url,
+            classes=classes,
+            class_counts=class_counts,
         )
         manifest._check()
         return manifest
@@ -219,6 +235,7 @@ class Manifest:
             source=source,
             foreign=fields.get("foreign") is True,
             shards_url=str(fields["shards_url"]) if fields.get("shards_url") else None,
+            **_classes_of(fields, url),
         )
         manifest._check()
         totals = {k: fields.get(k) for k in ("num_shards", "num_samples", "num_members", "bytes")}
@@ -240,6 +257,17 @@ class Manifest:
         return cls.parse(buffer, url=url or path, source=("file", path))
 
     def _check(self) -> None:
+        if self.classes is None and self.class_counts is not None:
+            raise IndexFormatError(f"{self.url}: class_counts without classes; re-run shardstream pack")
+        if self.classes is not None and (
+            not all(isinstance(c, str) for c in self.classes)
+            or (self.class_counts is not None and len(self.class_counts) != len(self.classes))
+            or any(c < 0 for c in self.class_counts or ())
+        ):
+            raise IndexFormatError(
+                f"{self.url}: {len(self.classes)} classes with class_counts {self.class_counts}: they disagree; "
+                "re-run shardstream pack"
+            )
         n = len(self.shard_bytes)
         if not (
             len(self.shard_samples) == len(self.shard_members) == len(self.crc32) == n
@@ -261,6 +289,11 @@ class Manifest:
             if self.name(i) in (".", ".."):
                 raise IndexFormatError(f"{self.url}: shard name {self.name(i)!r} must be a plain file name")
 
+    @property
+    def class_to_idx(self) -> dict[str, int] | None:
+        """``{class name: class index}`` of a labelled dataset (torchvision's ``class_to_idx``), else None."""
+        return None if self.classes is None else {name: i for i, name in enumerate(self.classes)}
+
     # pickling: re-map the file in the receiving process instead of copying the columns
 
     def __getstate__(self) -> dict[str, Any]:
@@ -281,3 +314,19 @@ class Manifest:
                 raise IndexFormatError(f"{state['url']}: the shared copy of the index is gone (its process exited)")
             fresh = Manifest.parse(buffer, url=state["url"], source=state["_source"])
         self.__dict__.update(fresh.__dict__)
+
+
+def _classes_of(fields: dict[str, Any], url: str) -> dict[str, Any]:
+    """The ``classes`` and ``class_counts`` header fields (absent in older indexes: None).
+
+    Raises:
+        IndexFormatError: they are not a list of names and a list of integers.
+    """
+    classes, counts = fields.get("classes"), fields.get("class_counts")
+    if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        raise IndexFormatError(f"{url}: 'classes' is not a list of names; re-run shardstream pack")
+    if counts is not None and not (
+        isinstance(counts, list) and all(isinstance(c, int) and not isinstance(c, bool) for c in counts)
+    ):
+        raise IndexFormatError(f"{url}: 'class_counts' is not a list of integers; re-run shardstream pack")
+    return {"classes": classes, "class_counts": counts}

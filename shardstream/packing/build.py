@@ -14,7 +14,8 @@ built from foreign shards, so readers parsing a whole shard skip them too. Refus
 the shard: compressed shards (an index addresses bytes of a plain tar; decompress them, or
 repack them with ``shardstream pack --from-shards``), sparse members, and a sample holding one extension
 twice. The shards must lie in one directory or S3 prefix; the index is written there, or in
-``output`` (then it records where the shards are).
+``output`` (then it records where the shards are). Rebuilding the index of a labelled dataset
+keeps the class names (and per-class counts, when they still add up) of the index it replaces.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import RequestConfig, S3Config
-from ..errors import CorruptShardError, DestinationError, ShardNotFoundError
+from ..errors import CorruptShardError, DestinationError, IndexFormatError, ShardNotFoundError
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
-from ..storage import is_remote_url, open_store, pin_urls, split_url, write_pieces
+from ..storage import Store, is_remote_url, open_store, pin_urls, split_url, write_pieces
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, compression_of, iter_members_at
 
@@ -143,6 +144,7 @@ def build_index(
         raise DestinationError(
             f"{store.url_of(MANIFEST_NAME)}: an index is already there; pass --overwrite to replace it"
         )
+    classes = _classes_kept(store, open_store(root, s3=s3, requests=requests) if output is not None else None)
     scanned: dict[str, _Scanned] = {}
     if ray is not None:
         from .ray_run import cluster_cpus, connect, map_on_ray
@@ -174,6 +176,16 @@ def build_index(
                 if on_shard is not None:
                     on_shard(futures[future])
     rows = [scanned[u] for u in urls]
+    class_names, class_counts = classes or (None, None)
+    num_samples = sum(r.num_samples for r in rows)
+    if class_counts is not None and sum(class_counts) != num_samples:
+        log.warning(
+            "the index replaced counted %d samples in its classes, the shards hold %d: the new index keeps the "
+            "class names without counts",
+            sum(class_counts),
+            num_samples,
+        )
+        class_counts = None
     manifest = Manifest.from_columns(
         names=names,
         shard_bytes=[r.size_bytes for r in rows],
@@ -183,9 +195,26 @@ def build_index(
         url=store.url_of(MANIFEST_NAME),
         foreign=True,
         shards_url=root if store.url != root else None,
+        classes=class_names,
+        class_counts=class_counts,
     )
     write_pieces(store, MANIFEST_NAME, manifest.pieces())
     return manifest
+
+
+def _classes_kept(*stores: Store | None) -> tuple[list[str], list[int] | None] | None:
+    """The classes (and per-class counts) of the index ``index build`` replaces: the first of
+    ``stores`` that holds an index recording them; None when none does."""
+    for store in stores:
+        if store is None:
+            continue
+        try:
+            old = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME))
+        except (FileNotFoundError, IndexFormatError):
+            continue  # no index there, or one that cannot be read: it is replaced
+        if old.classes is not None:
+            return old.classes, old.class_counts
+    return None
 
 
 def _scan(url: str, s3: S3Config | None, tables_url: str, requests: RequestConfig | None = None) -> _Scanned:

@@ -8,8 +8,10 @@ published by :class:`shardstream.packing.writer.RotatingTarWriter`, for all of t
 
 from __future__ import annotations
 
+import collections
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from ..errors import DestinationError, IndexFormatError, SourceError
 from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
 from ..storage import LocalStore, Store, is_remote_url, open_store
 from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec, merge, unfinished_streams
-from .sources import Problem
+from .sources import Problem, ProblemKind
 from .writer import ShardLimits
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "merge_when_done",
     "open_destination",
     "prepare_state",
+    "problem_notes",
     "wipe",
 ]
 
@@ -116,20 +119,51 @@ class PackReport:
         )
         if self.resumed:
             line += " (resumed)"
-        skipped = sum(not p.packed for p in self.problems)
         if self.problems:
+            skipped = sum(p.count for p in self.problems if not p.packed)
+            warnings = sum(p.count for p in self.problems if p.packed)
             where = (
                 f"see {self.dest}/{REPORT_NAME}"
                 if self.dataset_totals is not None
                 else "listed in the report once every part is done"
             )
-            line += f"; {skipped} skipped, {len(self.problems) - skipped} warnings ({where})"
+            notes = problem_notes(self.problems)
+            line += f"; {skipped} skipped, {warnings} warnings" + (f": {'; '.join(notes)}" if notes else "")
+            line += f" ({where})"
         if self.dataset_totals is not None:
             t = self.dataset_totals
             line += f"; index {self.index_url}: {t['num_shards']} shards, {t['num_samples']} samples"
         else:
             line += "; other parts unfinished, index not written yet"
         return line
+
+
+def problem_notes(problems: Sequence[Problem]) -> list[str]:
+    """Phrases for the summary line counting the problems users must not miss: keys that
+    gather files differing only by an extra dot part, files that collide, images that do not
+    decode."""
+    counts = collections.Counter()
+    for problem in problems:
+        counts[problem.kind] += problem.count
+    notes = []
+    n = counts[ProblemKind.MERGED]
+    if n:
+        notes.append(
+            f"{n} key gathers files that differ only by an extra dot part"
+            if n == 1
+            else f"{n} keys gather files that differ only by an extra dot part"
+        )
+    n = counts[ProblemKind.COLLISION]
+    if n:
+        notes.append(
+            f"{n} file collides with another (same sample and member, e.g. names that differ only in case)"
+            if n == 1
+            else f"{n} files collide with others (same sample and member, e.g. names that differ only in case)"
+        )
+    n = counts[ProblemKind.UNDECODABLE]
+    if n:
+        notes.append(f"{n} image does not decode" if n == 1 else f"{n} images do not decode")
+    return notes
 
 
 def check_options(

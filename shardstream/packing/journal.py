@@ -30,6 +30,7 @@ import collections
 import concurrent.futures
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -58,6 +59,7 @@ STATE_DIR = ".shardstream"
 SPEC_NAME = f"{STATE_DIR}/pack.json"
 REPORT_NAME = "pack-report.jsonl"
 MERGE_READS_IN_FLIGHT = 32
+log = logging.getLogger("shardstream")
 _RECORD = re.compile(r"^\.shardstream/s(\d{5})-(\d{7}|done)\.json$")
 
 
@@ -76,6 +78,8 @@ class PackSpec:
     seed: int
     from_shards: bool = False  # SOURCE is tar shards whose samples are packed again (resharding)
     listed: bool = False  # the source is listed once and planned into shards (packing.listing)
+    labels_from_dirs: bool = False  # each file a sample, labelled by its class folder (packing.labels)
+    check_images: bool = False  # every image member decoded while packing; one that fails is a problem
 
     @property
     def num_streams(self) -> int:
@@ -130,7 +134,8 @@ class PackSpec:
 
     def to_json(self) -> bytes:
         doc = asdict(self)
-        for flag in ("from_shards", "listed"):  # as before they existed: earlier unfinished packs still resume
+        # flags as before they existed: earlier unfinished packs still resume
+        for flag in ("from_shards", "listed", "labels_from_dirs", "check_images"):
             if not doc[flag]:
                 del doc[flag]
         return json.dumps({"version": 1, **doc}, sort_keys=True).encode()
@@ -451,15 +456,22 @@ class ManifestColumns:
         self.blob += name
         columns["name_offsets"].append(len(self.blob))
 
-    def write(self, store: Store) -> dict[str, int]:
-        """Write ``store``'s ``index.bin`` from the rows added; its totals."""
-        manifest = self.manifest(store.url_of(MANIFEST_NAME))
+    def write(
+        self, store: Store, *, classes: list[str] | None = None, class_counts: list[int] | None = None
+    ) -> dict[str, int]:
+        """Write ``store``'s ``index.bin`` from the rows added (and the dataset's classes, with
+        the samples of each); its totals."""
+        manifest = self.manifest(store.url_of(MANIFEST_NAME), classes=classes, class_counts=class_counts)
         write_pieces(store, MANIFEST_NAME, manifest.pieces())
         return manifest.totals()
 
-    def manifest(self, url: str) -> Manifest:
+    def manifest(
+        self, url: str, *, classes: list[str] | None = None, class_counts: list[int] | None = None
+    ) -> Manifest:
         columns = self.columns
         return Manifest(
+            classes=classes,
+            class_counts=class_counts,
             url=url,
             shard_bytes=np.frombuffer(columns["bytes"], dtype=np.int64),
             shard_samples=np.frombuffer(columns["num_samples"], dtype=np.int64),
@@ -529,4 +541,36 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
             problems.extend(done.problems)
     report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
     store.write_bytes(REPORT_NAME, report)
-    return columns.write(store), problems
+    classes, class_counts = _classes_packed(store, problems, int(sum(columns.columns["num_samples"])))
+    return columns.write(store, classes=classes, class_counts=class_counts), problems
+
+
+def _classes_packed(
+    store: Store, problems: list[Problem], num_samples: int
+) -> tuple[list[str] | None, list[int] | None]:
+    """The classes a labelled pack (or a reshard of a labelled dataset) recorded, with the
+    samples of each: those listed, less those a problem left out (:attr:`Problem.cls`).
+
+    Counts that do not add up to the samples packed (a reshard of shards that are not the whole
+    dataset the classes came from) are left out of the index, with a warning."""
+    from .labels import CLASSES_NAME, read_classes
+
+    recorded = read_classes(store)
+    if recorded is None:
+        return None, None
+    classes, counts = recorded
+    if counts is not None:
+        counts = list(counts)
+        for problem in problems:
+            if problem.cls is not None and not problem.packed and 0 <= problem.cls < len(counts):
+                counts[problem.cls] -= 1
+        if sum(counts) != num_samples:
+            log.warning(
+                "%s: the per-class counts recorded add up to %d samples, the shards hold %d: the index keeps "
+                "the class names without counts",
+                store.url_of(CLASSES_NAME),
+                sum(counts),
+                num_samples,
+            )
+            counts = None
+    return classes, counts

@@ -29,7 +29,14 @@ the lock has not moved for :data:`STALE_LOCK_S` seconds (its lister died). Two l
 same bytes, so a race costs time, never correctness.
 
 A listing file's lines are samples: ``member\\0size\\0member\\0size...``, preceded by one JSON
-line ``{"first_shard": g, "shard_samples": [n, ...]}``.
+line ``{"first_shard": g, "shard_samples": [n, ...]}``. A member named otherwise than its file
+(``--labels-from-dirs``) is ``member\\0size:path`` (the file's path relative to SOURCE); a member
+pack makes itself (a labelled sample's ``cls`` and ``json``) is ``member\\0=bytes`` (bytes without
+NUL or line break). A labelled pack also records its classes (:func:`.labels.write_classes`)
+before ``list-done.json``.
+
+Warnings of the kinds that may come with every sample (``MERGED``, ``NO_METADATA``) are listed
+one by one up to :data:`WARNINGS_LISTED` of each kind; one more entry counts the rest.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ from ..errors import DestinationError, IndexFormatError
 from ..format import member_header, padded_size, split_key
 from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url
-from .sources import OnProblem, Problem, Sample, SourceFile, iter_source_samples
+from .labels import ClassCounts, walk_labelled, write_classes
+from .sources import OnProblem, Problem, ProblemKind, Sample, SourceFile, iter_source_samples
 from .writer import ShardLimits
 
 __all__ = ["LIST_PREFIX", "Listing", "ensure_listing", "plan_shards", "write_listing"]
@@ -62,6 +70,8 @@ LIST_FILE_ENTRIES = 1 << 16  # files per listing file (rounded up to a shard bou
 HEARTBEAT_S = 15.0
 STALE_LOCK_S = 120.0
 WAIT_POLL_S = 0.5
+WARNINGS_LISTED = 1000  # per kind of warning that may come with every sample (module doc)
+_CAPPED_KINDS = (ProblemKind.MERGED, ProblemKind.NO_METADATA)
 
 
 @dataclass(frozen=True)
@@ -157,14 +167,31 @@ class Listing:
                     fields = line.split(b"\0")
                     files = []
                     for i in range(0, len(fields), 2):
-                        member = fields[i].decode()
-                        path = f"{source_url}/{member}" if remote else os.path.join(source_url, member)
-                        files.append(SourceFile(member, path, int(fields[i + 1])))
+                        member, entry = fields[i].decode(), fields[i + 1]
+                        if entry[:1] == b"=":
+                            files.append(SourceFile(member, "", len(entry) - 1, data=entry[1:]))
+                            continue
+                        size, _, rel = entry.partition(b":")
+                        name = rel.decode() if rel else member
+                        path = f"{source_url}/{name}" if remote else os.path.join(source_url, name)
+                        files.append(SourceFile(member, path, int(size), rel=name if rel else None))
                     yield shard, Sample(split_key(files[0].member_name)[0], tuple(files))
 
 
 def list_file_name(number: int) -> str:
     return f"{LIST_PREFIX}{number:06d}.txt"
+
+
+def _entry(file: SourceFile) -> bytes:
+    """A member's entry in a listing line (module doc)."""
+    member = file.member_name.encode()
+    if file.data is not None:
+        if b"\0" in file.data or b"\n" in file.data:
+            raise ValueError(f"{file.member_name!r}: a made member's bytes must hold no NUL or line break")
+        return b"%s\0=%s" % (member, file.data)
+    if file.rel is not None:
+        return b"%s\0%d:%s" % (member, file.size or 0, file.rel.encode())
+    return b"%s\0%d" % (member, file.size or 0)
 
 
 def sample_tar_bytes(sample: Sample) -> int:
@@ -196,9 +223,11 @@ def write_listing(
     *,
     shuffle_samples: int,
     files_from_sha1: str | None = None,
+    classes: ClassCounts | None = None,
 ) -> Listing:
-    """Plan ``samples`` into shards and write the listing files, then ``problems.jsonl`` and
-    ``list-done.json`` (last: its presence means the listing is complete)."""
+    """Plan ``samples`` into shards and write the listing files, then ``problems.jsonl``, the
+    ``classes`` of a labelled pack (filled by the time ``samples`` ends) and ``list-done.json``
+    (last: its presence means the listing is complete)."""
     if spec.shuffle:
         samples = shuffle_buffer(samples, capacity_samples=shuffle_samples, rng=random.Random(f"{spec.seed}"))
     files_meta: list[tuple[int, int, int]] = []
@@ -224,14 +253,17 @@ def write_listing(
                 flush()
             shard_samples.append(0)
         shard_samples[-1] += 1
-        body.append(b"\0".join(b"%s\0%d" % (f.member_name.encode(), f.size or 0) for f in sample.files))
-        file_entries += len(sample.files)
-        totals["files"] += len(sample.files)
+        body.append(b"\0".join(map(_entry, sample.files)))
+        files = [f for f in sample.files if f.data is None]  # members pack made are not files
+        file_entries += len(files)
+        totals["files"] += len(files)
         totals["samples"] += 1
-        totals["bytes"] += sum(f.size or 0 for f in sample.files)
+        totals["bytes"] += sum(f.size or 0 for f in files)
     if shard_samples:
         flush()
     store.write_bytes(LISTING_PROBLEMS, b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems))
+    if classes is not None:
+        write_classes(store, classes.names, classes.counts)
     listing = Listing(
         spec_digest=spec.digest,
         num_files=totals["files"],
@@ -321,17 +353,59 @@ def ensure_listing(
         on_problem(problem)
         problems.append(problem)
 
+    cap = _WarningCap(collect, spec.source)
+    classes = ClassCounts() if spec.labels_from_dirs else None
     try:
         with _Heartbeat(store):
-            samples = iter_source_samples(
-                spec.source, list_path=list_path, on_problem=collect, s3=s3, requests=requests
-            )
+            if classes is not None:
+                samples = walk_labelled(spec.source, on_problem=cap, classes=classes, s3=s3, requests=requests)
+            else:
+                samples = iter_source_samples(
+                    spec.source, list_path=list_path, on_problem=cap, s3=s3, requests=requests
+                )
             return write_listing(
-                store, spec, samples, problems, shuffle_samples=shuffle_samples, files_from_sha1=list_sha1
+                store,
+                spec,
+                cap.flushed_after(samples),
+                problems,
+                shuffle_samples=shuffle_samples,
+                files_from_sha1=list_sha1,
+                classes=classes,
             )
     finally:  # a rerun (after a fix, on_error="fail") lists again at once
         with contextlib.suppress(FileNotFoundError):
             store.delete(LISTING_LOCK)
+
+
+class _WarningCap:
+    """Passes problems on, but of each kind in ``_CAPPED_KINDS`` only the first
+    :data:`WARNINGS_LISTED`; one entry (``count``: how many) stands for the rest of a kind, once
+    the walk is over (so the problems held stay few where every sample has one)."""
+
+    def __init__(self, forward: OnProblem, source: str) -> None:
+        self.forward, self.source = forward, source
+        self.seen: dict[ProblemKind, int] = {}
+
+    def __call__(self, problem: Problem) -> None:
+        if problem.kind in _CAPPED_KINDS:
+            self.seen[problem.kind] = self.seen.get(problem.kind, 0) + 1
+            if self.seen[problem.kind] > WARNINGS_LISTED:
+                return
+        self.forward(problem)
+
+    def flushed_after(self, samples: Iterator[Sample]) -> Iterator[Sample]:
+        yield from samples
+        for kind, seen in self.seen.items():
+            if seen > WARNINGS_LISTED:
+                more = seen - WARNINGS_LISTED
+                self.forward(
+                    Problem(
+                        self.source,
+                        kind,
+                        f"{more} more like the {WARNINGS_LISTED} listed above (not listed one by one)",
+                        count=more,
+                    )
+                )
 
 
 def _sha1_of(path: str) -> str:

@@ -28,6 +28,7 @@ from .destination import (
 )
 from .destination import wipe as wipe  # its old home, for older imports (as the names above)
 from .journal import PackSpec
+from .labels import input_classes, write_classes
 from .listing import Listing, ensure_listing
 from .parts import Part, part_from_env
 from .sources import Problem, check_source
@@ -59,11 +60,16 @@ def pack(
     progress: bool = True,
     from_shards: bool = False,
     ray: str | None = None,
+    labels_from_dirs: bool = False,
+    check_images: bool = False,
 ) -> PackReport:
     """Pack every file of ``source`` into tar shards and an index at ``dest``.
 
     Members are named by their path relative to ``source`` and grouped into samples by key
-    (:mod:`shardstream.format`). Shards are published one by one as they complete;
+    (:mod:`shardstream.format`; files of one key that differ only by an extra dot part, such as
+    ``a.JPEG`` and ``a.b.JPEG``, become one sample and are reported), or, with
+    ``labels_from_dirs``, each file is a sample labelled by its class folder
+    (:mod:`shardstream.packing.labels`). Shards are published one by one as they complete;
     ``dest/index.bin`` (:mod:`shardstream.index`) is written last, once every part is done; each
     shard's sample table (``NAME.samples``) is published with it.
     Run the same call again after a crash (or a failure on a bad file) and it continues where
@@ -104,6 +110,17 @@ def pack(
             ``workers=None`` for the cluster's CPU count; the CLI's default); this process
             lists the source and writes the index
             (:mod:`shardstream.packing.ray_run`). SOURCE and DEST must be reachable from every node.
+        labels_from_dirs: ``source`` is a tree of class folders (torchvision's ``ImageFolder``
+            layout): each file is a sample of its own, keyed by its path without the last suffix,
+            its member named by that suffix lower-cased, with a ``cls`` member holding its class
+            index (the position of its top-level folder among the sorted folder names) and a
+            ``json`` member from a ``metadata.jsonl`` / ``metadata.csv`` row (Hugging Face's
+            ``imagefolder`` convention); the index records the class names and per-class counts
+            (:mod:`shardstream.packing.labels`). Not with ``files_from`` or ``from_shards`` (a
+            reshard keeps its input's classes by itself).
+        check_images: decode every image member (by extension: jpg, png, webp, ...) with Pillow
+            while packing; one that does not decode is a problem under ``on_error`` (its sample
+            is left out under ``"skip"``). Costs a decode per image, on the reading threads.
 
     Returns:
         A :class:`PackReport`.
@@ -111,6 +128,9 @@ def pack(
     Raises:
         SourceNotFoundError, SourceError: ``source`` is missing, not a directory, or holds no file.
         UnreadableFileError, MemberNameError: a bad input file with ``on_error="fail"``.
+        DecodeError: with ``check_images`` and ``on_error="fail"``, an image that does not decode.
+        SourceError: with ``labels_from_dirs`` and ``on_error="fail"``, a file in no class
+            folder, or a metadata file (or row) that cannot be used.
         DestinationError: ``dest`` cannot be written, lies inside ``source``, holds a dataset
             and not ``overwrite``, or holds an unfinished pack made with other settings.
         BucketNotFoundError, StorageAccessError, StorageConnectionError: S3 problems.
@@ -136,6 +156,16 @@ def pack(
     if shuffle_buffer < 1:
         raise ValueError(f"{shuffle_buffer=} must be >= 1 (sample names)")
     check_options(name, max_shard_bytes, max_samples_per_shard)
+    if labels_from_dirs and from_shards:
+        raise ValueError(
+            "--labels-from-dirs labels the files of a tree of class folders; --from-shards repacks shards and "
+            "keeps the classes their index records: give one of them"
+        )
+    if labels_from_dirs and files_from is not None:
+        raise ValueError(
+            "--labels-from-dirs takes its classes from a walk of SOURCE's folders; it does not take --files-from "
+            "(pack a folder holding only the files to pack)"
+        )
     if from_shards:
         from .build import shard_urls_of
 
@@ -162,9 +192,15 @@ def pack(
         seed=seed,
         from_shards=from_shards,
         listed=not from_shards,
+        labels_from_dirs=labels_from_dirs,
+        check_images=check_images,
     )
     if prepare_state(store, spec, overwrite=overwrite):
         return PackReport.nothing_to_do(store, started=started)
+    if from_shards:  # a reshard of a labelled dataset keeps its classes
+        classes = input_classes(source_url, s3=s3, requests=requests)
+        if classes is not None:
+            write_classes(store, *classes)
 
     listed_problems: list[Problem] = []
     with _spooled_list(files_from) as list_path:

@@ -22,7 +22,7 @@ import enum
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import SourceError, SourceNotFoundError
 from ..format import RESERVED_FIELDS, split_key
@@ -37,6 +37,9 @@ __all__ = [
     "group_samples",
     "iter_list_samples",
     "iter_source_samples",
+    "lister_of",
+    "merged_problem",
+    "ordered_walk",
     "walk_samples",
 ]
 
@@ -47,13 +50,21 @@ LIST_WINDOW = 64  # directories listed ahead of the one consumed
 
 @dataclass(frozen=True, slots=True)
 class SourceFile:
-    """A file to pack: its member name (relative, ``/``-separated), where to read it (a
+    """A member to pack: its member name (relative, ``/``-separated), where to read it (a
     local path, or an ``s3://`` URL), and its size in bytes when the listing gave it (None
-    for the local walk, which does not stat files that another stream will read)."""
+    for the local walk, which does not stat files that another stream will read).
+
+    ``rel`` is the file's path relative to SOURCE where it differs from ``member_name``
+    (``--labels-from-dirs`` renames members); ``data`` holds the bytes of a member pack makes
+    itself (the ``cls`` and ``json`` members of a labelled sample), which has no file (``path``
+    is then empty).
+    """
 
     member_name: str
     path: str
     size: int | None
+    rel: str | None = None
+    data: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +76,8 @@ class Sample:
 
 
 class ProblemKind(enum.Enum):
-    """Why an entry of the source was not packed (``EMPTY`` files are packed, and reported)."""
+    """Why an entry of the source was not packed, or was packed with a warning (``EMPTY``,
+    ``MERGED`` and ``NO_METADATA``: :attr:`Problem.packed`)."""
 
     UNREADABLE = "unreadable"  # cannot be opened, read or listed; a broken symlink
     NOT_REGULAR = "not_regular"  # FIFO, socket, device, or a symlink to a directory
@@ -75,26 +87,64 @@ class ProblemKind(enum.Enum):
     COLLISION = "collision"  # maps to the same member as another file (e.g. a.JPG / a.jpg)
     EMPTY = "empty"  # zero bytes: packed, but reported as it is usually a broken file
     FN_ERROR = "fn_error"  # pack_samples: fn raised on the input (path holds the input's repr)
+    # one key gathers files that differ only by an extra dot part (a.JPEG, a.b.JPEG): packed as one sample
+    MERGED = "merged"
+    UNDECODABLE = "undecodable"  # --check-images: an image member does not decode; its sample is left out
+    UNLABELLED = "unlabelled"  # --labels-from-dirs: a file directly under SOURCE, in no class folder
+    METADATA = "metadata"  # --labels-from-dirs: a metadata.jsonl / metadata.csv or one of its rows cannot be used
+    # --labels-from-dirs: a file a metadata file covers has no row there (packed without a json member)
+    NO_METADATA = "no_metadata"
+
+
+_PACKED_KINDS = frozenset({ProblemKind.EMPTY, ProblemKind.MERGED, ProblemKind.NO_METADATA})
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """One entry of the source that was not packed (or packed with a warning), and why."""
+    """One entry of the source that was not packed (or packed with a warning), and why.
+
+    Attributes:
+        path: the file (local path or URL), or what else the problem is about.
+        kind: why (:class:`ProblemKind`).
+        reason: a phrase naming what to do.
+        count: how many problems this entry stands for: 1, or more for the one entry that
+            counts the warnings of a kind beyond those listed one by one.
+        cls: the class index of the labelled sample this problem left out (so the index's
+            per-class counts are those of the samples packed), else None.
+    """
 
     path: str
     kind: ProblemKind
     reason: str
+    count: int = 1
+    cls: int | None = None
 
     @property
     def packed(self) -> bool:
-        return self.kind is ProblemKind.EMPTY
+        return self.kind in _PACKED_KINDS
 
-    def to_json(self) -> dict[str, str | bool]:
-        return {"path": self.path, "kind": self.kind.value, "reason": self.reason, "packed": self.packed}
+    def to_json(self) -> dict[str, str | bool | int]:
+        doc: dict[str, str | bool | int] = {
+            "path": self.path,
+            "kind": self.kind.value,
+            "reason": self.reason,
+            "packed": self.packed,
+        }
+        if self.count != 1:
+            doc["count"] = self.count
+        if self.cls is not None:
+            doc["cls"] = self.cls
+        return doc
 
     @classmethod
-    def from_json(cls, doc: dict[str, str]) -> Problem:
-        return cls(doc["path"], ProblemKind(doc["kind"]), doc["reason"])
+    def from_json(cls, doc: dict[str, Any]) -> Problem:
+        return cls(
+            doc["path"],
+            ProblemKind(doc["kind"]),
+            doc["reason"],
+            count=int(doc.get("count", 1)),
+            cls=None if doc.get("cls") is None else int(doc["cls"]),
+        )
 
 
 OnProblem = Callable[[Problem], None]
@@ -130,10 +180,13 @@ def name_problem(member_name: str, path: str) -> Problem | None:
 
 
 def group_samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sample]:
-    """Group files by key into samples sorted by key; report bad names and collisions.
+    """Group files by key into samples sorted by key; report bad names, collisions and merges.
 
     Two files collide when they give the same extension of one sample, compared
-    case-insensitively (``a`` / ``a.``; ``a.JPG`` / ``a.jpg`` on a case-folding file system).
+    case-insensitively (``a`` / ``a.``; ``a.JPG`` / ``a.jpg`` on a case-folding file system):
+    the second is not packed. Files of one key whose extensions end in the same last dot
+    part (``a.JPEG`` / ``a.b.JPEG``: extensions ``JPEG`` and ``b.JPEG``) are packed as one
+    sample, as WebDataset groups them, and reported (``MERGED``, once per key).
     """
     by_key: dict[str, dict[str, SourceFile]] = {}
     for file in files:
@@ -154,7 +207,41 @@ def group_samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sa
             )
             continue
         members[ext.lower()] = file
-    return [Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name))) for key in sorted(by_key)]
+    samples = []
+    for key in sorted(by_key):
+        sample = Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name)))
+        if len(sample.files) > 1:
+            merged = merged_problem(sample)
+            if merged is not None:
+                on_problem(merged)
+        samples.append(sample)
+    return samples
+
+
+def merged_problem(sample: Sample) -> Problem | None:
+    """The ``MERGED`` warning of a sample whose members' extensions share their last dot
+    part, compared case-insensitively (``a.JPEG`` with ``a.b.JPEG``), else None."""
+    by_last: dict[str, list[SourceFile]] = {}
+    for file in sample.files:
+        ext = split_key(file.member_name)[1]
+        by_last.setdefault(ext.rsplit(".", 1)[-1].lower(), []).append(file)
+    merged = [files for files in by_last.values() if len(files) > 1]
+    if not merged:
+        return None
+    files = merged[0]
+    names = _and([repr(f.member_name.rsplit("/", 1)[-1]) for f in files])
+    exts = _and([repr(split_key(f.member_name)[1]) for f in files])
+    return Problem(
+        files[0].path,
+        ProblemKind.MERGED,
+        f"key {sample.key!r} gathers {len(files)} files that differ only by an extra dot part, {names}: packed "
+        f"as one sample with members {exts} (the WebDataset rule); if they are different files, rename one "
+        "(a tree of class folders: pack it with --labels-from-dirs)",
+    )
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def split_entries(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
@@ -215,10 +302,12 @@ def iter_list_samples(root: str, list_path: str, *, on_problem: OnProblem) -> It
 ListDir = Callable[[str], tuple[list[SourceFile], list[str], list[Problem]]]
 
 
-def _ordered_walk(list_dir: ListDir, *, threads: int = LIST_THREADS, window: int = LIST_WINDOW) -> Iterator:
-    """``(files, problems)`` of each directory in walk order (a directory's files, then its
-    subdirectories in order, depth first), while up to ``window`` directories ahead are
-    listed on ``threads`` threads."""
+def ordered_walk(
+    list_dir: ListDir, *, threads: int = LIST_THREADS, window: int = LIST_WINDOW
+) -> Iterator[tuple[str, list[SourceFile], list[str], list[Problem]]]:
+    """``(rel, files, subdirs, problems)`` of each directory in walk order (a directory's
+    files, then its subdirectories in order, depth first; ``rel`` is ``""`` for the root, else
+    ``"a/b/"``), while up to ``window`` directories ahead are listed on ``threads`` threads."""
     futures: dict[str, concurrent.futures.Future] = {}
     pending = [""]  # directories not consumed yet; the next one is last
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-list") as pool:
@@ -230,7 +319,7 @@ def _ordered_walk(list_dir: ListDir, *, threads: int = LIST_THREADS, window: int
                 rel = pending.pop()
                 files, subdirs, problems = futures.pop(rel).result()
                 pending.extend(reversed(subdirs))
-                yield files, problems
+                yield rel, files, subdirs, problems
         finally:
             for future in futures.values():
                 future.cancel()
@@ -309,15 +398,19 @@ def iter_source_samples(
     if list_path is not None:
         yield from iter_list_samples(source, list_path, on_problem=on_problem)
         return
-    lister = (
-        _remote_lister(open_store(source, s3=s3, requests=requests)) if is_remote_url(source) else _local_lister(source)
-    )
-    if threads is None:
-        threads = LIST_THREADS if is_remote_url(source) else LOCAL_LIST_THREADS
-    for files, problems in _ordered_walk(lister, threads=threads):
+    lister, threads = lister_of(source, s3=s3, requests=requests, threads=threads)
+    for _, files, _, problems in ordered_walk(lister, threads=threads):
         for problem in problems:
             on_problem(problem)
         yield from group_samples(files, on_problem)
+
+
+def lister_of(source: str, *, s3=None, requests=None, threads: int | None = None) -> tuple[ListDir, int]:
+    """The directory lister of a local directory or a store URL, and the directories it lists
+    at once (``threads``, default: 16 for a store, 4 for a local tree)."""
+    remote = is_remote_url(source)
+    lister = _remote_lister(open_store(source, s3=s3, requests=requests)) if remote else _local_lister(source)
+    return lister, threads or (LIST_THREADS if remote else LOCAL_LIST_THREADS)
 
 
 def walk_samples(root: str, *, on_problem: OnProblem, threads: int | None = None) -> Iterator[Sample]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import enum
 import os
 import random
@@ -17,12 +18,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import FetchConfig, RequestConfig, S3Config
-from ..errors import DestinationError, MemberNameError, ShardNotFoundError, StorageError, UnreadableFileError
+from ..errors import (
+    DecodeError,
+    DestinationError,
+    MemberNameError,
+    ShardNotFoundError,
+    SourceError,
+    StorageError,
+    UnreadableFileError,
+)
+from ..format import split_key
 from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_sample_batches
 from .destination import open_destination
+from .imagecheck import image_problem
 from .journal import (
     STATE_DIR,
     JournaledWriter,
@@ -85,20 +96,30 @@ def run_stream(job: StreamJob, advance: Callable[[int, int], None]) -> StreamRes
     mine = _skip_consumed(mine, state, url=store.url_of(STATE_DIR))
     with JournaledWriter(store, spec, stream, state) as journal:
         for sample in mine:
-            journal.write_sample(sample.key, sample.members)
-            _count(result, sample.members, advance)
+            problems = _undecodable_members(sample) if spec.check_images else []
+            for problem in problems:
+                check_problem(problem, job.on_error)
+            if problems:
+                journal.pending.extend(problems)
+                result.problems.extend(problems)
+            else:
+                journal.write_sample(sample.key, sample.members)
+                _count(result, sample.members, advance)
             journal.input_done(sample.key)
         journal.finish()
     result.num_shards = journal.num_shards
     return result
 
 
-def _count(result: StreamResult, members: list[tuple[str, bytes]], advance: Callable[[int, int], None]) -> None:
+def _count(
+    result: StreamResult, members: list[tuple[str, bytes]], advance: Callable[[int, int], None], *, made: int = 0
+) -> None:
+    """Count a sample written: its files (``members`` less the ``made`` ones pack made) and bytes."""
     size = sum(len(p) for _, p in members)
-    result.num_files += len(members)
+    result.num_files += len(members) - made
     result.num_samples += 1
     result.payload_bytes += size
-    advance(len(members), size)
+    advance(len(members) - made, size)
 
 
 def _run_listed(
@@ -122,14 +143,14 @@ def _run_listed(
 
     current = start
     with JournaledWriter(store, spec, stream, state, first_shard=first) as journal:
-        for sample, members, problems in _read_ahead(planned(), source_store):
+        for sample, members, problems in _read_ahead(planned(), source_store, check_images=spec.check_images):
             shard = shard_of.popleft()
             while current < shard:
                 journal.end_shard()
                 current += 1
             if members:
                 journal.write_sample(sample.key, members)
-                _count(result, members, advance)
+                _count(result, members, advance, made=sum(f.data is not None for f in sample.files))
             for problem in problems:
                 check_problem(problem, job.on_error)
             journal.pending.extend(problems)
@@ -169,11 +190,23 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+_ERRORS = {
+    ProblemKind.BAD_NAME: MemberNameError,
+    ProblemKind.COLLISION: MemberNameError,
+    ProblemKind.UNDECODABLE: DecodeError,
+    ProblemKind.UNLABELLED: SourceError,
+    ProblemKind.METADATA: SourceError,
+}
+
+
 def check_problem(problem: Problem, on_error: OnError) -> None:
-    """Raise for a problem that stops the pack under ``on_error="fail"``."""
+    """Raise for a problem that stops the pack under ``on_error="fail"``: MemberNameError for a
+    name (or two names that collide), DecodeError for an image that does not decode, SourceError
+    for a tree that does not fit ``--labels-from-dirs`` (a file in no class folder, metadata that
+    cannot be used), else UnreadableFileError."""
     if problem.packed or on_error is OnError.SKIP:
         return
-    cls = MemberNameError if problem.kind in (ProblemKind.BAD_NAME, ProblemKind.COLLISION) else UnreadableFileError
+    cls = _ERRORS.get(problem.kind, UnreadableFileError)
     raise cls(
         f"{problem.path!r}: {problem.reason}; fix it and run the same command again to resume, "
         "or pass --on-error skip to pack the rest and report it"
@@ -181,12 +214,42 @@ def check_problem(problem: Problem, on_error: OnError) -> None:
 
 
 class _ShardSample:
-    """A sample read from an input shard (resharding): its key and members with their bytes."""
+    """A sample read from an input shard (resharding): its key, members with their bytes, and
+    the shard's URL."""
 
-    __slots__ = ("key", "members")
+    __slots__ = ("key", "members", "url")
 
-    def __init__(self, key: str, members: list[tuple[str, bytes]]) -> None:
-        self.key, self.members = key, members
+    def __init__(self, key: str, members: list[tuple[str, bytes]], url: str = "") -> None:
+        self.key, self.members, self.url = key, members, url
+
+
+def _undecodable_members(sample: _ShardSample) -> list[Problem]:
+    """``--check-images`` on a sample of an input shard: a problem per image member that does
+    not decode (the first with the sample's class, when it has a ``cls`` member)."""
+    problems = []
+    for name, payload in sample.members:
+        reason = image_problem(name, payload)
+        if reason is not None:
+            problems.append(
+                Problem(
+                    f"{sample.url}:{name}",
+                    ProblemKind.UNDECODABLE,
+                    f"does not decode as an image: {reason}; its sample {sample.key!r} is not packed",
+                    cls=None if problems else _class_of(sample.members),
+                )
+            )
+    return problems
+
+
+def _class_of(members: list[tuple[str, bytes]]) -> int | None:
+    """The class index a sample's ``cls`` member holds, or None."""
+    for name, payload in members:
+        if split_key(name)[1] == "cls":
+            try:
+                return int(payload)
+            except ValueError:
+                return None
+    return None
 
 
 def _shard_samples(job: StreamJob) -> Iterator[Any]:
@@ -208,6 +271,7 @@ def _shard_samples(job: StreamJob) -> Iterator[Any]:
                         for ext, payload in sample.items()
                         if ext not in ("__key__", "__shard__")
                     ],
+                    url,
                 )
 
 
@@ -235,14 +299,45 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
     return data, None
 
 
-def _read_sample(sample: Sample, source_store: Store | None) -> tuple[list[tuple[str, bytes]], list[Problem]]:
-    members, problems = [], []
+def _read_sample(
+    sample: Sample, source_store: Store | None, *, check_images: bool = False
+) -> tuple[list[tuple[str, bytes]], list[Problem]]:
+    """A sample's members with their bytes, and the problems met. Members pack made (``cls``,
+    ``json``) are not written without a file member; with ``check_images``, a sample with an
+    image that does not decode is left out whole. Where a labelled sample is left out, its first
+    problem carries its class (``Problem.cls``)."""
+    members: list[tuple[str, bytes]] = []
+    problems: list[Problem] = []
+    files_read = undecodable = 0
     for file in sample.files:
+        if file.data is not None:
+            members.append((file.member_name, file.data))
+            continue
         data, problem = _read_file(file, source_store)
+        if check_images and data is not None:
+            reason = image_problem(file.member_name, data)
+            if reason is not None:
+                others = [f.member_name for f in sample.files if f is not file]
+                also = f" (with {', '.join(map(repr, others))})" if others else ""
+                problem = Problem(
+                    file.path,
+                    ProblemKind.UNDECODABLE,
+                    f"does not decode as an image: {reason}; its sample {sample.key!r}{also} is not packed",
+                )
+                undecodable += 1
         if problem is not None:
             problems.append(problem)
         if data is not None:
             members.append((file.member_name, data))
+            files_read += 1
+    if undecodable or not files_read:
+        members = []
+    if not members and problems:
+        cls = _class_of([(f.member_name, f.data) for f in sample.files if f.data is not None])
+        if cls is not None:
+            first = next((i for i, p in enumerate(problems) if not p.packed), None)
+            if first is not None:
+                problems[first] = dataclasses.replace(problems[first], cls=cls)
     return members, problems
 
 
@@ -251,9 +346,9 @@ def _with_sizes(sample: Sample) -> Sample:
     so each file is stat-ed by one stream only); the read-ahead budget needs them."""
     files = []
     for file in sample.files:
-        if file.size is None:
+        if file.size is None and file.data is None:
             try:
-                file = SourceFile(file.member_name, file.path, os.stat(file.path).st_size)
+                file = SourceFile(file.member_name, file.path, os.stat(file.path).st_size, rel=file.rel)
             except OSError:
                 pass  # reading it will report why
         files.append(file)
@@ -261,10 +356,15 @@ def _with_sizes(sample: Sample) -> Sample:
 
 
 def _read_ahead(
-    samples: Iterator[Sample], source_store: Store | None, *, max_inflight_bytes: int = 64 << 20
+    samples: Iterator[Sample],
+    source_store: Store | None,
+    *,
+    max_inflight_bytes: int = 64 << 20,
+    check_images: bool = False,
 ) -> Iterator[tuple[Sample, list[tuple[str, bytes]], list[Problem]]]:
     """Read samples' files on a thread pool, ahead of the writer, in order; at most
-    ``max_inflight_bytes`` of file data (by listed size) are read ahead.
+    ``max_inflight_bytes`` of file data (by listed size) are read ahead. With
+    ``check_images``, image members are decoded there too (Pillow releases the GIL).
 
     Local files are read in batches of up to 32 samples or 4 MiB per task (a task per small
     file costs more than reading it from the page cache); S3 objects one per task, 32 at once.
@@ -274,7 +374,7 @@ def _read_ahead(
     inflight = 0
 
     def read_batch(batch: list[Sample]) -> list[tuple[Sample, list[tuple[str, bytes]], list[Problem]]]:
-        return [(sample, *_read_sample(sample, source_store)) for sample in batch]
+        return [(sample, *_read_sample(sample, source_store, check_images=check_images)) for sample in batch]
 
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-read") as pool:
         try:
