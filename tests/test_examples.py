@@ -280,3 +280,19 @@ def test_pack_from_hf_dataset_check_exits_on_a_difference():
     ]:
         with pytest.raises(SystemExit, match=re.escape(why)):
             example.check(written, packed, dataset)
+
+
+@pytest.mark.slow
+def test_train_imagefolder_packs_class_folders_with_odd_names_trains_and_validates():
+    """The README's class-folder quickstart end to end: .JPEG, .JPG, multi-dot, nested, PNG and
+    WebP files under four class folders; labels from the folders, validation with Resize +
+    CenterCrop reaching the accuracy a colour-coded task allows."""
+    done = run_example("train_imagefolder.py", "--epochs=2", "--num-workers=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "packed 240 files (240 samples," in out, out  # each file its own sample, none merged
+    assert "classes: ['n01440764', 'n01443537', 'n01484850', 'n01491361']" in out, out
+    assert "epoch 0: 240 samples" in out and "epoch 1: 240 samples" in out, out
+    assert "packed 60 files (60 samples," in out, out
+    accuracy = float(re.search(r"validation: 60 samples, accuracy ([\d.]+)%", out).group(1))
+    assert accuracy >= 50.0, out  # chance is 25%
