@@ -248,22 +248,25 @@ def _verify(args: argparse.Namespace) -> int:
     from .packing.verify import verify
 
     bad = total = images = undecodable = 0
-    checks = verify(
-        args.dest,
-        s3=_s3_config(args),
-        requests=_request_config(args),
-        decode=args.decode,
-        decode_threads=args.decode_threads,
-    )
-    with tqdm(unit=" shards", desc="verifying", disable=args.no_progress, file=sys.stderr) as bar:
+    unit, desc = (" images", "decoding") if args.decode else (" shards", "verifying")
+    with tqdm(unit=unit, desc=desc, disable=args.no_progress, file=sys.stderr) as bar:
+        checks = verify(
+            args.dest,
+            s3=_s3_config(args),
+            requests=_request_config(args),
+            decode=args.decode,
+            decode_threads=args.decode_threads,
+            on_images=bar.update if args.decode else None,  # a live count, not one step per shard
+        )
         try:
             for check in checks:
                 total += 1
                 images += check.num_images
                 undecodable += check.num_undecodable
-                bar.update()
                 if args.decode:
-                    bar.set_postfix_str(f"{images} images decoded", refresh=False)
+                    bar.set_postfix_str(f"{total} shards", refresh=False)
+                else:
+                    bar.update()
                 if not check.ok:
                     bad += 1
                     for problem in check.problems:
@@ -400,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="with --decode: threads decoding images (default: the CPU count)",
+        help="with --decode: threads decoding images (default: the CPUs this process may use)",
     )
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_store_args(v)
@@ -465,7 +468,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--batch-size", type=_positive_int, default=64, help="DataLoader batch size (default: 64)")
     d.add_argument("--workdir", help="keep the generated files here (default: a temporary directory)")
     d.add_argument("--local", action="store_true", help="pack to a local directory instead of S3")
-    # `shardstream s3-server` (a local S3 for users, issue 39 point 7) is added here, after demo.
+
+    from .testing.s3server import add_arguments as add_s3_server_arguments
+
+    s = commands.add_parser(
+        "s3-server",
+        help="run a local S3 server (SeaweedFS) for local work: create --bucket NAMEs, print the export "
+        "AWS_... lines, stop on Ctrl-C",
+    )
+    add_s3_server_arguments(s)
     return parser
 
 
@@ -583,6 +594,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"wrote {store.url_of(MANIFEST_NAME)}: {totals['num_shards']} shards, "
                 f"{totals['num_samples']} samples, {len(problems)} problems in pack-report.jsonl"
             )
+        elif args.command == "s3-server":
+            from .testing.s3server import run
+
+            return run(args, prog="shardstream s3-server")
         elif args.command == "demo":
             from .demo import run_demo
 

