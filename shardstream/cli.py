@@ -617,6 +617,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shardstream: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `shardstream info ... | head`: the reader has gone, which is no error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        return 141  # 128 + SIGPIPE, as a shell reports a command a pipe cut short
     return 0
 
 

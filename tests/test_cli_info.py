@@ -90,3 +90,15 @@ def test_info_lists_the_first_and_last_ten_classes_or_every_one(tmp_path):
 def test_info_of_a_dataset_without_classes_says_nothing_of_them(workdir):
     done = run("info", "ds", cwd=workdir)
     assert done.returncode == 0 and "classes" not in done.stdout and len(done.stdout.splitlines()) == 3
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(workdir):
+    """`shardstream info DEST | head -1`: the pipe's reader is gone before info writes, and the
+    command ends quietly with 141 (128 + SIGPIPE) instead of a BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        [SHARDSTREAM, "info", str(workdir / "ds")], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # before the interpreter has even started: its first write meets EPIPE
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert stderr == ""

@@ -443,13 +443,32 @@ def test_keys_give_the_path_back_whatever_its_dots_and_percent_signs(tmp_path):
     for name in names:
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_bytes(name.encode())
-    pack(src, tmp_path / "out", labels_from_dirs=True, progress=False)
+    report = pack(src, tmp_path / "out", labels_from_dirs=True, progress=False)
+    assert [(Path(p.path).name, p.kind.value) for p in report.problems] == [(".hidden.JPEG", "hidden")]
     got = read_tar(tmp_path / "out")
-    assert sorted(unquote(key) for key in got) == sorted(str(PurePosixPath(n).with_suffix("")) for n in names)
+    assert sorted(unquote(key) for key in got) == sorted(str(PurePosixPath(n).with_suffix("")) for n in names[1:])
     assert {unquote(key): members["cls"] for key, members in got.items()} == {
-        "50%off/.hidden": b"0",
         "50%off/x%2Ey": b"0",
         "50%off/v1.2/a..b": b"0",
         "b.c/d.e.f": b"1",
     }
     assert read_webdataset(tmp_path / "out") == got
+
+
+def test_hidden_files_are_listed_but_never_stop_a_labelled_pack(tree, tmp_path):
+    """A macOS copy leaves .DS_Store in folders and ._x beside files, the root included: under
+    the default on_error="fail" the pack goes on, reports each as hidden, and packs the rest."""
+    (tree / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (tree / "ant" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (tree / "ant" / "._UPPER_0001.JPG").write_bytes(b"\0\5\26\7 AppleDouble")
+    report = pack(tree, tmp_path / "out", labels_from_dirs=True, progress=False)
+    hidden = sorted(str(Path(p.path).relative_to(tree)) for p in report.problems if p.kind.value == "hidden")
+    assert hidden == [".DS_Store", "ant/.DS_Store", "ant/._UPPER_0001.JPG"]
+    assert all(
+        not p.packed and p.reason == "a hidden file (such as .DS_Store): not packed"
+        for p in report.problems
+        if p.kind.value == "hidden"
+    )
+    check_samples(
+        read_tar(tmp_path / "out"), expected(tree, left_out=(".DS_Store", "ant/.DS_Store", "ant/._UPPER_0001.JPG"))
+    )

@@ -54,3 +54,14 @@ def test_demo_falls_back_to_a_local_directory_when_the_server_cannot_start(tmp_p
     out = capsys.readouterr().out
     assert "could not start the local S3 server (weed did not answer (simulated)); packing to" in out
     assert result.dest == str(tmp_path / "shards") and result.num_unique_keys == result.num_samples == 64
+
+
+def test_make_image_dataset_without_cls_files_is_a_tree_of_class_folders(tmp_path):
+    from shardstream.testing import CLASS_NAMES, make_image_dataset
+
+    total = make_image_dataset(tmp_path, num_images=6, num_classes=3, min_side_px=16, max_side_px=24, cls_files=False)
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert files == [
+        f"{CLASS_NAMES[i % 3]}/{i:06d}.jpg" for i in sorted(range(6), key=lambda i: (CLASS_NAMES[i % 3], i))
+    ]
+    assert total == sum(p.stat().st_size for p in tmp_path.rglob("*.jpg"))

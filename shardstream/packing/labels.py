@@ -21,7 +21,8 @@ SOURCE is a tree of class folders, as torchvision's ``ImageFolder`` reads it::
 Reported, each under ``on_error`` (the pack stops naming the first, or leaves it out and lists it):
 
 - a file directly under SOURCE (``UNLABELLED``: it is in no class folder);
-- a file with no suffix (``README``, ``.DS_Store``), or whose suffix is ``cls`` (pack writes that
+- a hidden file (``.DS_Store``, macOS's ``._x``): ``HIDDEN``, listed but never a reason to stop;
+- a file with no suffix (``README``), or whose suffix is ``cls`` (pack writes that
   member), or ``json`` where a metadata row would add one (``BAD_NAME``);
 - two files of one folder that would have one key (``a.JPEG`` and ``a.jpg``): ``COLLISION``,
   reported for both, neither packed (they are never merged);
@@ -158,6 +159,9 @@ def _label_folder(
     for file in files:
         name = file.member_name[len(rel) :]
         if name in METADATA_NAMES:
+            continue
+        if name.startswith("."):
+            on_problem(Problem(file.path, ProblemKind.HIDDEN, "a hidden file (such as .DS_Store): not packed"))
             continue
         row = scopes.take(file.member_name, file.path)
         if not rel:

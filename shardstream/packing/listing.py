@@ -35,8 +35,9 @@ pack makes itself (a labelled sample's ``cls`` and ``json``) is ``member\\0=byte
 NUL or line break). A labelled pack also records its classes (:func:`.labels.write_classes`)
 before ``list-done.json``.
 
-Warnings of the kinds that may come with every sample (``MERGED``, ``NO_METADATA``) are listed
-one by one up to :data:`WARNINGS_LISTED` of each kind; one more entry counts the rest.
+Problems of the kinds that may come with every sample (``MERGED``, ``NO_METADATA``, and
+``HIDDEN``: macOS may write a ``._x`` beside every file) are listed one by one up to
+:data:`WARNINGS_LISTED` of each kind; one more entry counts the rest.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ HEARTBEAT_S = 15.0
 STALE_LOCK_S = 120.0
 WAIT_POLL_S = 0.5
 WARNINGS_LISTED = 1000  # per kind of warning that may come with every sample (module doc)
-_CAPPED_KINDS = (ProblemKind.MERGED, ProblemKind.NO_METADATA)
+_CAPPED_KINDS = (ProblemKind.MERGED, ProblemKind.NO_METADATA, ProblemKind.HIDDEN)
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,9 @@ class ProblemKind(enum.Enum):
     METADATA = "metadata"  # --labels-from-dirs: a metadata.jsonl / metadata.csv or one of its rows cannot be used
     # --labels-from-dirs: a file a metadata file covers has no row there (packed without a json member)
     NO_METADATA = "no_metadata"
+    # --labels-from-dirs: a hidden file (.DS_Store, macOS's ._x, .gitkeep): not packed, reported, and
+    # no reason to stop a pack under on_error="fail" (._x.jpg is macOS's metadata, not an image)
+    HIDDEN = "hidden"
 
 
 _PACKED_KINDS = frozenset({ProblemKind.EMPTY, ProblemKind.MERGED, ProblemKind.NO_METADATA})

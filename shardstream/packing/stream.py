@@ -204,7 +204,7 @@ def check_problem(problem: Problem, on_error: OnError) -> None:
     name (or two names that collide), DecodeError for an image that does not decode, SourceError
     for a tree that does not fit ``--labels-from-dirs`` (a file in no class folder, metadata that
     cannot be used), else UnreadableFileError."""
-    if problem.packed or on_error is OnError.SKIP:
+    if problem.packed or problem.kind is ProblemKind.HIDDEN or on_error is OnError.SKIP:
         return
     cls = _ERRORS.get(problem.kind, UnreadableFileError)
     raise cls(

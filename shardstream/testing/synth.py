@@ -224,6 +224,7 @@ def make_image_dataset(
     max_side_px: int = 512,
     jpeg_quality: int = 90,
     progress: bool = False,
+    cls_files: bool = True,
 ) -> int:
     """Writes a deterministic, photo-like JPEG image-classification dataset.
 
@@ -240,9 +241,11 @@ def make_image_dataset(
         max_side_px: Largest width/height in pixels, at least ``min_side_px``.
         jpeg_quality: JPEG quality, 1..100.
         progress: Show a tqdm progress bar.
+        cls_files: Write the ``.cls`` files; False: a tree of class folders and images only,
+            for ``pack --labels-from-dirs`` (which writes each sample's ``cls`` itself).
 
     Returns:
-        Total bytes written (JPEG plus ``.cls`` files).
+        Total bytes written (JPEG plus any ``.cls`` files).
 
     Raises:
         ValueError: If an argument is out of range; the message names it.
@@ -302,6 +305,8 @@ def make_image_dataset(
         img.save(buf, "JPEG", quality=jpeg_quality)
         stem = root / CLASS_NAMES[cls] / f"{i:06d}"
         stem.with_suffix(".jpg").write_bytes(buf.getvalue())
-        stem.with_suffix(".cls").write_bytes(str(cls).encode())
-        total += buf.tell() + len(str(cls))
+        total += buf.tell()
+        if cls_files:
+            stem.with_suffix(".cls").write_bytes(str(cls).encode())
+            total += len(str(cls))
     return total
