@@ -20,9 +20,9 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"
 fi
 # uv installs the same packages as pip, about 10x faster (~10 s instead of ~80 s here); it reads
-# no pip.conf, so pip's find-links (where this machine keeps its torch wheels) are handed to it;
-# it compiles bytecode as pip does, which PYTHONDONTWRITEBYTECODE=1 would otherwise leave every
-# test process to redo (importing torch took 6.6 s instead of 3.1 s without it).
+# no pip.conf, so pip's find-links (where this machine keeps its torch wheels) are handed to it.
+# Unlike pip it compiles no bytecode ahead (--compile-bytecode: ~30 s here for all of torch, Ray,
+# DALI, transformers...): tools/test lets Python write it as modules are first imported.
 if [ "${SHARDSTREAM_INSTALLER:-uv}" = uv ] && [ ! -x "$venv/bin/uv" ]; then
   "$venv/bin/python" -m pip install -q uv 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) ||
     echo "bootstrap: uv could not be installed; installing with pip" >&2
@@ -33,7 +33,7 @@ install() {
     for link in ${PIP_FIND_LINKS:-} $("$venv/bin/python" -m pip config get global.find-links 2>/dev/null || true); do
       links+=(--find-links "$link")
     done
-    "$venv/bin/uv" pip install --quiet --compile-bytecode --python "$venv/bin/python" ${links[@]+"${links[@]}"} "$@"
+    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" ${links[@]+"${links[@]}"} "$@"
   else
     "$venv/bin/python" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   fi
