@@ -462,6 +462,7 @@ def test_hidden_files_are_listed_but_never_stop_a_labelled_pack(tree, tmp_path):
     (tree / "ant" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
     (tree / "ant" / "._UPPER_0001.JPG").write_bytes(b"\0\5\26\7 AppleDouble")
     report = pack(tree, tmp_path / "out", labels_from_dirs=True, progress=False)
+    assert "3 skipped, 6 warnings: 3 hidden files (.DS_Store ...) left out (see " in report.summary()
     hidden = sorted(str(Path(p.path).relative_to(tree)) for p in report.problems if p.kind.value == "hidden")
     assert hidden == [".DS_Store", "ant/.DS_Store", "ant/._UPPER_0001.JPG"]
     assert all(

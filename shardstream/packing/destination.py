@@ -163,6 +163,11 @@ def problem_notes(problems: Sequence[Problem]) -> list[str]:
     n = counts[ProblemKind.UNDECODABLE]
     if n:
         notes.append(f"{n} image does not decode" if n == 1 else f"{n} images do not decode")
+    n = counts[ProblemKind.HIDDEN]
+    if n:
+        notes.append(
+            f"{n} hidden file (.DS_Store ...) left out" if n == 1 else f"{n} hidden files (.DS_Store ...) left out"
+        )
     return notes
 
 
