@@ -138,37 +138,32 @@ class PackReport:
         return line
 
 
+# The problems a summary line counts, as (kind, phrase for one, phrase for several): those
+# users must not miss.
+_NOTES = (
+    (
+        ProblemKind.MERGED,
+        "key gathers files that differ only by an extra dot part",
+        "keys gather files that differ only by an extra dot part",
+    ),
+    (
+        ProblemKind.COLLISION,
+        "file collides with another (same sample and member, e.g. names that differ only in case)",
+        "files collide with others (same sample and member, e.g. names that differ only in case)",
+    ),
+    (ProblemKind.UNDECODABLE, "image does not decode", "images do not decode"),
+    (ProblemKind.HIDDEN, "hidden file (.DS_Store ...) left out", "hidden files (.DS_Store ...) left out"),
+)
+
+
 def problem_notes(problems: Sequence[Problem]) -> list[str]:
-    """Phrases for the summary line counting the problems users must not miss: keys that
-    gather files differing only by an extra dot part, files that collide, images that do not
-    decode."""
+    """Phrases for the summary line counting the problems users must not miss (:data:`_NOTES`):
+    keys that gather files differing only by an extra dot part, files that collide, images that
+    do not decode, hidden files left out."""
     counts = collections.Counter()
     for problem in problems:
         counts[problem.kind] += problem.count
-    notes = []
-    n = counts[ProblemKind.MERGED]
-    if n:
-        notes.append(
-            f"{n} key gathers files that differ only by an extra dot part"
-            if n == 1
-            else f"{n} keys gather files that differ only by an extra dot part"
-        )
-    n = counts[ProblemKind.COLLISION]
-    if n:
-        notes.append(
-            f"{n} file collides with another (same sample and member, e.g. names that differ only in case)"
-            if n == 1
-            else f"{n} files collide with others (same sample and member, e.g. names that differ only in case)"
-        )
-    n = counts[ProblemKind.UNDECODABLE]
-    if n:
-        notes.append(f"{n} image does not decode" if n == 1 else f"{n} images do not decode")
-    n = counts[ProblemKind.HIDDEN]
-    if n:
-        notes.append(
-            f"{n} hidden file (.DS_Store ...) left out" if n == 1 else f"{n} hidden files (.DS_Store ...) left out"
-        )
-    return notes
+    return [f"{counts[kind]} {one if counts[kind] == 1 else many}" for kind, one, many in _NOTES if counts[kind]]
 
 
 def check_options(
