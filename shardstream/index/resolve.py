@@ -177,17 +177,14 @@ class DatasetIndex:
             num_samples=int(self.manifest.shard_samples[i]),
             num_members=int(self.manifest.shard_members[i]),
         )
-        shard = self.manifest.name(i)
-        if table.shard not in ("", "None") and table.shard.rsplit("/", 1)[-1] != shard.rsplit("/", 1)[-1]:
-            raise IndexFormatError(
-                f"{table.url}: is the sample table of shard {table.shard!r}, not of {shard!r}; the tables were "
-                "mixed up or copied over each other, re-run shardstream pack (or shardstream index build)"
-            )
-        with self._lock:
-            self._tables[i] = table
-            while len(self._tables) > _TABLES_KEPT:
-                self._tables.popitem(last=False)
-        return table
+        return _keep_table(
+            self._tables,
+            self._lock,
+            i,
+            table,
+            shard=self.manifest.name(i),
+            fix="shardstream pack (or shardstream index build)",
+        )
 
     def as_v1(self) -> Index:
         """Every shard and sample as objects, as a version 1 :class:`Index` (reads every
@@ -423,17 +420,7 @@ class ShardTables:
                 return table
         store, name = self._where(i)
         table = ShardTable.parse(store.read_bytes(name), url=store.url_of(name), num_samples=int(self.sample_counts[i]))
-        shard = split_url(self.urls[i])[1]
-        if table.shard not in ("", "None") and table.shard.rsplit("/", 1)[-1] != shard:
-            raise IndexFormatError(
-                f"{table.url}: is the sample table of shard {table.shard!r}, not of {shard!r}; the tables were "
-                "mixed up or copied over each other, re-run shardstream pack"
-            )
-        with self._lock:
-            self._tables[i] = table
-            while len(self._tables) > _TABLES_KEPT:
-                self._tables.popitem(last=False)
-        return table
+        return _keep_table(self._tables, self._lock, i, table, shard=split_url(self.urls[i])[1], fix="shardstream pack")
 
     def _where(self, i: int) -> tuple[Any, str]:
         """The store holding shard ``i``'s table, and the table's name in it."""
@@ -504,3 +491,22 @@ def _normalize(url: str) -> str:
     if url.startswith("file://"):
         url = url[len("file://") :]
     return os.path.abspath(url)
+
+
+def _keep_table(tables: Any, lock: Any, i: int, table: ShardTable, *, shard: str, fix: str) -> ShardTable:
+    """``table`` checked to be shard ``shard``'s (by file name) and kept as shard ``i``'s in the
+    bounded LRU ``tables`` (an OrderedDict, at most ``_TABLES_KEPT``) under ``lock``.
+
+    Raises:
+        IndexFormatError: it names another shard: the tables were mixed up; says to re-run ``fix``.
+    """
+    if table.shard not in ("", "None") and table.shard.rsplit("/", 1)[-1] != shard.rsplit("/", 1)[-1]:
+        raise IndexFormatError(
+            f"{table.url}: is the sample table of shard {table.shard!r}, not of {shard!r}; the tables were "
+            f"mixed up or copied over each other, re-run {fix}"
+        )
+    with lock:
+        tables[i] = table
+        while len(tables) > _TABLES_KEPT:
+            tables.popitem(last=False)
+    return table
