@@ -14,6 +14,7 @@ from .index import DatasetIndex, Index, Manifest, MemberEntry, SampleEntry, Shar
 from .packing import PackReport, Part, ShardWriter, build_index, pack, pack_samples
 from .packing.sources import Problem, ProblemKind
 from .packing.verify import ShardCheck, verify
+from .reading.access import SampleAccess
 from .reading.assign import WorkerSlot
 from .reading.batching import Batcher, CollateBatcher, RunBatcher
 from .reading.mixture import Source
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .dataset import ShardDataset, loader_state_dict
     from .decode.cpu import CpuDecoder
     from .decode.steps import CenterCrop, RandomResizedCrop, Resize
+    from .mapdataset import ShardMapDataset
     from .packing.ray_sink import ShardDatasink
 
 # torch (and Ray) are imported only when these are first used, so `shardstream pack` starts fast;
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "ShardDataset": ".dataset",
     "loader_state_dict": ".dataset",
+    "ShardMapDataset": ".mapdataset",
     "CpuDecoder": ".decode.cpu",
     "RandomResizedCrop": ".decode.cpu",
     "Resize": ".decode.steps",
@@ -84,7 +87,9 @@ __all__ = [
     "ShardCheck",
     "ShardDataset",
     "ShardDatasink",
+    "SampleAccess",
     "ShardEntry",
+    "ShardMapDataset",
     "ShardTable",
     "ShardWriter",
     "RunBatcher",

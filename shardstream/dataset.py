@@ -19,6 +19,7 @@ from torch.utils.data import IterableDataset
 from .config import FetchConfig, RequestConfig, S3Config
 from .decode.cpu import ImageFormat
 from .decode.stage import PickedSamples, make_decoder
+from .reading.access import SampleAccess
 from .reading.assign import WorkerSlot, current_slot, distributed_rank, in_worker, loader_id
 from .reading.engine import share_buffer
 from .reading.epochs import EpochBoard, PassState, PassView, warn_advanced
@@ -178,6 +179,90 @@ class ShardDataset(IterableDataset):
     @property
     def num_shards(self) -> int:
         return len(self.shard_urls)
+
+    def random_access(self) -> SampleAccess:
+        """The :class:`~shardstream.reading.access.SampleAccess` behind ``ds[i]``, :meth:`get`
+        and :meth:`get_many` (made on first use, with this dataset's store settings).
+
+        Raises:
+            TypeError: a mixture (random access reads one dataset: open each source's location
+                with its own ``ShardDataset`` or ``ShardMapDataset``), or shard URLs without an
+                index (pass the dataset's directory or prefix; ``shardstream index build``
+                indexes other tools' shards).
+        """
+        access = self.__dict__.get("_access")
+        if access is None:
+            if self.sources is not None:
+                raise TypeError(
+                    f"{self!r}: random access reads one dataset, not a mixture of {len(self.sources)} sources; "
+                    "open each source's location with ShardDataset(location) or ShardMapDataset(location)"
+                )
+            if self.index is None:
+                raise TypeError(
+                    f"{self!r}: random access needs the dataset's index; pass the directory or prefix shardstream "
+                    "pack wrote (for other tools' shards, run shardstream index build first)"
+                )
+            access = SampleAccess(
+                self.index,
+                s3=self.s3,
+                requests=self.requests,
+                fetch=self.fetch,
+                cache_dir=self.cache_dir,
+                cache_limit_bytes=self.cache_limit_bytes,
+            )
+            self._access = access
+        return access
+
+    def __getitem__(self, i: int | slice) -> Any:
+        """The sample at global index ``i`` (shards in index order, samples in shard order;
+        negative ``i`` from the end), or a list for a slice: one ranged read of the sample's
+        bytes (docs/random-access.md), decoded as when streaming (``decode``, ``fields``).
+
+        Raises:
+            IndexError: ``i`` out of range (names it and the dataset's size). TypeError: as
+                :meth:`random_access`. CorruptShardError, DecodeError, storage errors: always
+                raised for a sample asked for by name, whatever ``on_error`` says.
+        """
+        access = self.random_access()
+        if isinstance(i, slice):
+            return self.get_many(range(*i.indices(access.num_samples)))
+        return self.get_many([i])[0]
+
+    def get(self, key: str) -> Any:
+        """The sample with ``key``, decoded as when streaming.
+
+        Raises:
+            KeyError: no sample has ``key`` (names it and the dataset). Others as :meth:`get_many`.
+        """
+        return self.get_many([key])[0]
+
+    def get_many(self, indices_or_keys: Sequence[int | str] | range) -> list[Any]:
+        """The samples asked for, in the order asked: global indices (ints) and keys (strs),
+        which may be mixed. Samples of one shard are read together, neighbouring ranges merged.
+
+        Raises:
+            IndexError, KeyError: an index out of range, a key absent (named with the dataset).
+            IndexFormatError: a key asked of a dataset with no key index and unsorted keys
+                (says to run ``shardstream index keys DEST``).
+            CorruptShardError, DecodeError, storage errors: ``on_error="skip"`` does not apply
+                to samples asked for explicitly; they are always raised.
+        """
+        access = self.random_access()
+        locations = []
+        for item in indices_or_keys:
+            if isinstance(item, str):
+                found = access.find(item)
+                if found is None:
+                    raise KeyError(f"no sample with key {item!r} in the dataset at {access.index.root}")
+                locations.append(found)
+            else:
+                locations.append(access.locate(item))
+        stage = self.reader.options.decode
+        out = []
+        for sample in access.read(locations):
+            del sample["__index__"]  # the sample as streaming yields it
+            out.append(sample if stage is None else stage(sample))
+        return out
 
     def worker_slot(self) -> WorkerSlot:
         """Who is reading: this rank (with ``replication``: its group) and DataLoader worker.
