@@ -8,6 +8,8 @@ library refuses, such as a bad URL or shard name), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import collections
+import io
 import os
 import re
 import sys
@@ -17,7 +19,7 @@ from .config import RequestConfig, S3Config
 from .errors import ShardstreamError
 from .packing.pack import OnError
 
-__all__ = ["main", "parse_size"]
+__all__ = ["escape", "extension_totals", "main", "parse_size", "unsafe_path"]
 
 _UNITS = {
     "": 1,
@@ -286,6 +288,335 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+# --- ls, head, cat, get and info --members: samples by key or index (issue 40) ---------------
+
+TABLES_AHEAD = 8  # sample tables of a remote dataset requested ahead of the one being listed
+HEAD_SAMPLES = 10  # samples `shardstream head` shows without -n
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def escape(text: str) -> str:
+    """A key or member name made safe to print on a terminal (``ls``, ``head``, messages).
+
+    Args:
+        text: a key or name as the sample table holds it (any writer's shards).
+
+    Returns:
+        ``text`` itself when every character is printable (``str.isprintable``); else ``text``
+        with each non-printable character (control characters such as ESC or newline, bidi
+        and other format characters) written as ``\\n``, ``\\t``, ``\\r``, ``\\xNN``,
+        ``\\uNNNN`` or ``\\UNNNNNNNN``, and each backslash doubled, so a terminal never
+        receives raw escape sequences.
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if char in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[char])
+        elif char.isprintable():
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def _open_dataset(location: str, args: argparse.Namespace):
+    """The :class:`~shardstream.index.DatasetIndex` at ``location``; ValueError (exit 2) with
+    one line saying what to pass when it is not a dataset."""
+    from .errors import ShardNotFoundError
+    from .index import open_index
+
+    problem = _dataset_usage_error(location)
+    if problem is not None:
+        raise ValueError(problem)
+    try:
+        return open_index(location, s3=_s3_config(args), requests=_request_config(args))
+    except ShardNotFoundError as exc:
+        raise _no_index(exc) from None
+
+
+def _tables(index, shards: range):
+    """``(shard, ShardTable)`` for each shard in ``shards``, in order, one table held at a time;
+    a remote dataset's next :data:`TABLES_AHEAD` tables are requested while one is used."""
+    waiting: collections.deque = collections.deque()
+    ahead = iter(shards)
+    for shard in ahead:
+        waiting.append((shard, index.request_table(shard)))
+        if len(waiting) > TABLES_AHEAD:
+            break
+    while waiting:
+        shard, collect = waiting.popleft()
+        for following in ahead:
+            waiting.append((following, index.request_table(following)))
+            break
+        yield shard, collect()
+
+
+class _Lookup(ShardstreamError, LookupError):
+    """A key or index not in the dataset (exit 1; the message names it and the dataset)."""
+
+
+def _shard_range(index, shard: int | None, dataset: str) -> range:
+    if shard is None:
+        return range(index.num_shards)
+    if not 0 <= shard < index.num_shards:
+        raise _Lookup(
+            f"shard {shard} is out of range: {dataset} has {index.num_shards} shards (0 to {index.num_shards - 1})"
+        )
+    return range(shard, shard + 1)
+
+
+def _first_shards(index, shards: range, num_samples: int | None) -> range:
+    """The shards of ``shards`` that hold their first ``num_samples`` samples (all: None), so
+    no table past them is requested."""
+    if num_samples is None or not len(shards):
+        return shards
+    import numpy as np
+
+    counts = np.cumsum(np.asarray(index.manifest.shard_samples[shards.start : shards.stop], np.int64))
+    return range(shards.start, shards.start + min(len(shards), int(np.searchsorted(counts, num_samples)) + 1))
+
+
+def _ls(args: argparse.Namespace, out) -> None:
+    index = _open_dataset(args.dataset, args)
+    left = args.limit
+    shards = _first_shards(index, _shard_range(index, args.shard, args.dataset), left)
+    for _, table in _tables(index, shards):
+        if left is not None and left <= 0:
+            return
+        count = table.num_samples if left is None else min(left, table.num_samples)
+        keys = table.keys()[:count]
+        if args.long:
+            starts = table.member_start.tolist()
+            exts = table.member_extensions
+            sizes = table.sizes.tolist()
+            lines = [
+                "\t".join([escape(key)] + [f"{escape(exts[j])} {sizes[j]}" for j in range(starts[i], starts[i + 1])])
+                for i, key in enumerate(keys)
+            ]
+        else:
+            lines = [escape(key) for key in keys]
+        if lines:
+            out.write("\n".join(lines) + "\n")
+        if left is not None:
+            left -= count
+
+
+def _head(args: argparse.Namespace, out) -> None:
+    index = _open_dataset(args.dataset, args)
+    rows: list[tuple[str, str, str, str]] = []
+    number = 0
+    for shard, table in _tables(index, _first_shards(index, range(index.num_shards), args.n)):
+        if len(rows) >= args.n:
+            break
+        starts = table.member_start.tolist()
+        exts, sizes = table.member_extensions, table.sizes.tolist()
+        for i in range(min(table.num_samples, args.n - len(rows))):
+            members = ", ".join(f"{escape(exts[j])} {sizes[j]}" for j in range(starts[i], starts[i + 1]))
+            rows.append((str(number), escape(index.manifest.name(shard)), escape(table.key(i)), members))
+            number += 1
+    header = ("#", "shard", "key", "members (bytes)")
+    widths = [max(len(row[c]) for row in [header, *rows]) for c in range(3)]
+    out.write(f"{index.num_samples} samples in {index.num_shards} shards; the first {len(rows)}:\n")
+    for row in [header, *rows]:
+        out.write(f"{row[0]:>{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}".rstrip() + "\n")
+
+
+def _access(index, args: argparse.Namespace):
+    from .reading.access import SampleAccess
+
+    return SampleAccess(index, s3=_s3_config(args), requests=_request_config(args))
+
+
+def _locations(access, index, *, keys: Sequence[str], indices: Sequence[int], dataset: str) -> list[tuple[int, int]]:
+    """``(shard, row)`` of each key, then each index; _Lookup naming the first not there."""
+    found = []
+    for key in keys:
+        where = access.find(key)
+        if where is None:
+            raise _Lookup(f"no sample with key {key!r} in {dataset} (shardstream ls {dataset} lists the keys)")
+        found.append(where)
+    for i in indices:
+        if not 0 <= i < index.num_samples:
+            raise _Lookup(
+                f"index {i} is out of range: {dataset} has {index.num_samples} samples"
+                + (f" (0 to {index.num_samples - 1})" if index.num_samples else "")
+            )
+        found.append(access.locate(i))
+    return found
+
+
+def _members(sample: dict) -> list[tuple[str, bytes]]:
+    """``(extension, payload)`` of each member of one raw sample, in shard order."""
+    return [(ext, data) for ext, data in sample.items() if not ext.startswith("__")]
+
+
+def _cat(args: argparse.Namespace, out) -> None:
+    import tarfile
+
+    if (args.key is None) == (args.index is None):
+        raise ValueError("shardstream cat needs a KEY or --index I, not both")
+    index = _open_dataset(args.dataset, args)
+    access = _access(index, args)
+    keys, indices = ([args.key], []) if args.key is not None else ([], [args.index])
+    [sample] = access.read(_locations(access, index, keys=keys, indices=indices, dataset=args.dataset))
+    members = _members(sample)
+    key = sample["__key__"]
+    if args.member is not None:
+        wanted = args.member.removeprefix(".")
+        data = dict(members).get(wanted)
+        if data is None:
+            data = {ext.lower(): value for ext, value in members}.get(wanted.lower())
+        if data is None:
+            raise _Lookup(
+                f"sample {key!r} of {args.dataset} has no member {wanted!r}; its members: "
+                + ", ".join(escape(ext) for ext, _ in members)
+            )
+        out.write(data)
+        return
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for ext, data in members:
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+
+
+def unsafe_path(name: str) -> str | None:
+    """Why ``name`` cannot be written under a directory as it is, or None when it can.
+
+    Args:
+        name: a relative file name from a sample table, ``KEY`` or ``KEY.EXT``
+            (``a/b/c.jpg`` is fine: ``get`` makes the folders).
+
+    Returns:
+        None, or the reason as words that follow the name in a message: an absolute path, a
+        ``..`` component, an empty or ``.`` component, or a NUL, control or other
+        non-printable character (which could also mislead a terminal).
+    """
+    if name.startswith("/"):
+        return "is an absolute path"
+    if any(not char.isprintable() for char in name):
+        return "holds a NUL, control or other non-printable character"
+    parts = name.split("/")
+    if ".." in parts:
+        return "has a .. component"
+    if any(part in ("", ".") for part in parts):
+        return "has an empty or . component"
+    return None
+
+
+def _refuse(args: argparse.Namespace, *, key: str, index: int, what: str, name: str, why: str, ext: str) -> int:
+    """Print why sample ``key`` is not written by ``get`` (nothing is), and return exit code 2."""
+    instead = f"shardstream cat {args.dataset} --index {index} --member {escape(ext)} > FILE"
+    print(
+        f"shardstream: error: refusing to write sample {key!r} of {args.dataset}: its {what} {name!r} {why}, which "
+        f"could land outside {args.output} or mislead a terminal; nothing was written ({instead} writes it to a "
+        "name you choose)",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def _get(args: argparse.Namespace, out) -> int:
+    if not args.keys and not args.index:
+        raise ValueError("shardstream get needs KEYs or --index I...")
+    index = _open_dataset(args.dataset, args)
+    access = _access(index, args)
+    locations = _locations(access, index, keys=args.keys, indices=args.index or [], dataset=args.dataset)
+    for shard, row in locations:  # checked before reading: the tar reader refuses a `..` name outright
+        key = index.table(shard).key(row)
+        why = unsafe_path(key)
+        if why is not None:
+            number = access.global_index(shard, row)
+            return _refuse(args, key=key, index=number, what="key", name=key, why=why, ext="EXT")
+    samples = access.read(locations)
+    files = []
+    for sample in samples:
+        for ext, data in _members(sample):
+            name = f"{sample['__key__']}.{ext}"
+            why = unsafe_path(name)
+            if why is not None:
+                key, number = sample["__key__"], sample["__index__"]
+                return _refuse(args, key=key, index=number, what="file name", name=name, why=why, ext=ext)
+            files.append((name, data))
+    root = os.path.realpath(args.output)
+    for name, data in files:
+        path = os.path.join(root, name)
+        if os.path.commonpath([root, os.path.realpath(os.path.dirname(path))]) != root:
+            raise ValueError(f"{os.path.dirname(path)} leads outside {args.output} (a symbolic link); not written")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+    total = sum(len(data) for _, data in files)
+    out.write(f"wrote {len(files)} files ({total} bytes) of {len(samples)} samples to {args.output}\n")
+    return 0
+
+
+def extension_totals(index, *, progress: bool = False) -> dict[str, list[int]]:
+    """Per member extension, the samples having it, its members and their bytes, computed
+    from every sample table of the dataset (``NAME.samples``; no shard is read).
+
+    Args:
+        index: an opened dataset (:func:`~shardstream.open_index`).
+        progress: a bar on stderr counting the tables read.
+
+    Returns:
+        ``{extension: [samples, members, bytes]}`` sorted by extension, where the extension is
+        the lower-cased last dot part of a member's extension (``seg.PNG`` -> ``png``; "" for
+        a member named as its key) and bytes are payload bytes. Costs one table read per shard
+        (one GET each, :data:`TABLES_AHEAD` in flight, for a remote dataset), one table held at
+        a time: O(shards) requests, memory of one shard's table.
+
+    Raises:
+        ShardNotFoundError: a table is missing; IndexFormatError: one is damaged.
+    """
+    from tqdm import tqdm
+
+    totals: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    with tqdm(
+        total=index.num_shards, unit=" tables", desc="reading tables", disable=not progress, file=sys.stderr
+    ) as bar:
+        for _, table in _tables(index, range(index.num_shards)):
+            uniform = table.extensions
+            if uniform is not None:
+                sizes = table.sizes.reshape(table.num_samples, len(uniform)).sum(axis=0).tolist()
+                seen: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+                for ext, size in zip(uniform, sizes, strict=True):
+                    seen[ext.rsplit(".", 1)[-1].lower()][0] += 1
+                    seen[ext.rsplit(".", 1)[-1].lower()][1] += size
+                for ext, (count, size) in seen.items():
+                    row = totals[ext]
+                    row[0] += table.num_samples
+                    row[1] += count * table.num_samples
+                    row[2] += size
+            else:
+                starts = table.member_start.tolist()
+                exts, sizes = table.member_extensions, table.sizes.tolist()
+                for i in range(table.num_samples):
+                    mine = set()
+                    for j in range(starts[i], starts[i + 1]):
+                        ext = exts[j].rsplit(".", 1)[-1].lower()
+                        row = totals[ext]
+                        row[1] += 1
+                        row[2] += sizes[j]
+                        mine.add(ext)
+                    for ext in mine:
+                        totals[ext][0] += 1
+            bar.update()
+    return dict(sorted(totals.items()))
+
+
+def _members_info(totals: dict[str, list[int]]) -> list[str]:
+    """``info --members``' table: one row per extension, its samples, members and bytes."""
+    rows = [("extension", "samples", "members", "bytes")]
+    rows += [(escape(ext) if ext else "(none)", *map(str, values)) for ext, values in totals.items()]
+    widths = [max(len(row[c]) for row in rows) for c in range(4)]
+    return [f"  {a:<{widths[0]}}  {b:>{widths[1]}}  {c:>{widths[2]}}  {d:>{widths[3]}}" for a, b, c, d in rows]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -389,7 +720,45 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"list every class of a labelled dataset (default: the first and last {CLASSES_SHOWN} of a long list)",
     )
+    i.add_argument(
+        "--members",
+        action="store_true",
+        help="also count the samples, members and bytes of each member extension (reads every shard's sample "
+        "table: one GET per shard for a remote dataset)",
+    )
+    i.add_argument("--no-progress", action="store_true", help="with --members: no progress bar")
     _add_store_args(i)
+
+    dataset_help = "local directory, a URL (s3://, https://, hf://datasets/..., gs://, az://), or its index file"
+    ls = commands.add_parser("ls", help="list a dataset's sample keys in index order, one a line")
+    ls.add_argument("dataset", metavar="DATASET", help=dataset_help)
+    ls.add_argument("--shard", type=int, metavar="N", help="list shard N only (0 is the first, as in the index)")
+    ls.add_argument("--limit", type=_positive_int, metavar="N", help="list the first N keys only")
+    ls.add_argument(
+        "--long", action="store_true", help="after each key, its members' extensions and sizes in bytes, tab-separated"
+    )
+    _add_store_args(ls)
+
+    h = commands.add_parser("head", help="the first samples' keys, members and sizes, as a table")
+    h.add_argument("dataset", metavar="DATASET", help=dataset_help)
+    h.add_argument("-n", type=_positive_int, default=HEAD_SAMPLES, metavar="N", help="samples shown (default: 10)")
+    _add_store_args(h)
+
+    c = commands.add_parser(
+        "cat", help="write one sample's member to stdout (--member EXT), or all its members as a tar stream"
+    )
+    c.add_argument("dataset", metavar="DATASET", help=dataset_help)
+    c.add_argument("key", metavar="KEY", nargs="?", help="the sample's key (or give --index)")
+    c.add_argument("--index", type=int, metavar="I", help="the sample at index I (0 is the first, in index order)")
+    c.add_argument("--member", metavar="EXT", help="write this member's bytes only (jpg, cls, ...)")
+    _add_store_args(c)
+
+    g = commands.add_parser("get", help="write each member of the samples with these keys as DIR/KEY.EXT")
+    g.add_argument("dataset", metavar="DATASET", help=dataset_help)
+    g.add_argument("keys", metavar="KEY", nargs="*", help="sample keys")
+    g.add_argument("--index", type=int, nargs="+", metavar="I", help="also the samples at these indices")
+    g.add_argument("-o", "--output", required=True, metavar="DIR", help="the directory to write to (made if absent)")
+    _add_store_args(g)
 
     v = commands.add_parser("verify", help="re-read every shard and check it against the index")
     v.add_argument("dest", metavar="DATASET", help="local directory or a URL (s3://, https://, hf://, gs://, az://)")
@@ -524,17 +893,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_problems(report)
             print(report.summary())
         elif args.command == "info":
-            from .errors import ShardNotFoundError
-            from .index import open_index
-
-            problem = _dataset_usage_error(args.source)
-            if problem is not None:
-                raise ValueError(problem)
-            try:
-                index = open_index(args.source, s3=_s3_config(args), requests=_request_config(args))
-            except ShardNotFoundError as exc:
-                raise _no_index(exc) from None
+            index = _open_dataset(args.source, args)
             print(_info(args.source, index.manifest, all_classes=args.all_classes))
+            if args.members:
+                totals = extension_totals(index, progress=not args.no_progress)
+                print("\n".join(["members by extension:", *_members_info(totals)]))
+        elif args.command == "ls":
+            _ls(args, sys.stdout)
+            sys.stdout.flush()
+        elif args.command == "head":
+            _head(args, sys.stdout)
+            sys.stdout.flush()
+        elif args.command == "cat":
+            _cat(args, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        elif args.command == "get":
+            return _get(args, sys.stdout)
         elif args.command == "verify":
             problem = _dataset_usage_error(args.dest)
             if problem is not None:
