@@ -16,10 +16,17 @@
    of the rest, and to draw its first 10 emissions. Once for the dataset, once for a mixture of
    three sources over the same manifest (weights 0.6 / 0.3 / 0.1 of 10^10 samples).
 
+4. **Key index** (``--key-index N``, default 10^7 keys): build ``keys/`` for N synthetic keys
+   (``"%07d/%05d" % (shard, row)``, 13 bytes, in shards of 10,000) straight from synthetic
+   tables; measure build time, peak RSS, the files' size in bytes per key, and 1,000 random
+   lookups (time and bytes read each). ``--key-pack N`` also packs N tiny files and times
+   ``shardstream index keys`` on the result: what the key index adds to ``pack``.
+
 Each figure is taken in a fresh process. Targets (issues 15 and 24) are checked and printed.
 
 Usage:
     python bench/scale.py [--files 1000000] [--workdir DIR] [--skip-synthetic] [--skip-real] [--elastic]
+    python bench/scale.py --skip-synthetic --skip-real --key-index 10000000 [--key-pack 100000]
 """
 
 from __future__ import annotations
@@ -239,6 +246,93 @@ def synthetic(work: Path) -> str:
     return str(dest)
 
 
+def key_index(work: Path, num_keys: int) -> dict[str, float]:
+    """Build a key index of ``num_keys`` synthetic keys and time lookups (module doc, 4)."""
+    import random
+    import resource
+
+    import numpy as np
+
+    from shardstream import open_index
+    from shardstream.index import KeyIndex, Manifest, ShardTable, write_key_index
+    from shardstream.storage import LocalStore, write_pieces
+
+    per_shard = 10_000
+    num_shards = -(-num_keys // per_shard)
+    counts = [min(per_shard, num_keys - s * per_shard) for s in range(num_shards)]
+    manifest = Manifest.from_columns(
+        names=(f"data-{s:07d}.tar" for s in range(num_shards)),
+        shard_bytes=np.zeros(num_shards, np.int64),
+        shard_samples=counts,
+        shard_members=counts,
+        crc32=np.zeros(num_shards, np.uint32),
+    )
+
+    def tables():
+        for s, n in enumerate(counts):
+            blob = "".join([f"{s:07d}/{r:05d}" for r in range(n)]).encode()
+            columns = {
+                "member_start": np.arange(n + 1, dtype=np.int64),
+                "offsets": np.zeros(n, np.int64),
+                "sizes": np.zeros(n, np.int64),
+                "key_offsets": np.arange(n + 1, dtype=np.int64) * 13,
+                "keys": np.frombuffer(blob, np.uint8),
+                "name_offsets": np.zeros(n + 1, np.int64),
+                "names": np.zeros(0, np.uint8),
+            }
+            yield ShardTable(shard=manifest.name(s), url="synthetic", columns=columns)
+
+    dest = work / f"keys-{num_keys}"
+    store = LocalStore(dest)
+    store.check_writable()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    report = write_key_index(store, manifest, tables=tables(), spill_dir=str(work))
+    rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    write_pieces(store, "index.bin", manifest.pieces())
+    header_bytes = (dest / "keys" / "header.bin").stat().st_size
+    opened = time.perf_counter()
+    index = KeyIndex.open(open_index(dest))
+    open_s = time.perf_counter() - opened
+    assert index is not None
+    rng = random.Random(0)
+    probes = [rng.randrange(num_keys) for _ in range(1000)]
+    started = time.perf_counter()
+    for i in probes:
+        s, r = divmod(i, per_shard)
+        assert (s, r) in index.lookup(f"{s:07d}/{r:05d}")
+    lookup_s = (time.perf_counter() - started) / len(probes)
+    return {
+        "num_keys": num_keys,
+        "build_s": report.seconds,
+        "bytes": report.bytes,
+        "bytes_per_key": report.bytes / num_keys,
+        "partitions": report.num_partitions,
+        "header_bytes": header_bytes,
+        "bucket_read_bytes": int(16 * index._capacity.max()),
+        "peak_rss_mb": rss_peak,
+        "rss_growth_mb": rss_peak - rss_before,
+        "open_s": open_s,
+        "lookup_ms": lookup_s * 1e3,
+    }
+
+
+def key_pack(work: Path, count: int) -> dict[str, float]:
+    """Pack ``count`` tiny files into 16 shards, then time ``index keys`` on the result."""
+    import shutil
+
+    from shardstream import pack
+    from shardstream.index import build_key_index
+
+    src = tiny_files(work / f"files-{count}", count)
+    dest = work / f"keypack-{count}"
+    started = time.perf_counter()
+    pack(src, dest, max_samples_per_shard=-(-count // 16), progress=False, overwrite=True)
+    pack_s = time.perf_counter() - started
+    shutil.rmtree(dest / "keys")
+    report = build_key_index(dest)
+    return {"files": count, "pack_s": pack_s, "keys_s": report.seconds, "bytes": report.bytes}
+
+
 def row(label: str, r: dict[str, float], info: float) -> str:
     return (
         f"{label:34s} {r['num_samples']:>14,d} {r['num_shards']:>9,d} {r['open_s']:7.2f} s {r['open_rss_mb']:6.0f} MB "
@@ -254,6 +348,8 @@ def main() -> None:
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--skip-real", action="store_true")
     parser.add_argument("--elastic", action="store_true", help="also time an elastic resume at 10^10 samples")
+    parser.add_argument("--key-index", type=int, metavar="N", help="build a key index of N synthetic keys")
+    parser.add_argument("--key-pack", type=int, metavar="N", help="time the key index of a pack of N tiny files")
     parser.add_argument("--child", nargs=3, metavar=("DEST", "WORLD_SIZE", "WORKERS"), help=argparse.SUPPRESS)
     parser.add_argument("--child-elastic", nargs=2, metavar=("DEST", "KIND"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -338,6 +434,26 @@ def main() -> None:
                 max(big16["tree_rss_mb"], big10k["tree_rss_mb"]) <= 1200,
             ),
         ]
+    if args.key_index:
+        k = key_index(work, args.key_index)
+        print(
+            f"key index, {k['num_keys']:,d} keys: built in {k['build_s']:.1f} s (peak RSS {k['peak_rss_mb']:.0f} MB), "
+            f"{k['bytes']:,d} bytes = {k['bytes_per_key']:.1f} bytes/key in {k['partitions']:,d} partitions, "
+            f"header {k['header_bytes']:,d} bytes opened in {k['open_s'] * 1e3:.1f} ms; "
+            f"a lookup reads {k['bucket_read_bytes']:,d} bytes, {k['lookup_ms']:.3f} ms locally",
+            flush=True,
+        )
+        checks += [
+            ("key index: a lookup reads <= 8 KB", k["bucket_read_bytes"] <= 8192),
+            ("key index: <= 32 bytes per key", k["bytes_per_key"] <= 32),
+        ]
+    if args.key_pack:
+        k = key_pack(work, args.key_pack)
+        print(
+            f"pack of {k['files']:,d} tiny files: {k['pack_s']:.1f} s in all, of which the key index "
+            f"{k['keys_s']:.2f} s ({100 * k['keys_s'] / k['pack_s']:.1f} %), {k['bytes']:,d} bytes",
+            flush=True,
+        )
     for name, ok in checks:
         print(f"{'MET' if ok else 'NOT MET':8s} {name}")
 

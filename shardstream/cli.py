@@ -777,7 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_store_args(v)
 
-    x = commands.add_parser("index", help="index commands: build, merge, upgrade, or --dali DEST")
+    x = commands.add_parser("index", help="index commands: build, merge, upgrade, keys, or --dali DEST")
     x.add_argument(
         "--dali",
         metavar="DEST",
@@ -828,6 +828,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     u.add_argument("dest", metavar="DEST")
     _add_store_args(u)
+    k = x_commands.add_parser(
+        "keys",
+        help="add a key index (DEST/keys/) to a dataset, from its tables, so samples are found by key in one "
+        "small read: for shuffled packs, foreign datasets (index build) and datasets written before keys/",
+    )
+    k.add_argument("dest", metavar="DEST")
+    k.add_argument("--no-progress", action="store_true", help="no progress lines")
+    _add_store_args(k)
 
     d = commands.add_parser(
         "demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch"
@@ -952,10 +960,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"wrote {open_store(args.dest, s3=s3, requests=requests).url_of(MANIFEST_NAME)} and a sample table "
                 f"beside each shard: {totals['num_shards']} shards, {totals['num_samples']} samples"
             )
+        elif args.command == "index" and args.index_command == "keys":
+            from .index import build_key_index
+
+            report = build_key_index(
+                args.dest, s3=_s3_config(args), requests=_request_config(args), progress=not args.no_progress
+            )
+            print(
+                f"wrote {report.url}: {report.num_keys} keys in {report.num_partitions} partitions, "
+                f"{report.bytes / 1e6:.1f} MB, in {report.seconds:.1f} s"
+                + ("; key ranges recorded in index.bin (keys sorted)" if report.key_ranges is not None else "")
+            )
         elif args.command == "index":
             if args.index_command != "merge":
                 raise ValueError(
-                    "`shardstream index` needs a command: build SHARDS..., merge DEST, upgrade DEST, or --dali DEST"
+                    "`shardstream index` needs a command: build SHARDS..., merge DEST, upgrade DEST, keys DEST, "
+                    "or --dali DEST"
                 )
             from .index import MANIFEST_NAME
             from .packing.journal import SPEC_NAME, PackSpec, merge

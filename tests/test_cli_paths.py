@@ -75,7 +75,7 @@ def test_index_without_a_command_names_the_commands_and_exits_2():
     assert result.returncode == 2
     assert result.stderr == (
         "shardstream: error: `shardstream index` needs a command: build SHARDS..., merge DEST, upgrade DEST, "
-        "or --dali DEST\n"
+        "keys DEST, or --dali DEST\n"
     )
     assert result.stdout == ""
 

@@ -88,6 +88,7 @@ def test_index_build_then_read_as_webdataset_reads_with_exact_epochs(foreign, mo
     assert all(check.ok for check in verify(str(foreign)))
     assert {p.name for p in foreign.iterdir()} == {
         "index.bin",
+        "keys",
         *(f"part-{i}.tar{x}" for i in range(3) for x in ("", ".samples")),
     }
 
@@ -209,6 +210,7 @@ def test_index_build_output_elsewhere_leaves_read_only_shards_untouched(foreign,
         assert {p.name: p.read_bytes() for p in foreign.iterdir()} == before
         assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == [
             "index.bin",
+            "keys",
             "part-0.tar.samples",
             "part-1.tar.samples",
             "part-2.tar.samples",

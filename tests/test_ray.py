@@ -270,7 +270,7 @@ def test_a_dataset_is_refused_without_overwrite_and_bad_rows_name_key_and_field(
     replaced = out["replaced"]["totals"]
     assert replaced["num_samples"] == replaced["num_members"] == 20, out["replaced"]
     assert replaced["bytes"] == sum((held / n).stat().st_size for n in shard_names(held))
-    assert sorted(p.name for p in held.iterdir() if not p.name.endswith((".tar", ".samples"))) == ["index.bin"]
+    assert sorted(p.name for p in held.iterdir() if not p.name.endswith((".tar", ".samples"))) == ["index.bin", "keys"]
     assert not set(before) & {p.name for p in held.iterdir()} - {"index.bin"}  # nothing of the old dataset left
     assert sorted(read_back(held)) == [f"{i:04d}" for i in range(20)]
 

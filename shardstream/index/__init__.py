@@ -8,11 +8,14 @@ needed):
 - ``NAME.samples`` beside each shard ``NAME``: its samples' keys and members with their
   payload offsets and sizes (:mod:`.table`).
 
-Both use one binary container (:mod:`.container`). :mod:`.resolve` opens a dataset (version 2,
+- ``keys/``: the key index, sample key -> (shard, row), hash-partitioned (:mod:`.keys`).
+
+All use one binary container (:mod:`.container`). :mod:`.resolve` opens a dataset (version 2,
 or a version 1 ``index.json``, :mod:`.v1`, converted in memory) and upgrades version 1 in place.
 Nothing here imports torch.
 """
 
+from .keys import KEYS_DIR, KeyIndex, KeyIndexReport, build_key_index, write_key_index, write_with_keys
 from .manifest import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from .resolve import DatasetIndex, ShardUrls, open_index, resolve_source, upgrade
 from .table import ShardTable, TableSpool
@@ -34,10 +37,13 @@ __all__ = [
     "INDEX_FORMAT",
     "INDEX_NAME",
     "INDEX_VERSION",
+    "KEYS_DIR",
     "MANIFEST_NAME",
     "TABLE_SUFFIX",
     "DatasetIndex",
     "Index",
+    "KeyIndex",
+    "KeyIndexReport",
     "Manifest",
     "MemberEntry",
     "SampleEntry",
@@ -46,10 +52,13 @@ __all__ = [
     "ShardTable",
     "ShardUrls",
     "TableSpool",
+    "build_key_index",
     "open_index",
     "resolve_source",
     "sample_json",
     "shard_json_head",
     "upgrade",
     "write_index",
+    "write_key_index",
+    "write_with_keys",
 ]

@@ -30,6 +30,7 @@ views of it: no Python object per shard, and DataLoader workers share the pages.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -88,6 +89,8 @@ class Manifest:
         self.crc32 = crc32
         self._name_offsets, self._names = name_offsets, names
         self._source = source  # ("file", path) or ("shm", SharedFile): re-mapped when unpickled
+        self._key_columns: dict[str, np.ndarray] | None = None  # first/last key per shard, when sorted
+        self._key_ranges: tuple[list[str], list[str]] | None = None  # the same, decoded (key_ranges)
 
     def __repr__(self) -> str:
         return f"Manifest({self.url!r}, num_shards={self.num_shards}, num_samples={self.num_samples})"
@@ -150,18 +153,77 @@ class Manifest:
         if self.classes is not None:
             fields["classes"] = self.classes
             fields["class_counts"] = self.class_counts
-        return container.to_pieces(
-            MAGIC,
-            fields,
-            [
-                ("bytes", self.shard_bytes.astype("<i8")),
-                ("num_samples", self.shard_samples.astype("<i8")),
-                ("num_members", self.shard_members.astype("<i8")),
-                ("crc32", self.crc32.astype("<u4")),
-                ("name_offsets", self._name_offsets.astype("<i8")),
-                ("names", self._names.astype("|u1")),
-            ],
-        )
+        columns = [
+            ("bytes", self.shard_bytes.astype("<i8")),
+            ("num_samples", self.shard_samples.astype("<i8")),
+            ("num_members", self.shard_members.astype("<i8")),
+            ("crc32", self.crc32.astype("<u4")),
+            ("name_offsets", self._name_offsets.astype("<i8")),
+            ("names", self._names.astype("|u1")),
+        ]
+        if self._key_columns is not None:
+            fields["keys_sorted"] = True
+            columns += [(name, self._key_columns[name]) for name in _KEY_COLUMNS]
+        return container.to_pieces(MAGIC, fields, columns)
+
+    def key_ranges(self) -> tuple[list[str], list[str]] | None:
+        """Each shard's first and last sample key, ``(first, last)``, two lists of
+        ``num_shards`` strings, or None.
+
+        They are recorded (header field ``keys_sorted``, columns ``first_key_offsets``,
+        ``first_keys``, ``last_key_offsets``, ``last_keys``) only where the writer checked, over
+        every table, that (1) each shard's keys strictly increase (in code-point order, which is
+        UTF-8 byte order) and (2) each shard's first key is greater than the previous shard's
+        last key, with no empty shard. Then ``first`` and ``last`` are both sorted, and a key
+        ``k`` can only be in shard ``s = bisect_right(first, k) - 1``, if ``s >= 0`` and
+        ``k <= last[s]``, at the row a binary search of that shard's keys finds. ``pack``
+        without ``--shuffle`` writes keys sorted within a stream; a pack of one stream
+        (``--workers 1``, one part) meets both conditions, a pack of several streams
+        interleaves their shards, so its ranges overlap and this is None: use the key index
+        (:class:`~shardstream.index.keys.KeyIndex`). Written by ``pack``, ``ShardWriter``,
+        ``pack_samples``, the Ray writers, ``index build`` and ``index keys``.
+
+        Raises:
+            IndexFormatError: a recorded key is not UTF-8.
+        """
+        if self._key_columns is None:
+            return None
+        if self._key_ranges is not None:
+            return self._key_ranges
+        c = self._key_columns
+        try:
+            first = _texts(c["first_keys"], c["first_key_offsets"])
+            last = _texts(c["last_keys"], c["last_key_offsets"])
+        except UnicodeDecodeError as exc:
+            raise IndexFormatError(f"{self.url}: a recorded first or last key is not UTF-8 ({exc})") from exc
+        self._key_ranges = first, last  # decoded once: a reader bisects them for every key
+        return self._key_ranges
+
+    def set_key_ranges(self, ranges: tuple[Sequence[str], Sequence[str]] | None) -> None:
+        """Record each shard's first and last key (checked sorted as :meth:`key_ranges`
+        says), or drop them (None); written by :meth:`pieces`.
+
+        Raises:
+            ValueError: not one key of each per shard, or not sorted.
+        """
+        self._key_ranges = None
+        if ranges is None:
+            self._key_columns = None
+            return
+        first, last = list(ranges[0]), list(ranges[1])
+        if len(first) != self.num_shards or len(last) != self.num_shards:
+            raise ValueError(f"{self.url}: {len(first)} first and {len(last)} last keys for {self.num_shards} shards")
+        for i in range(self.num_shards):
+            if first[i] > last[i] or (i and first[i] <= last[i - 1]):
+                raise ValueError(f"{self.url}: key ranges not sorted at shard {i} ({self.name(i)})")
+        columns: dict[str, np.ndarray] = {}
+        for which, keys in (("first", first), ("last", last)):
+            encoded = [k.encode("utf-8") for k in keys]
+            offsets = np.zeros(len(encoded) + 1, dtype="<i8")
+            np.cumsum([len(e) for e in encoded], out=offsets[1:])
+            columns[f"{which}_key_offsets"] = offsets
+            columns[f"{which}_keys"] = np.frombuffer(b"".join(encoded), dtype="|u1")
+        self._key_columns = columns
 
     @classmethod
     def from_columns(
@@ -238,6 +300,8 @@ class Manifest:
             **_classes_of(fields, url),
         )
         manifest._check()
+        if fields.get("keys_sorted") is True:
+            manifest._key_columns = _key_columns_of(columns, manifest.num_shards, url)
         totals = {k: fields.get(k) for k in ("num_shards", "num_samples", "num_members", "bytes")}
         if totals != manifest.totals():
             raise IndexFormatError(f"{url}: totals {totals} disagree with the shards ({manifest.totals()})")
@@ -314,6 +378,42 @@ class Manifest:
                 raise IndexFormatError(f"{state['url']}: the shared copy of the index is gone (its process exited)")
             fresh = Manifest.parse(buffer, url=state["url"], source=state["_source"])
         self.__dict__.update(fresh.__dict__)
+
+
+_KEY_COLUMNS = ("first_key_offsets", "first_keys", "last_key_offsets", "last_keys")
+
+
+def _key_columns_of(columns: dict[str, np.ndarray], num_shards: int, url: str) -> dict[str, np.ndarray]:
+    """The optional first/last key columns, checked.
+
+    Raises:
+        IndexFormatError: missing, of the wrong type or length, or bad offsets.
+    """
+    out = {}
+    for name in _KEY_COLUMNS:
+        dtype = "<i8" if name.endswith("offsets") else "|u1"
+        column = columns.get(name)
+        if column is None or column.dtype.str != dtype:
+            raise IndexFormatError(
+                f"{url}: keys_sorted without column {name!r} of {dtype}; re-run shardstream index keys"
+            )
+        out[name] = column
+    for which in ("first", "last"):
+        offsets, blob = out[f"{which}_key_offsets"], out[f"{which}_keys"]
+        if (
+            len(offsets) != num_shards + 1
+            or (offsets[:1] != 0).any()
+            or offsets[-1] != len(blob)
+            or (np.diff(offsets) < 0).any()
+        ):
+            raise IndexFormatError(f"{url}: bad {which}_key_offsets; re-run shardstream index keys")
+    return out
+
+
+def _texts(blob: np.ndarray, offsets: np.ndarray) -> list[str]:
+    text = blob.tobytes()
+    bounds = offsets.tolist()
+    return [text[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)]
 
 
 def _classes_of(fields: dict[str, Any], url: str) -> dict[str, Any]:

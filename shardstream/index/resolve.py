@@ -25,6 +25,7 @@ from ..config import RequestConfig
 from ..errors import IndexFormatError, ShardNotFoundError, StorageAccessError, StorageConnectionError
 from ..format import SHARD_SUFFIXES
 from ..storage import LocalStore, is_remote_url, loop, open_store, pin_urls, split_url, write_pieces
+from .keys import write_with_keys
 from .manifest import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from .table import MAGIC as TABLE_MAGIC
 from .table import ShardTable
@@ -462,8 +463,8 @@ class ShardTables:
 
 
 def upgrade(dest: str | os.PathLike[str], *, s3: Any = None, requests: RequestConfig | None = None) -> dict[str, int]:
-    """Convert a version 1 dataset in place: write each shard's table beside it, then
-    ``index.bin``, then remove ``index.json``. The shards are not touched.
+    """Convert a version 1 dataset in place: write each shard's table beside it, then its
+    key index (``keys/``) and ``index.bin``, then remove ``index.json``. The shards are not touched.
 
     Returns:
         The totals.
@@ -476,7 +477,7 @@ def upgrade(dest: str | os.PathLike[str], *, s3: Any = None, requests: RequestCo
     manifest, tables = legacy(index, url=store.url_of(MANIFEST_NAME))
     for i, table in enumerate(tables):
         write_pieces(store, manifest.table_name(i), table.pieces())
-    write_pieces(store, MANIFEST_NAME, manifest.pieces())
+    write_with_keys(store, manifest)  # the key index, then index.bin, as pack writes them
     store.delete(INDEX_NAME)
     return manifest.totals()
 

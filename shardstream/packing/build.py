@@ -33,7 +33,7 @@ import numpy as np
 from ..config import RequestConfig, S3Config
 from ..errors import CorruptShardError, DestinationError, IndexFormatError, ShardNotFoundError
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
-from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool
+from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool, write_with_keys
 from ..storage import Store, is_remote_url, open_store, pin_urls, split_url, write_pieces
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, compression_of, iter_members_at
@@ -198,7 +198,7 @@ def build_index(
         classes=class_names,
         class_counts=class_counts,
     )
-    write_pieces(store, MANIFEST_NAME, manifest.pieces())
+    write_with_keys(store, manifest)
     return manifest
 
 

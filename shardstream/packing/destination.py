@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError, IndexFormatError, SourceError
-from ..index import INDEX_NAME, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
+from ..index import INDEX_NAME, KEYS_DIR, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
 from ..storage import LocalStore, Store, is_remote_url, open_store
 from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec, merge, unfinished_streams
 from .sources import Problem, ProblemKind
@@ -288,6 +288,8 @@ def wipe(store: Store, old_spec: PackSpec | None) -> None:
             except IndexFormatError:
                 pass
             store.delete(index_name)
+    for name in store.list_names(f"{KEYS_DIR}/"):  # the key index, after the index that leads to it
+        store.delete(name)
     old_names |= {n + TABLE_SUFFIX for n in old_names}
     for name in store.list_names(f"{STATE_DIR}/"):
         if name != SPEC_NAME:

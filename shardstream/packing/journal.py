@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DestinationError, IndexFormatError
-from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest
-from ..storage import Store, write_pieces
+from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, write_with_keys
+from ..storage import Store
 from .sources import Problem
 from .writer import AbortsOnError, PublishedShard, RotatingTarWriter, ShardLimits
 
@@ -462,7 +462,7 @@ class ManifestColumns:
         """Write ``store``'s ``index.bin`` from the rows added (and the dataset's classes, with
         the samples of each); its totals."""
         manifest = self.manifest(store.url_of(MANIFEST_NAME), classes=classes, class_counts=class_counts)
-        write_pieces(store, MANIFEST_NAME, manifest.pieces())
+        write_with_keys(store, manifest)
         return manifest.totals()
 
     def manifest(

@@ -1,0 +1,588 @@
+"""The key index, ``keys/`` beside ``index.bin``: sample key -> ``(shard, row)``, hash-partitioned.
+
+Serves a lookup by key in any dataset (shuffled, foreign, written by any of our writers) with one
+small ranged read, after a header read once per process that is O(partitions), never
+O(keys). Files (container: :mod:`.container`):
+
+- ``keys/header.bin`` (magic ``SSKEYHD\\0``): fields ``format`` ("shardstream-keys"),
+  ``version`` (1), ``hash`` ("blake2b-8"), ``num_keys``, ``partition_bits``, ``bucket_bits``,
+  ``num_shards``, ``num_samples`` and ``manifest_crc32`` (of the manifest it was built from:
+  a stale key index is refused). Columns, one entry per partition: ``count`` (keys),
+  ``capacity`` (slots per bucket), ``data_offset`` (byte where its slots start in its file),
+  ``bytes`` (its file's size); all int64.
+- ``keys/part-NNNNNN.bin`` (magic ``SSKEYPT\\0``): one column ``slots`` (uint64,
+  ``2 * buckets * capacity``): per slot the key's hash, then ``shard << 32 | row``;
+  an empty slot is ``(0, 2**64 - 1)``, and a bucket's empty slots follow its entries.
+
+A key's hash ``h`` is the first 8 bytes of BLAKE2b (digest_size=8) of its UTF-8 bytes, read
+little-endian. Its top ``partition_bits`` bits pick the partition, the next ``bucket_bits``
+its bucket; a bucket holds ``capacity`` slots (the partition's fullest bucket), so a lookup
+reads exactly ``16 * capacity`` bytes at ``data_offset + 16 * capacity * bucket``: about 4 KB
+(a bucket holds 128 to 256 keys on average). Equal hashes give several candidates; the caller
+checks the key in the shard's table.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import itertools
+import logging
+import math
+import os
+import tempfile
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..config import RequestConfig
+from ..errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageConnectionError
+from ..storage import LocalStore, loop, open_store, write_pieces
+from . import container
+from .manifest import MANIFEST_NAME, Manifest
+from .table import ShardTable
+
+__all__ = [
+    "KEYS_DIR",
+    "KeyIndex",
+    "KeyIndexReport",
+    "build_key_index",
+    "hash_keys",
+    "write_key_index",
+    "write_with_keys",
+]
+
+log = logging.getLogger("shardstream")
+
+KEYS_DIR = "keys"
+HEADER_NAME = f"{KEYS_DIR}/header.bin"
+FORMAT = "shardstream-keys"
+VERSION = 1
+HASH = "blake2b-8"
+HEADER_MAGIC = b"SSKEYHD\x00"
+PART_MAGIC = b"SSKEYPT\x00"
+EMPTY = np.uint64(2**64 - 1)
+SLOT_BYTES = 16
+_BUCKET_KEYS = 256  # mean keys per bucket lies in (128, 256]: a lookup reads about 4 KB
+_PARTITION_KEYS = 1 << 21  # keys a partition holds on average at most: sorted in memory (64 MB of work arrays)
+_BUFFER_KEYS = 1 << 20  # entries held before they are spilled to the partitions' run files (16 MB)
+_TABLES_AHEAD = 16  # tables read ahead of the one being hashed
+
+
+def part_name(p: int) -> str:
+    return f"{KEYS_DIR}/part-{p:06d}.bin"
+
+
+def hash_keys(keys: Iterable[bytes]) -> np.ndarray:
+    """The 64-bit key hash of each key: the first 8 bytes of BLAKE2b (``digest_size=8``) of its
+    UTF-8 bytes, little-endian. Stable across processes, machines and versions.
+
+    Returns:
+        uint64 array of shape ``(len(keys),)``.
+    """
+    return np.frombuffer(b"".join([hashlib.blake2b(k, digest_size=8).digest() for k in keys]), dtype="<u8")
+
+
+def layout_bits(num_keys: int) -> tuple[int, int]:
+    """``(partition_bits, bucket_bits)`` for ``num_keys`` keys: partitions of at most about
+    2 Mi keys, buckets of 128 to 256 keys on average."""
+    total = max(0, math.ceil(math.log2(num_keys / _BUCKET_KEYS))) if num_keys > _BUCKET_KEYS else 0
+    partition = max(0, math.ceil(math.log2(num_keys / _PARTITION_KEYS))) if num_keys > _PARTITION_KEYS else 0
+    partition = min(partition, total)
+    return partition, total - partition
+
+
+def manifest_crc32(manifest: Manifest) -> int:
+    """A fingerprint of a manifest's shards (CRC-32 of its shard CRCs and sample counts)."""
+    crc = zlib.crc32(np.ascontiguousarray(manifest.crc32, dtype="<u4").tobytes())
+    return zlib.crc32(np.ascontiguousarray(manifest.shard_samples, dtype="<i8").tobytes(), crc)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyIndexReport:
+    """What writing a key index did.
+
+    Attributes:
+        url: the key index's header URL.
+        num_keys: keys indexed (every sample of the dataset).
+        num_partitions: partition files written.
+        bytes: the key index's total size in bytes (header and partitions).
+        seconds: wall time of the build.
+        key_ranges: each shard's first and last key, when every shard's keys are strictly
+            increasing and the shards' ranges follow each other in manifest order (so a reader
+            may binary-search them: :meth:`Manifest.key_ranges`); else None.
+    """
+
+    url: str
+    num_keys: int
+    num_partitions: int
+    bytes: int
+    seconds: float
+    key_ranges: tuple[list[str], list[str]] | None = dataclasses.field(default=None, repr=False)
+
+
+# writing
+
+
+def write_key_index(
+    store: Any,
+    manifest: Manifest,
+    *,
+    tables: Iterable[ShardTable] | None = None,
+    spill_dir: str | None = None,
+    progress: bool = False,
+) -> KeyIndexReport:
+    """Write ``store``'s ``keys/`` for the dataset ``manifest`` describes, from its shards'
+    tables: one pass over the tables, memory bounded by a 16 MB buffer and one partition
+    (about 2 Mi keys), never O(keys). Entries are spilled to ``spill_dir`` (a temporary
+    directory by default: 16 bytes per key) and sorted one partition at a time.
+
+    Args:
+        store: the dataset's store (its tables are read from it, ``keys/`` written to it).
+        manifest: the dataset's manifest (before or after it is written).
+        tables: the shards' tables in manifest order (default: read from ``store``).
+        progress: log a line every 10,000 shards.
+
+    Returns:
+        A :class:`KeyIndexReport`, with the per-shard key ranges when the keys are sorted.
+
+    Raises:
+        ShardNotFoundError: a table is missing; IndexFormatError: a table is damaged or
+            disagrees with the manifest; StorageError: the store failed.
+    """
+    started = time.perf_counter()
+    num_keys = manifest.num_samples
+    if manifest.num_shards >= 2**32 - 1 or int(manifest.shard_samples.max(initial=0)) >= 2**32:
+        raise IndexFormatError(
+            f"{store.url}: {manifest.num_shards} shards, or a shard of 2**32 samples or more: the key index holds "
+            "uint32 shard and row numbers; pack into fewer, smaller shards"
+        )
+    pbits, bbits = layout_bits(num_keys)
+    num_parts = 1 << pbits
+    ranges = _Ranges(manifest.num_shards)
+    with tempfile.TemporaryDirectory(prefix="shardstream-keys-", dir=spill_dir) as tmp:
+        runs = [os.path.join(tmp, f"{p}.run") for p in range(num_parts)]
+        buffer = np.empty((_BUFFER_KEYS, 2), dtype=np.uint64)
+        filled = 0
+        seen = 0
+        for i, table in enumerate(tables if tables is not None else _read_tables(store, manifest)):
+            keys = _key_bytes(table)
+            ranges.add(i, keys)
+            hashes = hash_keys(keys)
+            n = len(hashes)
+            locs = (np.uint64(i) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+            seen += n
+            start = 0
+            while start < n:
+                take = min(n - start, _BUFFER_KEYS - filled)
+                buffer[filled : filled + take, 0] = hashes[start : start + take]
+                buffer[filled : filled + take, 1] = locs[start : start + take]
+                filled += take
+                start += take
+                if filled == _BUFFER_KEYS:
+                    _spill(buffer[:filled], pbits, runs)
+                    filled = 0
+            if progress and (i + 1) % 10_000 == 0:
+                log.warning("%s: key index: %d of %d shards read", store.url, i + 1, manifest.num_shards)
+        _spill(buffer[:filled], pbits, runs)
+        del buffer
+        if seen != num_keys:
+            raise IndexFormatError(
+                f"{store.url_of(MANIFEST_NAME)}: the tables hold {seen} samples, the manifest {num_keys}; "
+                "re-run shardstream pack (or shardstream index build)"
+            )
+        counts = np.zeros(num_parts, dtype=np.int64)
+        capacity = np.zeros(num_parts, dtype=np.int64)
+        offsets = np.zeros(num_parts, dtype=np.int64)
+        sizes = np.zeros(num_parts, dtype=np.int64)
+        for p in range(num_parts):
+            entries = np.fromfile(runs[p], dtype="<u8").reshape(-1, 2) if os.path.exists(runs[p]) else None
+            if entries is None:
+                entries = np.empty((0, 2), dtype=np.uint64)
+            slots, cap = _partition_slots(entries, pbits=pbits, bbits=bbits)
+            if os.path.exists(runs[p]):
+                os.unlink(runs[p])
+            fields = {"format": FORMAT, "version": VERSION, "partition": p, "capacity": cap, "count": len(entries)}
+            head, placement = container.layout(PART_MAGIC, fields, [("slots", "<u8", len(slots))])
+            write_pieces(store, part_name(p), [head, slots.tobytes()])
+            counts[p], capacity[p], offsets[p] = len(entries), cap, placement[0][0]
+            sizes[p] = len(head) + slots.nbytes
+    fields = {
+        "format": FORMAT,
+        "version": VERSION,
+        "hash": HASH,
+        "num_keys": num_keys,
+        "partition_bits": pbits,
+        "bucket_bits": bbits,
+        "num_shards": manifest.num_shards,
+        "num_samples": num_keys,
+        "manifest_crc32": manifest_crc32(manifest),
+    }
+    columns = [("count", counts), ("capacity", capacity), ("data_offset", offsets), ("bytes", sizes)]
+    header = b"".join(container.to_pieces(HEADER_MAGIC, fields, columns))
+    store.write_bytes(HEADER_NAME, header)
+    for name in store.list_names(f"{KEYS_DIR}/part-"):  # a previous, larger key index's partitions
+        if (
+            name.endswith(".bin")
+            and name[len(KEYS_DIR) + 6 : -4].isdigit()
+            and int(name[len(KEYS_DIR) + 6 : -4]) >= num_parts
+        ):
+            store.delete(name)
+    return KeyIndexReport(
+        url=store.url_of(HEADER_NAME),
+        num_keys=num_keys,
+        num_partitions=num_parts,
+        bytes=int(sizes.sum()) + len(header),
+        seconds=time.perf_counter() - started,
+        key_ranges=ranges.result(),
+    )
+
+
+def build_key_index(
+    dest: str | os.PathLike[str],
+    *,
+    s3: Any = None,
+    requests: RequestConfig | None = None,
+    progress: bool = False,
+) -> KeyIndexReport:
+    """``shardstream index keys DEST``: add a key index to an existing dataset (any writer's,
+    a foreign one indexed by ``index build`` included), from its tables, in one pass with
+    bounded memory (:func:`write_key_index`). When its keys are sorted (:meth:`Manifest.key_ranges`),
+    ``index.bin`` is rewritten with each shard's first and last key.
+
+    Args:
+        dest: the dataset's directory or ``s3://`` prefix (where ``index.bin`` is).
+        s3, requests: how the store is reached, as for :func:`~shardstream.open_index`.
+        progress: log progress every 10,000 shards.
+
+    Raises:
+        ShardNotFoundError: no ``index.bin`` at ``dest`` (a version 1 dataset: run
+            ``shardstream index upgrade DEST`` first), or a table is missing;
+        IndexFormatError: the index or a table is damaged.
+    """
+    store = open_store(os.fspath(dest), s3=s3, requests=requests)
+    try:
+        data = store.read_bytes(MANIFEST_NAME)
+    except ShardNotFoundError as exc:
+        raise ShardNotFoundError(
+            f"{store.url_of(MANIFEST_NAME)}: no version 2 index here; pass a dataset written by shardstream pack or "
+            "index build (run shardstream index upgrade DEST on a version 1 dataset first)"
+        ) from exc
+    manifest = Manifest.parse(data, url=store.url_of(MANIFEST_NAME))
+    report = write_key_index(store, manifest, progress=progress)
+    if report.key_ranges is not None or manifest.key_ranges() is not None:
+        manifest.set_key_ranges(report.key_ranges)
+        write_pieces(store, MANIFEST_NAME, manifest.pieces())
+    return report
+
+
+def write_with_keys(store: Any, manifest: Manifest) -> KeyIndexReport | None:
+    """Write a dataset's key index, then its ``index.bin`` (with the shards' key ranges when
+    sorted): what every writer (``pack``, ``ShardWriter``, ``pack_samples``, the Ray writers,
+    ``index build``, ``index merge``) does once the tables are written. The manifest goes
+    last, so a dataset whose ``index.bin`` is there has its key index. A dataset of no
+    sample gets none (and None is returned).
+
+    Raises:
+        what :func:`write_key_index` raises.
+    """
+    report = None
+    if manifest.num_samples:  # an empty dataset is removed, not published
+        report = write_key_index(store, manifest)
+        manifest.set_key_ranges(report.key_ranges)
+    write_pieces(store, MANIFEST_NAME, manifest.pieces())
+    return report
+
+
+class _Ranges:
+    """Each shard's first and last key, while every shard's keys are strictly increasing and
+    each shard's first key follows the previous shard's last (else nothing is kept)."""
+
+    def __init__(self, num_shards: int) -> None:
+        self.first: list[str] | None = []
+        self.last: list[str] = []
+        self.num_shards = num_shards
+
+    def add(self, i: int, keys: list[bytes]) -> None:
+        if self.first is None:
+            return
+        if (
+            not keys
+            or (self.last and keys[0] <= self.last[-1].encode())
+            or any(a >= b for a, b in itertools.pairwise(keys))
+        ):
+            self.first = None  # UTF-8 byte order is code-point order: str comparison agrees
+            return
+        try:
+            self.first.append(keys[0].decode("utf-8"))
+            self.last.append(keys[-1].decode("utf-8"))
+        except UnicodeDecodeError:
+            self.first = None
+
+    def result(self) -> tuple[list[str], list[str]] | None:
+        if self.first is None or len(self.first) != self.num_shards:
+            return None
+        return self.first, self.last
+
+
+def _key_bytes(table: ShardTable) -> list[bytes]:
+    blob = table._keys.tobytes()  # the UTF-8 keys, undecoded
+    bounds = table._key_offsets.tolist()
+    return [blob[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _read_tables(store: Any, manifest: Manifest) -> Iterator[ShardTable]:
+    """The manifest's tables from ``store``, in order, a few read ahead in threads."""
+
+    def read(i: int) -> ShardTable:
+        name = manifest.table_name(i)
+        try:
+            data = store.read_bytes(name)
+        except ShardNotFoundError as exc:
+            raise ShardNotFoundError(
+                f"{store.url_of(name)}: the sample table of shard {manifest.name(i)} is missing; re-run "
+                "shardstream pack (or shardstream index build)"
+            ) from exc
+        return ShardTable.parse(
+            data,
+            url=store.url_of(name),
+            num_samples=int(manifest.shard_samples[i]),
+            num_members=int(manifest.shard_members[i]),
+        )
+
+    if isinstance(store, LocalStore) or manifest.num_shards < 2:
+        yield from (read(i) for i in range(manifest.num_shards))
+        return
+    with concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="shardstream-keys") as pool:
+        pending: list[concurrent.futures.Future[ShardTable]] = []
+        for i in range(manifest.num_shards):
+            pending.append(pool.submit(read, i))
+            if len(pending) > _TABLES_AHEAD:
+                yield pending.pop(0).result()  # read_bytes is bounded by the store's request limit
+        for future in pending:
+            yield future.result()
+
+
+def _spill(entries: np.ndarray, pbits: int, runs: list[str]) -> None:
+    """Append ``entries`` (``(n, 2)`` uint64: hash, location) to their partitions' run files."""
+    if not len(entries):
+        return
+    if pbits == 0:
+        with open(runs[0], "ab") as f:
+            f.write(np.ascontiguousarray(entries).tobytes())
+        return
+    parts = entries[:, 0] >> np.uint64(64 - pbits)
+    order = np.argsort(parts, kind="stable")
+    ordered = entries[order]
+    counts = np.bincount(parts.astype(np.int64), minlength=len(runs))
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    for p in np.flatnonzero(counts).tolist():
+        with open(runs[p], "ab") as f:
+            f.write(ordered[bounds[p] : bounds[p + 1]].tobytes())
+
+
+def _bucket_of(hashes: np.ndarray, *, pbits: int, bbits: int) -> np.ndarray:
+    if bbits == 0:
+        return np.zeros(len(hashes), dtype=np.int64)
+    return (
+        ((hashes << np.uint64(pbits)) >> np.uint64(64 - bbits)).astype(np.int64)
+        if pbits
+        else (hashes >> np.uint64(64 - bbits)).astype(np.int64)
+    )
+
+
+def _partition_slots(entries: np.ndarray, *, pbits: int, bbits: int) -> tuple[np.ndarray, int]:
+    """A partition's slots (flat uint64, 2 per slot) and its bucket capacity."""
+    num_buckets = 1 << bbits
+    if not len(entries):
+        return np.empty(0, dtype="<u8"), 0
+    entries = entries[np.lexsort((entries[:, 1], entries[:, 0]))]
+    buckets = _bucket_of(entries[:, 0], pbits=pbits, bbits=bbits)
+    counts = np.bincount(buckets, minlength=num_buckets)
+    capacity = int(counts.max())
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = buckets * capacity + (np.arange(len(entries)) - starts[buckets])
+    slots = np.zeros((num_buckets * capacity, 2), dtype="<u8")
+    slots[:, 1] = EMPTY
+    slots[position] = entries
+    return slots.reshape(-1), capacity
+
+
+# reading
+
+
+class KeyIndex:
+    """A dataset's key index, opened: its header (O(partitions)), and lookups by key, one
+    ranged read of a few KB each (module doc). Picklable (the store is reopened).
+
+    Attributes:
+        url: the header's URL; num_keys: keys indexed; num_partitions: partition files.
+    """
+
+    def __init__(
+        self,
+        *,
+        root: str,
+        manifest: Manifest,
+        fields: dict[str, Any],
+        columns: dict[str, np.ndarray],
+        url: str,
+        s3: Any = None,
+        requests: RequestConfig | None = None,
+    ) -> None:
+        self.root, self.url, self.s3, self.requests = root, url, s3, requests
+        self._shard_samples = manifest.shard_samples
+        self.num_keys = int(fields["num_keys"])
+        self._pbits, self._bbits = int(fields["partition_bits"]), int(fields["bucket_bits"])
+        self.num_partitions = 1 << self._pbits
+        self._count, self._capacity = columns["count"], columns["capacity"]
+        self._offset, self._bytes = columns["data_offset"], columns["bytes"]
+        self._store: Any = None
+
+    def __repr__(self) -> str:
+        return f"KeyIndex({self.url!r}, num_keys={self.num_keys}, num_partitions={self.num_partitions})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_store"] = None
+        return state
+
+    @classmethod
+    def open(cls, index: Any, *, s3: Any = None, requests: RequestConfig | None = None) -> KeyIndex | None:
+        """The key index of the dataset ``index`` opened (its ``keys/header.bin``, one read), or
+        None when it has none (write one with ``shardstream index keys DEST``).
+
+        Args:
+            index: the opened dataset (:func:`~shardstream.open_index`).
+            s3, requests: how its store is reached (default: as ``index`` was opened).
+
+        Raises:
+            IndexFormatError: the header is damaged, of another version, or was built for
+                other shards (stale: run ``shardstream index keys DEST`` again).
+            StorageError: the store failed.
+        """
+        s3 = s3 if s3 is not None else index.s3
+        requests = requests if requests is not None else index.requests
+        store = open_store(index.root, s3=s3, requests=requests)
+        url = store.url_of(HEADER_NAME)
+        try:
+            data = store.read_bytes(HEADER_NAME)
+        except ShardNotFoundError:
+            return None
+        fields, columns = container.read(data, magic=HEADER_MAGIC, url=url, kind="key index")
+        fix = f"run shardstream index keys {index.root} to rebuild it"
+        if fields.get("format") != FORMAT or fields.get("version") != VERSION or fields.get("hash") != HASH:
+            raise IndexFormatError(
+                f"{url}: key index {fields.get('format')!r} version {fields.get('version')!r} hash "
+                f"{fields.get('hash')!r} is not supported (reads version {VERSION}, {HASH}); {fix}"
+            )
+        try:
+            pbits, bbits = int(fields["partition_bits"]), int(fields["bucket_bits"])
+            num_keys = int(fields["num_keys"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{url}: damaged key index header ({exc!r}); {fix}") from exc
+        if not (0 <= pbits <= 32 and 0 <= bbits <= 40):
+            raise IndexFormatError(f"{url}: partition_bits={pbits}, bucket_bits={bbits} out of range; {fix}")
+        for name in ("count", "capacity", "data_offset", "bytes"):
+            column = columns.get(name)
+            if column is None or column.dtype.str != "<i8" or len(column) != 1 << pbits:
+                raise IndexFormatError(f"{url}: column {name!r} missing, not <i8 or not {1 << pbits} long; {fix}")
+        manifest = index.manifest
+        if (
+            fields.get("num_shards") != manifest.num_shards
+            or fields.get("num_samples") != manifest.num_samples
+            or num_keys != manifest.num_samples
+            or int(columns["count"].sum()) != num_keys
+            or fields.get("manifest_crc32") != manifest_crc32(manifest)
+        ):
+            raise IndexFormatError(
+                f"{url}: built for other shards than {manifest.url} holds ({fields.get('num_shards')} shards, "
+                f"{fields.get('num_samples')} samples); the key index is stale, {fix}"
+            )
+        return cls(
+            root=index.root, manifest=manifest, fields=fields, columns=columns, url=url, s3=s3, requests=requests
+        )
+
+    def lookup(self, key: str) -> list[tuple[int, int]]:
+        """Every ``(shard, row)`` whose key hash equals ``key``'s: the candidates, in (shard,
+        row) order, ``[]`` when no sample has that hash. One ranged read of one bucket (about
+        4 KB); the caller checks the key in the shard's table (a collision gives several).
+
+        Raises:
+            IndexFormatError: the partition file is damaged or truncated (named);
+            ShardNotFoundError: it is missing; StorageError: the store failed.
+        """
+        h = int(hash_keys([key.encode("utf-8")])[0])
+        p = h >> (64 - self._pbits) if self._pbits else 0
+        bucket = ((h << self._pbits) & (2**64 - 1)) >> (64 - self._bbits) if self._bbits else 0
+        capacity = int(self._capacity[p])
+        if capacity == 0:
+            return []
+        start = int(self._offset[p]) + SLOT_BYTES * capacity * bucket
+        end = start + SLOT_BYTES * capacity
+        name = part_name(p)
+        data = self._read(name, start, end)
+        if len(data) != end - start:
+            raise IndexFormatError(
+                f"{self._url_of(name)}: truncated ({len(data)} of {end - start} bytes at {start}); "
+                f"run shardstream index keys {self.root} to rebuild the key index"
+            )
+        slots = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
+        used = slots[:, 1] != EMPTY
+        n = int(used.sum())
+        hashes = slots[:n, 0]
+        if (
+            not used[:n].all()
+            or (n and (_bucket_of(hashes, pbits=self._pbits, bbits=self._bbits) != bucket).any())
+            or (self._pbits and n and ((hashes >> np.uint64(64 - self._pbits)) != p).any())
+            or (hashes[1:] < hashes[:-1]).any()
+        ):
+            raise IndexFormatError(
+                f"{self._url_of(name)}: damaged bucket {bucket} at byte {start}; "
+                f"run shardstream index keys {self.root} to rebuild the key index"
+            )
+        hits = slots[:n][hashes == np.uint64(h), 1]
+        shards = (hits >> np.uint64(32)).astype(np.int64)
+        rows = (hits & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        if len(hits) and (
+            (shards >= len(self._shard_samples)).any()
+            or (rows >= self._shard_samples[np.minimum(shards, len(self._shard_samples) - 1)]).any()
+        ):
+            raise IndexFormatError(
+                f"{self._url_of(name)}: bucket {bucket} names a shard or row the dataset does not have; "
+                f"run shardstream index keys {self.root} to rebuild the key index"
+            )
+        return sorted(zip(shards.tolist(), rows.tolist()))
+
+    def _url_of(self, name: str) -> str:
+        return self._get_store().url_of(name)
+
+    def _get_store(self) -> Any:
+        if self._store is None:
+            self._store = open_store(self.root, s3=self.s3, requests=self.requests)
+        return self._store
+
+    def _read(self, name: str, start: int, end: int) -> bytes:
+        store = self._get_store()
+        if isinstance(store, LocalStore):
+            with store.open_read(name, buffer_bytes=0) as f:
+                return os.pread(f.fileno(), end - start, start)
+        future = loop.submit(store.get_range(name, start, end))
+        try:
+            pieces, _, _ = future.result(store.request_limit_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise StorageConnectionError(
+                f"{store.url_of(name)}: no answer in {store.request_limit_s:.0f} s from {store.label} "
+                f"({store.endpoint}); {store.pool_state()}"
+            ) from None
+        except CorruptShardError as exc:
+            raise IndexFormatError(
+                f"{store.url_of(name)}: truncated or changed ({exc}); run shardstream index keys {self.root} "
+                "to rebuild the key index"
+            ) from exc
+        return b"".join(pieces)
