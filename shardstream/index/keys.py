@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RequestConfig
-from ..errors import CorruptShardError, IndexFormatError, ShardNotFoundError, StorageConnectionError
+from ..errors import CorruptShardError, IndexFormatError, ShardNotFoundError
 from ..storage import LocalStore, loop, open_store, write_pieces
 from . import container
 from .manifest import MANIFEST_NAME, Manifest
@@ -573,13 +573,7 @@ class KeyIndex:
                 return os.pread(f.fileno(), end - start, start)
         future = loop.submit(store.get_range(name, start, end))
         try:
-            pieces, _, _ = future.result(store.request_limit_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise StorageConnectionError(
-                f"{store.url_of(name)}: no answer in {store.request_limit_s:.0f} s from {store.label} "
-                f"({store.endpoint}); {store.pool_state()}"
-            ) from None
+            pieces, _, _ = loop.result_within(future, store, store.url_of(name))
         except CorruptShardError as exc:
             raise IndexFormatError(
                 f"{store.url_of(name)}: truncated or changed ({exc}); run shardstream index keys {self.root} "

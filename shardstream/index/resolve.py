@@ -144,13 +144,7 @@ class DatasetIndex:
         try:
             if i in self._tables:
                 return self.table(i)
-            pieces, _, _ = future.result(store.request_limit_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise StorageConnectionError(
-                f"{store.url_of(self.manifest.table_name(i))}: no answer in {store.request_limit_s:.0f} s from "
-                f"{store.label} ({store.endpoint}); {store.pool_state()}"
-            ) from None
+            pieces, _, _ = loop.result_within(future, store, store.url_of(self.manifest.table_name(i)))
         except ShardNotFoundError as exc:
             raise self._missing(i) from exc
         finally:

@@ -21,7 +21,9 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["get_loop", "on_shutdown", "run", "submit"]
+from ..errors import StorageConnectionError
+
+__all__ = ["get_loop", "on_shutdown", "result_within", "run", "submit"]
 
 T = TypeVar("T")
 
@@ -70,6 +72,24 @@ def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
 def run(coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
     """Run ``coro`` on the background loop and wait for its result (re-raising its error)."""
     return submit(coro).result(timeout_s)
+
+
+def result_within(future: concurrent.futures.Future[T], store: Any, url: str) -> T:
+    """``future``'s result, waited for at most ``store.request_limit_s`` (a request to ``store``
+    for ``url`` on the background loop); past that the request is cancelled.
+
+    Raises:
+        StorageConnectionError: no answer in time; names the URL, the store's endpoint and the
+            state of its connection pool. Whatever the request raised, as it raised it.
+    """
+    try:
+        return future.result(store.request_limit_s)
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise StorageConnectionError(
+            f"{url}: no answer in {store.request_limit_s:.0f} s from {store.label} ({store.endpoint}); "
+            f"{store.pool_state()}"
+        ) from None
 
 
 def on_shutdown(hook: Callable[[], Awaitable[None]]) -> None:
