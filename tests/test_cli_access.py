@@ -348,3 +348,12 @@ def test_cat_get_and_ls_on_s3(workdir, s3_server, s3_config, s3_bucket, tmp_path
         1,
         f"shardstream: error: no sample with key 'no/such' in {url} (shardstream ls {url} lists the keys)\n",
     )
+
+
+def test_cat_of_a_key_with_dotdot_names_the_refused_member_not_a_changed_shard(workdir):
+    """The tar reader refuses a member named '../escape.txt' (a path out of any folder); reading
+    that sample says so, naming the member, instead of calling the shard changed."""
+    done = run("cat", "ds", "--index", "0", "--member", "txt", cwd=workdir)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "member '../escape.txt' at byte 0 has an absolute path or '..'; refused" in done.stderr, done.stderr
+    assert "changed since it was indexed" not in done.stderr

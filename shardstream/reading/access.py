@@ -443,6 +443,9 @@ class SampleAccess:
             except CorruptShardError as exc:
                 if self._is_compressed(shard):
                     raise _Compressed from exc
+                lo, hi = int(info.table.member_start[row]), int(info.table.member_start[row + 1])
+                if any(name[:1] == "/" or ".." in name.split("/") for name in info.names[lo:hi]):
+                    raise  # the shard holds the indexed name, which the tar reader refuses (its message names it)
                 raise self._changed(
                     shard, row, f"its bytes [{a}, {b}) are not the tar members indexed ({exc})"
                 ) from exc
