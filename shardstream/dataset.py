@@ -9,8 +9,6 @@ import gc
 import logging
 import operator
 import os
-import sys
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +21,7 @@ from .reading.access import SampleAccess
 from .reading.assign import WorkerSlot, current_slot, distributed_rank, in_worker, loader_id
 from .reading.engine import share_buffer
 from .reading.epochs import EpochBoard, PassState, PassView, warn_advanced
+from .reading.loader import checked_by_loader
 from .reading.mixture import Source
 from .reading.reader import ReaderPass, failing, loader_batch_size, open_reader
 from .reading.schedule import STATE_FORMAT
@@ -247,22 +246,7 @@ class ShardDataset(IterableDataset):
             CorruptShardError, DecodeError, storage errors: ``on_error="skip"`` does not apply
                 to samples asked for explicitly; they are always raised.
         """
-        access = self.random_access()
-        locations = []
-        for item in indices_or_keys:
-            if isinstance(item, str):
-                found = access.find(item)
-                if found is None:
-                    raise KeyError(f"no sample with key {item!r} in the dataset at {access.index.root}")
-                locations.append(found)
-            else:
-                locations.append(access.locate(item))
-        stage = self.reader.options.decode
-        out = []
-        for sample in access.read(locations):
-            del sample["__index__"]  # the sample as streaming yields it
-            out.append(sample if stage is None else stage(sample))
-        return out
+        return self.random_access().samples(indices_or_keys, self.reader.options.decode)
 
     def worker_slot(self) -> WorkerSlot:
         """Who is reading: this rank (with ``replication``: its group) and DataLoader worker.
@@ -404,65 +388,9 @@ class ShardDataset(IterableDataset):
             on_end=lambda: self._epochs.finish_pass(rank=slot.rank, worker_id=worker_id),
             once=self._epochs.once,
         )
-        return self._checked(out)
-
-    def _checked(self, out: Iterator[Any]) -> Iterator[Any]:
-        """``out``, once the DataLoader reading it (if any) was checked at the first sample
-        (:func:`_loader_batching`; O(1) a pass): batches that the DataLoader would batch again
-        raise, a batch size other than ``batch_size`` is warned about (once a dataset)."""
-        loader_batch = _loader_batching(self)
-        if loader_batch is not None:
-            if self.collate is not None:
-                raise ValueError(
-                    f"ShardDataset(collate=...) hands out whole batches of {self.batch_size} samples, but the "
-                    f"DataLoader batches them again (batch_size={loader_batch}); read it with "
-                    "DataLoader(dataset, batch_size=None)"
-                )
-            if self.batch_size is not None and loader_batch != self.batch_size and self._epochs.once(_MISBATCHED):
-                _warn(
-                    f"ShardDataset(batch_size={self.batch_size}) but the DataLoader batches {loader_batch} samples: "
-                    f"the dataset cuts each DataLoader worker's share into whole batches of {self.batch_size}, so "
-                    "with several workers the DataLoader gives more batches than len(loader) counts (loops that "
-                    "stop at len(loader), as Lightning and Hugging Face's Trainer do, miss the rest), and "
-                    "loader_state_dict() refuses it. Give both the same batch size: "
-                    f"ShardDataset(batch_size={loader_batch}) or DataLoader(batch_size={self.batch_size})."
-                )
-        yield from out
-
-
-_MISBATCHED = 4  # EpochBoard.once flag: warned that the DataLoader batches by another size
-
-
-def _loader_batching(dataset: ShardDataset) -> int | None:
-    """The batch size of the DataLoader whose fetcher is asking ``dataset``'s iterator for its
-    first sample, where it batches (``auto_collation``); None where it does not, or where no
-    torch ``_IterableDatasetFetcher.fetch`` of ``dataset`` is among the calling frames (another
-    torch, a plain loop). Its ``possibly_batched_index`` is the DataLoader's batch of indices,
-    in the training process and in DataLoader workers alike."""
-    try:
-        frame = sys._getframe(2)  # past this function and the generator that asks
-        for _ in range(4):
-            if frame is None:
-                return None
-            fetcher = frame.f_locals.get("self") if frame.f_code.co_name == "fetch" else None
-            if fetcher is not None and type(fetcher).__name__ == "_IterableDatasetFetcher":
-                index = frame.f_locals.get("possibly_batched_index")
-                if getattr(fetcher, "dataset", None) is not dataset or not getattr(fetcher, "auto_collation", False):
-                    return None
-                return len(index) if isinstance(index, Sequence) else None
-            frame = frame.f_back
-    except Exception:  # noqa: BLE001 - a check, never a failure of the read
-        return None
-    return None
-
-
-def _warn(message: str) -> None:
-    """``warnings.warn`` in the training process; in a DataLoader worker, a log line (a
-    worker's warnings filters and output are not the training process's)."""
-    if in_worker():
-        log.warning("%s", message)
-    else:
-        warnings.warn(message, UserWarning, stacklevel=2)
+        return checked_by_loader(
+            out, self, batch_size=self.batch_size, batches=self.collate is not None, once=self._epochs.once
+        )
 
 
 def loader_state_dict(loader: Any, samples_consumed: int) -> dict[str, Any]:

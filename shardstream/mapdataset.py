@@ -106,12 +106,7 @@ class ShardMapDataset(Dataset):  # type: ignore[type-arg]
         Raises:
             as :meth:`__getitem__`.
         """
-        samples = self.access.read([self.access.locate(i) for i in indices])
-        out = []
-        for sample in samples:
-            del sample["__index__"]
-            out.append(sample if self.decode is None else self.decode(sample))
-        return out
+        return self.access.samples(indices, self.decode)
 
     def get(self, key: str) -> Any:
         """The sample with ``key``.
@@ -119,9 +114,4 @@ class ShardMapDataset(Dataset):  # type: ignore[type-arg]
         Raises:
             KeyError: no sample has ``key`` (names it and the dataset).
         """
-        found = self.access.find(key)
-        if found is None:
-            raise KeyError(f"no sample with key {key!r} in the dataset at {self.index.root}")
-        sample = self.access.read([found])[0]
-        del sample["__index__"]
-        return sample if self.decode is None else self.decode(sample)
+        return self.access.samples([key], self.decode)[0]

@@ -34,7 +34,7 @@ import io
 import itertools
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -310,6 +310,33 @@ class SampleAccess:
         )
 
     # -- reading -----------------------------------------------------------------------------
+
+    def samples(
+        self, indices_or_keys: Iterable[int | str], decode: Callable[[dict[str, Any]], Any] | None = None
+    ) -> list[Any]:
+        """The samples asked for, in the order asked: global indices (ints) and keys (strs), which
+        may be mixed; each as streaming yields it (no ``__index__``), through ``decode`` (a
+        reader's per-sample stage) when given. What ``ShardDataset.get_many`` and
+        ``ShardMapDataset`` hand out.
+
+        Raises:
+            IndexError: as :meth:`locate`. KeyError: a key no sample has (names it and the
+            dataset). Others as :meth:`find`, :meth:`read` and ``decode``.
+        """
+        locations = []
+        for item in indices_or_keys:
+            if isinstance(item, str):
+                found = self.find(item)
+                if found is None:
+                    raise KeyError(f"no sample with key {item!r} in the dataset at {self.index.root}")
+                locations.append(found)
+            else:
+                locations.append(self.locate(item))
+        out = []
+        for sample in self.read(locations):
+            del sample["__index__"]  # the sample as streaming yields it
+            out.append(sample if decode is None else decode(sample))
+        return out
 
     def read(self, locations: Iterable[tuple[int, int]]) -> list[dict[str, Any]]:
         """The raw samples at ``locations`` (``(shard, row)`` pairs, from :meth:`locate` or
