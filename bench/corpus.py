@@ -8,6 +8,7 @@
 - :func:`small_corpus`: the same kind of JPEGs at about 200 x 200 px (~18 KB): a web-scale
   image-text dataset's thumbnails.
 - :func:`tiny_corpus`: many 100-byte files, 1,000 per directory.
+- :func:`write_once`: a peer's copy of a corpus written once into a folder and kept.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from __future__ import annotations
 import io
 import os
 import random
+import shutil
 import subprocess
 import sys
+import time
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -154,3 +158,20 @@ def tiny_corpus(num_files: int, *, size_bytes: int = 100) -> Path:
                 f.write(payload)
     done.write_text(str(num_files))
     return root
+
+
+def write_once(folder: Path, write: Callable[[Path], None]) -> float:
+    """``write(partial)`` into ``folder`` unless a finished copy is there (its ``.complete``
+    marker); the folder appears whole or not at all. Returns the seconds spent (0.0: kept)."""
+    if (folder / ".complete").exists():
+        return 0.0
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    started = time.perf_counter()
+    write(partial)
+    seconds = time.perf_counter() - started
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    (folder / ".complete").write_text(f"{seconds:.1f}")
+    return seconds

@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from corpus import write_once
 from procs import process_cpu_s
 
 BUCKET = "bench"
@@ -133,18 +134,7 @@ WRITERS = {"shardstream": write_shardstream, "mds": write_mds, "litdata": write_
 
 def convert(system: str, items: list[tuple[int, int]], folder: Path, shard_bytes: int) -> float:
     """Write ``system``'s copy into ``folder`` unless it is there; returns seconds spent."""
-    if (folder / ".complete").exists():
-        return 0.0
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    started = time.perf_counter()
-    WRITERS[system](items, partial, shard_bytes)
-    seconds = time.perf_counter() - started
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
-    (folder / ".complete").write_text(f"{seconds:.1f}")
-    return seconds
+    return write_once(folder, lambda partial: WRITERS[system](items, partial, shard_bytes))
 
 
 def upload(client: Any, folder: Path, prefix: str) -> None:

@@ -109,7 +109,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import CACHE, photo_corpus, small_corpus, tiny_corpus
+from corpus import CACHE, photo_corpus, small_corpus, tiny_corpus, write_once
 from pack import tree_rss_bytes
 from procs import process_cpu_s
 
@@ -281,18 +281,7 @@ PEER_WRITERS: dict[str, Callable[[Setup, Path, int], None]] = {
 
 def convert_peer(setup: Setup, system: str, folder: Path, shard_bytes: int) -> float:
     """Write ``system``'s copy of the corpus into ``folder`` unless it is there; returns seconds spent."""
-    if (folder / ".complete").exists():
-        return 0.0
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    started = time.perf_counter()
-    PEER_WRITERS[system](setup, partial, shard_bytes)
-    seconds = time.perf_counter() - started
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
-    (folder / ".complete").write_text(f"{seconds:.1f}")
-    return seconds
+    return write_once(folder, lambda partial: PEER_WRITERS[system](setup, partial, shard_bytes))
 
 
 def upload_tree(setup: Setup, folder: Path, prefix: str) -> None:
