@@ -15,7 +15,7 @@ from .packing import PackReport, Part, ShardWriter, build_index, pack, pack_samp
 from .packing.sources import Problem, ProblemKind
 from .packing.verify import ShardCheck, verify
 from .reading.access import SampleAccess
-from .reading.assign import WorkerSlot
+from .reading.assign import NodeAffinity, WorkerSlot
 from .reading.batching import Batcher, CollateBatcher, RunBatcher
 from .reading.mixture import Source
 from .reading.slicer import FileRun
@@ -75,6 +75,7 @@ __all__ = [
     "Manifest",
     "MemberEntry",
     "MissingFieldError",
+    "NodeAffinity",
     "PackReport",
     "Part",
     "Problem",

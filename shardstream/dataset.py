@@ -18,7 +18,7 @@ from .config import FetchConfig, RequestConfig, S3Config
 from .decode.cpu import ImageFormat
 from .decode.stage import PickedSamples, make_decoder
 from .reading.access import SampleAccess
-from .reading.assign import WorkerSlot, current_slot, distributed_rank, in_worker, loader_id
+from .reading.assign import NodeAffinity, WorkerSlot, current_slot, distributed_rank, in_worker, loader_id
 from .reading.engine import share_buffer
 from .reading.epochs import EpochBoard, PassState, PassView, warn_advanced
 from .reading.loader import checked_by_loader
@@ -73,6 +73,13 @@ class ShardDataset(IterableDataset):
             (by repeats); CRC-32 checks of whole shards.
         resampled, epoch_samples, mix, replication: endless draws; a mixture's epoch size and
             interleaving; ranks per model-parallel group.
+        shard_affinity: ``"node"``: each node keeps the same share of the shards in every epoch
+            (shuffled within the node, across its ranks and workers, anew each epoch), so once
+            its share is in its node cache (``cache_dir``) later epochs read nothing from the
+            store; exact epochs and resume hold; an elastic resume re-partitions (logged).
+            Nodes come from torchrun's ``LOCAL_WORLD_SIZE``, or
+            ``NodeAffinity(ranks_per_node=...)``. Not with a mixture, bare shard URLs or
+            ``resampled``. docs/planning.md says what it trades.
         collate: a :class:`~shardstream.reading.batching.Batcher` or ``collate_fn``: hand out
             batches of ``batch_size`` (read with ``DataLoader(batch_size=None)``: a DataLoader
             that batches them again raises a ValueError when iteration starts).
@@ -116,6 +123,7 @@ class ShardDataset(IterableDataset):
         replication: int = 1,
         collate: Callable[[list[Any]], Any] | None = None,
         fields: Mapping[str, str] | Sequence[str] | None = None,
+        shard_affinity: str | NodeAffinity | None = None,
     ) -> None:
         super().__init__()
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__", "fetch")}  # all but fetch
@@ -283,7 +291,7 @@ class ShardDataset(IterableDataset):
         segments = pending.segments if pending is not None and pending.epoch == epoch and pending.segments else []
         self._set = self._epochs.set(epoch, segments)
         if self.reader.exact:
-            self._schedule.prepare(epoch)  # now, so DataLoader workers forked next inherit it
+            self._schedule.prepare(epoch, self.worker_slot())  # now, so DataLoader workers forked next inherit it
 
     def _view(self, num_workers: int | None = None) -> PassView:
         return self._epochs.view(rank=self.worker_slot().rank, num_workers=num_workers)

@@ -15,6 +15,9 @@ group of K consecutive ranks the same samples.
 With --slow-rank R, rank R starts its first epoch only when every other rank has read its own
 (OUT_DIR/read-<rank>), or after --slow-s seconds if one has not (as when iteration waits for rank R).
 
+With --affinity the dataset keeps each node's shards (shard_affinity="node"); --cache-dir
+gives it a node cache. Each rank's epoch record holds its cache counters (stats()).
+
 With --persistent one DataLoader with persistent workers serves every epoch (else a new one
 per epoch); with --no-set-epoch the loop never calls set_epoch, so each pass reads the next epoch.
 
@@ -61,6 +64,9 @@ def main() -> None:
     parser.add_argument("--no-set-epoch", action="store_true")
     parser.add_argument("--epoch-samples", type=int)
     parser.add_argument("--replication", type=int, default=1)
+    parser.add_argument("--affinity", action="store_true", help="ShardDataset(shard_affinity='node')")
+    parser.add_argument("--cache-dir", help="the node cache (one per node); its bound is --cache-limit-bytes")
+    parser.add_argument("--cache-limit-bytes", type=int, default=1 << 30)
     args = parser.parse_args()
     jobs = [(args.source, args.out_dir), *((source, Path(out)) for source, out in args.also)]
     resumes = args.resume or [None] * len(jobs)
@@ -92,6 +98,9 @@ def read(args: argparse.Namespace, source: str, out_dir: Path, resume: Path | No
         max_open_shards=2,
         drop_last=args.drop_last,
         replication=args.replication,
+        shard_affinity="node" if args.affinity else None,
+        cache_dir=args.cache_dir,
+        cache_limit_bytes=args.cache_limit_bytes if args.cache_dir else None,
         **mixture,
     )
     first_epoch = 0
@@ -143,6 +152,7 @@ def read(args: argparse.Namespace, source: str, out_dir: Path, resume: Path | No
             "started": started,
             "ended": ended,
             "epoch": dataset.epoch,
+            "stats": {k: getattr(dataset.stats(), k) for k in ("cache_hits", "cache_misses", "cache_fills")},
         }
         dist.all_gather_object(gathered, mine)
         epochs.append({"epoch": epoch, "ranks": gathered})

@@ -12,7 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["WorkerSlot", "assign_shards", "current_slot", "distributed_rank", "in_worker", "loader_id", "shard_order"]
+__all__ = [
+    "NodeAffinity",
+    "WorkerSlot",
+    "assign_shards",
+    "current_slot",
+    "distributed_rank",
+    "in_worker",
+    "loader_id",
+    "shard_order",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +47,60 @@ class WorkerSlot:
     @property
     def num_slots(self) -> int:
         return self.world_size * self.num_workers
+
+
+@dataclass(frozen=True)
+class NodeAffinity:
+    """``ShardDataset(shard_affinity="node")``: each node reads the same share of the dataset
+    in every epoch (shuffled within the node, across its ranks and workers, anew each epoch),
+    so once its share is in its node cache, no epoch after the first reads from the store.
+
+    Args:
+        ranks_per_node: ranks on each node; None: torchrun's ``LOCAL_WORLD_SIZE``, read when
+            the dataset is made (without it, all ranks count as one node). Ranks
+            ``n * ranks_per_node ..`` are node ``n``, as torchrun numbers them (``GROUP_RANK``).
+
+    Raises:
+        ValueError: ``ranks_per_node`` (or ``LOCAL_WORLD_SIZE``) is not an int >= 1.
+    """
+
+    ranks_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        n = self.ranks_per_node
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"NodeAffinity(ranks_per_node={n!r}) must be an int >= 1 or None (LOCAL_WORLD_SIZE)")
+
+    @classmethod
+    def of(cls, value: object, *, replication: int = 1) -> NodeAffinity | None:
+        """``shard_affinity``'s value as an affinity whose ``ranks_per_node`` counts readers
+        (with ``replication`` k, data-parallel groups: ranks / k), resolved now from the
+        environment where not given; None for None.
+
+        Raises:
+            ValueError: another value, a bad ``LOCAL_WORLD_SIZE``, or ranks per node that
+                are not a multiple of ``replication``.
+        """
+        if value is None:
+            return None
+        if value == "node":
+            value = cls()
+        if not isinstance(value, NodeAffinity):
+            raise ValueError(f"shard_affinity={value!r} must be None, 'node' or NodeAffinity(ranks_per_node=...)")
+        ranks = value.ranks_per_node
+        if ranks is None and "LOCAL_WORLD_SIZE" in os.environ:
+            raw = os.environ["LOCAL_WORLD_SIZE"]
+            try:
+                ranks = int(raw)
+            except ValueError:
+                raise ValueError(f"LOCAL_WORLD_SIZE={raw!r} must be an int (as torchrun sets it)") from None
+            cls(ranks)  # checks it
+        if ranks is not None and ranks % replication:
+            raise ValueError(
+                f"shard_affinity='node' with {ranks} ranks per node and replication={replication}: a node must "
+                "hold whole model-parallel groups"
+            )
+        return cls(None if ranks is None else ranks // replication)
 
 
 def distributed_rank() -> tuple[int, int] | None:

@@ -188,8 +188,13 @@ class ReadingEngine:
         ranges are read from them), asked for together."""
         shards, counts = self.shards, self.shards.sample_counts
         assert counts is not None  # internal invariant: only planned reads come here
+        cache = self._cache()
         tables = _TableRequests(
-            shards, runs, ahead=fetch.max_inflight_shards + 1, on_retry=lambda exc: stats.add("retries", 1)
+            shards,
+            runs,
+            ahead=fetch.max_inflight_shards + 1,
+            on_retry=lambda exc: stats.add("retries", 1),
+            cache=cache,
         )
         whole = [run.lo == 0 and run.hi == int(counts[run.shard]) - 1 for run in runs]
         ranges: list[tuple[int, int] | None] = [None] * len(runs)
@@ -204,7 +209,7 @@ class ReadingEngine:
             s3=self.s3,
             requests=self.requests,
             fetch=fetch,
-            cache=self._cache(),
+            cache=cache,
             stats=stats,
         )
         # The streams come first in the zip, so the generator runs to its end after the last
@@ -496,8 +501,10 @@ class _TableRequests:
         *,
         ahead: int,
         on_retry: Callable[[BaseException], None] | None = None,
+        cache: ShardCache | None = None,
     ) -> None:
         self.shards, self.runs, self.ahead, self.on_retry = shards, runs, ahead, on_retry
+        self.cache = cache  # the node cache: remote tables are read from it, or written into it
         self.asked: dict[int, Callable[[], ShardTable]] = {}
         self.next = 0  # the first run not asked for yet
 
@@ -508,7 +515,7 @@ class _TableRequests:
         pending = collections.deque()
         for r in wanted:
             pending.append(r)
-            self.asked[r] = self.shards.request_table(self.runs[r].shard, on_retry=self.on_retry)
+            self.asked[r] = self.shards.request_table(self.runs[r].shard, on_retry=self.on_retry, cache=self.cache)
             if len(pending) >= window:
                 q = pending.popleft()
                 yield q, self._kept(q)
@@ -525,13 +532,17 @@ class _TableRequests:
         """Ask for the tables of the runs before ``upto`` not asked for yet."""
         while self.next < min(upto, len(self.runs)):
             if self.next not in self.asked:
-                self.asked[self.next] = self.shards.request_table(self.runs[self.next].shard, on_retry=self.on_retry)
+                self.asked[self.next] = self.shards.request_table(
+                    self.runs[self.next].shard, on_retry=self.on_retry, cache=self.cache
+                )
             self.next += 1
 
     def get(self, r: int) -> Callable[[], ShardTable]:
         """Run ``r``'s table, as a function that waits for it; asks for the next runs' tables."""
         self.ask(r + self.ahead)
-        return self.asked.pop(r, None) or self.shards.request_table(self.runs[r].shard, on_retry=self.on_retry)
+        return self.asked.pop(r, None) or self.shards.request_table(
+            self.runs[r].shard, on_retry=self.on_retry, cache=self.cache
+        )
 
 
 def _skip_corrupt(batches: Iterator[Batch], run: PlanRun, url: str) -> Iterator[Batch]:

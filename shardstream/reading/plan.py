@@ -58,7 +58,9 @@ import numpy as np
 
 __all__ = [
     "EpochPlan",
+    "NodeLayout",
     "Segment",
+    "ShardOrder",
     "WorkerPlan",
     "buffer_order",
     "consumed_per_worker",
@@ -135,13 +137,16 @@ def split_workers(total: int, num_workers: int, batch_size: int | None) -> list[
     return sizes
 
 
-def _wrapped(start: int, stop: int, total: int) -> list[tuple[int, int]]:
-    """Ranges within ``[0, total)`` that cover positions ``start..stop-1`` taken modulo
-    ``total``, in order (a padded piece wraps to the start, more than once when the epoch has
-    fewer samples than ranks)."""
+def _wrapped(start: int, stop: int, total: int, base: int = 0) -> list[tuple[int, int]]:
+    """Ranges within ``[0, total)`` that cover positions ``start..stop-1``, positions from
+    ``total`` on wrapping around to ``base`` (a padded piece wraps to the start of the epoch, or
+    with node affinity to the start of the last node's share; more than once when the epoch
+    has fewer samples than ranks), in order."""
+    if not 0 <= base < total:
+        base = 0
     out = []
     while start < stop:
-        a = start % total
+        a = start if start < total else base + (start - total) % (total - base)
         b = min(total, a + stop - start)
         out.append((a, b))
         start += b - a
@@ -285,16 +290,25 @@ class PlanRun(NamedTuple):
         return np.arange(self.lo, self.hi + 1, dtype=np.int64) if self.index is None else self.index
 
 
-def runs_between(starts: np.ndarray, start: int, stop: int, order: np.ndarray | None = None) -> list[PlanRun]:
+def runs_between(
+    starts: np.ndarray,
+    start: int,
+    stop: int,
+    order: np.ndarray | None = None,
+    offsets: np.ndarray | None = None,
+) -> list[PlanRun]:
     """Runs of positions ``start..stop-1`` of a sequence of pieces where piece ``k`` (shard
-    ``order[k]``, or ``k`` without ``order``) begins at ``starts[k]``: one per piece met, in
-    O(pieces met); pieces without samples take no place."""
+    ``order[k]``, or ``k`` without ``order``, from its sample ``offsets[k]`` on, or its first)
+    begins at ``starts[k]``: one per piece met, in O(pieces met); pieces without samples take
+    no place."""
     if stop <= start:
         return []
     first, last = (np.searchsorted(starts, [start, stop - 1], side="right") - 1).tolist()
     begins = starts[first : last + 2]
     lo = np.maximum(begins[:-1], start) - begins[:-1]
     hi = np.minimum(begins[1:], stop) - 1 - begins[:-1]
+    if offsets is not None:
+        lo, hi = lo + offsets[first : last + 1], hi + offsets[first : last + 1]
     pieces = range(first, last + 1) if order is None else order[first : last + 1].tolist()
     return [PlanRun(k, a, b) for k, a, b in zip(pieces, lo.tolist(), hi.tolist()) if b >= a]
 
@@ -523,34 +537,110 @@ class WorkerPlan:
 
 
 @dataclass(frozen=True)
+class NodeLayout:
+    """How node affinity splits a job: ``num_nodes`` nodes of ``ranks_per_node`` ranks each
+    (ranks ``n * ranks_per_node ..`` on node ``n``, as torchrun numbers them), each rank taking
+    ``per_rank`` samples an epoch (:func:`per_rank`). Node ``n``'s share is positions
+    ``n * node_samples ..`` of the epoch's sequence."""
+
+    num_nodes: int
+    ranks_per_node: int
+    per_rank: int
+
+    @property
+    def node_samples(self) -> int:
+        return self.ranks_per_node * self.per_rank
+
+
+_AFFINITY_STREAM = 0x5A4E  # seeds the fixed split of shards over nodes, apart from any epoch's
+
+
+@dataclass(frozen=True)
 class ShardOrder:
     """One epoch's order of shards: the part of a plan that costs O(shards) and is the same
     for every rank and worker. A dataset keeps the latest ones, so DataLoader workers forked
     after ``set_epoch`` or ``len()`` inherit it instead of each computing its own copy.
 
+    With node affinity (``nodes``) the sequence is made of *pieces*: the shards in an order
+    fixed by ``seed`` alone are cut into the nodes' shares at the node boundaries (a shard
+    that straddles one is split in two, so at most ``num_nodes - 1`` shards are read by two
+    nodes), and each epoch shuffles the pieces within each node. So every node reads the
+    same samples in every epoch, in a new order.
+
     Attributes (numpy, CPU):
         starts: int64 ``(shards + 1,)``: the first sample id of each shard, in index order.
-        order: int32 ``(shards,)``: shard ids in the epoch's order.
-        order_starts: int64 ``(shards + 1,)``: where each shard of ``order`` begins in the
+        order: int32 ``(pieces,)``: the shard of each piece, in the epoch's order (without
+            node affinity a piece is a whole shard and there are ``shards`` of them).
+        order_starts: int64 ``(pieces + 1,)``: where each piece of ``order`` begins in the
             epoch's sequence.
+        offsets: int64 ``(pieces,)``: each piece's first sample in its shard; None: all 0.
+        wrap_from: where padding wraps to in the sequence (0; with node affinity, the start
+            of the last node's share, so its padding repeats its own samples).
     """
 
     starts: np.ndarray
     order: np.ndarray
     order_starts: np.ndarray
+    offsets: np.ndarray | None = None
+    wrap_from: int = 0
 
     @classmethod
     def make(
-        cls, counts: Sequence[int], *, seed: int, epoch: int, shuffle: bool, starts: np.ndarray | None = None
+        cls,
+        counts: Sequence[int],
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        starts: np.ndarray | None = None,
+        nodes: NodeLayout | None = None,
     ) -> ShardOrder:
         """The order of ``counts``' shards in ``epoch`` (permuted by ``(seed, epoch)`` when
-        ``shuffle``); ``starts``: the cumulative counts, when already known."""
+        ``shuffle``); ``starts``: the cumulative counts, when already known; ``nodes``: node
+        affinity's layout (class doc). O(shards)."""
         counts = np.asarray(counts, dtype=np.int64)
         if starts is None:
             starts = np.concatenate([[0], np.cumsum(counts)])
         shards = np.arange(len(counts), dtype=np.int32)  # int32: a million shards shuffle faster
+        if nodes is not None:
+            return cls._by_node(counts, starts, shards, seed=seed, epoch=epoch, shuffle=shuffle, nodes=nodes)
         order = np.random.default_rng([seed, epoch]).permutation(shards) if shuffle else shards
         return cls(starts, order, np.concatenate([[0], np.cumsum(counts[order])]))
+
+    @classmethod
+    def _by_node(
+        cls,
+        counts: np.ndarray,
+        starts: np.ndarray,
+        shards: np.ndarray,
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        nodes: NodeLayout,
+    ) -> ShardOrder:
+        total = int(starts[-1])
+        base = np.random.default_rng([seed, _AFFINITY_STREAM]).permutation(shards) if shuffle else shards
+        base_starts = np.concatenate([[0], np.cumsum(counts[base])])
+        cuts = np.minimum(np.arange(1, nodes.num_nodes, dtype=np.int64) * nodes.node_samples, total)
+        begins = np.unique(np.concatenate([base_starts[:-1], cuts]))
+        begins = begins[begins < total]
+        lengths = np.diff(np.concatenate([begins, [total]]))
+        at = np.searchsorted(base_starts, begins, side="right") - 1  # the base shard each piece is of
+        node = np.searchsorted(cuts, begins, side="right")
+        if shuffle:
+            keys = np.random.default_rng([seed, epoch, _AFFINITY_STREAM]).random(len(begins))
+            perm = np.lexsort((keys, node))  # by node, then at random within it
+        else:
+            perm = np.arange(len(begins))
+        last = int(cuts[-1]) if len(cuts) else 0
+        return cls(
+            starts,
+            base[at[perm]],
+            np.concatenate([[0], np.cumsum(lengths[perm])]),
+            (begins - base_starts[at])[perm],
+            last if last < total else 0,
+        )
 
 
 @dataclass
@@ -579,6 +669,7 @@ class EpochPlan:
     segments: Sequence[Segment] = ()
     batch_size: int | None = None
     shard_order: ShardOrder | None = field(default=None, repr=False)
+    orders: Callable[[int], ShardOrder] | None = field(default=None, repr=False)  # by world size (node affinity)
 
     def __post_init__(self) -> None:
         # The epoch's order of shards and where each begins in the epoch's sequence: O(shards),
@@ -586,17 +677,24 @@ class EpochPlan:
         if self.shard_order is None:
             self.shard_order = ShardOrder.make(self.counts, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
         self._starts = self.shard_order.starts
-        self._order = self.shard_order.order
-        self._order_starts = self.shard_order.order_starts
 
     @property
     def num_samples(self) -> int:
         return int(self._starts[-1])
 
-    def _runs_in(self, start: int, stop: int) -> list[PlanRun]:
-        """Runs of positions ``start..stop-1`` of the epoch's sequence: one per shard met, in
-        O(shards met)."""
-        return runs_between(self._order_starts, start, stop, self._order)
+    def order_for(self, world_size: int) -> ShardOrder:
+        """The epoch's order of shards for a job of ``world_size`` readers: the same for every
+        world size, but under node affinity, where the nodes' shares follow it (``orders``)."""
+        if self.orders is None:
+            assert self.shard_order is not None  # set in __post_init__
+            return self.shard_order
+        return self.orders(world_size)
+
+    @staticmethod
+    def _runs_in(order: ShardOrder, start: int, stop: int) -> list[PlanRun]:
+        """Runs of positions ``start..stop-1`` of the epoch's sequence in ``order``: one per
+        piece (shard, or with node affinity part of one) met, in O(pieces met)."""
+        return runs_between(order.order_starts, start, stop, order.order, order.offsets)
 
     def per_rank(self, total: int, world_size: int) -> int:
         """Samples each rank gets of ``total`` (:func:`per_rank`)."""
@@ -622,8 +720,10 @@ class EpochPlan:
         sizes = split_workers(per_rank, num_workers, batch_size)
         start = rank * per_rank + sum(sizes[:worker_id])
         stop = start + sizes[worker_id]
-        runs_in = self._runs_in if todo is None else todo.runs
-        return [run for a, b in _wrapped(start, stop, total) for run in runs_in(a, b)]
+        if todo is not None:
+            return [run for a, b in _wrapped(start, stop, total) for run in todo.runs(a, b)]
+        order = self.order_for(world_size)
+        return [run for a, b in _wrapped(start, stop, total, order.wrap_from) for run in self._runs_in(order, a, b)]
 
     def worker_plan(self, runs: list[PlanRun], *, seg: int, rank: int, worker_id: int) -> WorkerPlan:
         """The plan of worker ``worker_id`` of ``rank`` whose piece is ``runs`` (epoch order)."""

@@ -32,7 +32,7 @@ from typing import Any
 from ..config import FetchConfig, RequestConfig, S3Config
 from ..index import DatasetIndex, resolve_source
 from ..tarstream import Batch
-from .assign import WorkerSlot
+from .assign import NodeAffinity, WorkerSlot
 from .batching import Batcher, RunPiece, as_batcher, batches, reads_runs
 from .engine import ReadingEngine, repeat_over_skips, shuffled
 from .epochs import PassState
@@ -173,7 +173,7 @@ class Reader:
         """
         options, schedule = self.options, self.schedule
         if self.exact:
-            plan = schedule.plan(state)
+            plan = schedule.plan(state, slot)
             try:
                 mine, seg = schedule.worker_plan(plan, slot)
             except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
@@ -284,6 +284,7 @@ def open_reader(
     replication: int,
     collate: Any,
     fields: Any = None,
+    shard_affinity: Any = None,
     make_decoder: Callable[..., Callable[[dict[str, Any]], Any] | None],
 ) -> tuple[Reader, Sequence[str], DatasetIndex | None]:
     """The reader of :class:`shardstream.ShardDataset`'s arguments (their meaning is there
@@ -330,6 +331,7 @@ def open_reader(
         batcher=batcher,
         batch_size=batch_size,
     )
+    affinity = NodeAffinity.of(shard_affinity, replication=replication)
     order = dict(seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer, max_open_shards=max_open_shards)
     order.update(drop_last=drop_last, batch_size=batch_size)
     engine = dict(s3=s3, requests=requests, on_error=on_error, verify_checksums=verify_checksums)
@@ -346,10 +348,20 @@ def open_reader(
             )
         urls, index = resolve_source(source, s3=s3, requests=requests)
         shards = IndexedShards(index) if index is not None else url_shards(urls, s3=s3, requests=requests)
-        schedule: Schedule = EpochSchedule(shards, **order)
+        if affinity is not None and (resampled or shards.sample_counts is None):
+            raise ValueError(
+                "shard_affinity='node' splits exact epochs by node: it needs an index (not bare shard URLs) "
+                "and resampled=False"
+            )
+        schedule: Schedule = EpochSchedule(shards, **order, shard_affinity=affinity)
         return Reader(schedule, [ReadingEngine(shards, **engine)], options), urls, index
     if resampled:
         raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
+    if affinity is not None:
+        raise ValueError(
+            "shard_affinity='node' is not supported for a mixture yet: each source would need its own node "
+            "shares; read the mixture without it (its node cache then holds what each epoch brings)"
+        )
     with concurrent.futures.ThreadPoolExecutor(min(16, len(sources))) as pool:  # their indexes' GETs at once
         resolved = list(pool.map(lambda src: resolve_source(src.location, s3=s3, requests=requests), sources))
     sets = [

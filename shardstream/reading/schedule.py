@@ -20,22 +20,26 @@ answers, all O(shards) or O(workers), never O(samples):
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..tarstream import Batch
-from .assign import WorkerSlot, assign_shards
+from .assign import NodeAffinity, WorkerSlot, assign_shards
 from .engine import ReadingEngine, read_mixed
 from .epochs import PassState
 from .mixplan import MIX_MODES, MixturePlan, MixWorkerPlan, real_plan
 from .mixture import Coverage, CoverageBase, Selection, Source, epoch_counts, selection
-from .plan import EpochPlan, Segment, ShardOrder, WorkerPlan
+from .plan import EpochPlan, NodeLayout, Segment, ShardOrder, WorkerPlan, per_rank
 from .shards import ShardSet
 from .slicer import FileRun
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "MixtureSchedule", "Plan", "Schedule", "segments_of"]
+
+log = logging.getLogger("shardstream")
 
 STATE_FORMAT = "shardstream-state"
 STATE_VERSION = 1
@@ -72,12 +76,14 @@ class Schedule:
     names: tuple[str, ...] = ()
     sources: list[Source] | None = None  # a mixture's
 
-    def prepare(self, epoch: int) -> None:
-        """Compute ``epoch``'s order now (O(shards)), so DataLoader workers forked next inherit it."""
+    def prepare(self, epoch: int, slot: WorkerSlot | None = None) -> None:
+        """Compute ``epoch``'s order now (O(shards)) for the job ``slot`` is in, so DataLoader
+        workers forked next inherit it."""
         raise NotImplementedError
 
-    def plan(self, state: PassState) -> Plan:
-        """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
+    def plan(self, state: PassState, slot: WorkerSlot | None = None) -> Plan:
+        """The plan of the pass ``state`` (its epoch, resumed from its checkpoint segments) for
+        the job ``slot`` is in (its world size sets the nodes' shares under node affinity)."""
         raise NotImplementedError
 
     def read_worker(
@@ -112,6 +118,7 @@ class Schedule:
         max_open_shards: int,
         drop_last: bool,
         batch_size: int | None,
+        shard_affinity: NodeAffinity | None = None,
     ) -> None:
         """Hold the sample counts and the settings that fix an epoch's order."""
         self.counts: np.ndarray | None = counts
@@ -123,6 +130,7 @@ class Schedule:
         self.max_open_shards = max_open_shards
         self.drop_last = drop_last
         self.batch_size = batch_size
+        self.shard_affinity = shard_affinity
 
     def _plan_args(self, state: PassState) -> dict[str, Any]:
         """What a plan of the pass ``state`` takes from these settings."""
@@ -157,7 +165,7 @@ class Schedule:
         num_workers = 1
         if segments and segments[-1].world_size == slot.world_size:
             num_workers = segments[-1].num_workers
-        plan = self.plan(PassState(upcoming.epoch, upcoming.segments or []))
+        plan = self.plan(PassState(upcoming.epoch, upcoming.segments or []), slot)
         return plan.rank_count(world_size=slot.world_size, num_workers=num_workers, rank=slot.rank)
 
     def shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
@@ -230,7 +238,7 @@ class Schedule:
         return self._state_dict(state.epoch, [*segments[:seg], current])
 
     def _state_dict(self, epoch: int, segments: list[Segment]) -> dict[str, Any]:
-        return {
+        return self._affinity_key() | {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
             "seed": self.seed,
@@ -243,6 +251,11 @@ class Schedule:
             "num_shards": self.num_shards,
             "segments": [x.to_dict() for x in segments],
         }
+
+    def _affinity_key(self) -> dict[str, Any]:
+        """What a checkpoint records of node affinity: only that it is on (the ranks per node
+        may differ at a resume: an elastic one re-partitions the nodes' shares)."""
+        return {"shard_affinity": "node"} if self.shard_affinity is not None else {}
 
     def _checked(self, state: dict[str, Any], mine: dict[str, Any], saved: str) -> tuple[int, list[dict[str, Any]]]:
         """A checkpoint's epoch and segments, once its format, version, ``mine`` and the
@@ -257,6 +270,7 @@ class Schedule:
             raise ValueError(f"state version {state.get('version')!r} is not supported (reads {STATE_VERSION})")
         mine = {
             **mine,
+            "shard_affinity": self._affinity_key().get("shard_affinity"),
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shuffle_buffer": self.shuffle_buffer,
@@ -286,35 +300,60 @@ class EpochSchedule(Schedule):
 
     def __init__(self, shards: ShardSet, **order: Any) -> None:
         self._keep(shards.sample_counts, shards.num_shards, **order)
-        self._orders: dict[int, ShardOrder] = {}
+        self._orders: dict[tuple[int, NodeLayout | None], ShardOrder] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_orders"] = {}  # O(shards) arrays a spawned worker remakes for its epoch
         return state
 
-    def shard_order(self, epoch: int) -> ShardOrder:
+    def node_layout(self, world_size: int | None) -> NodeLayout | None:
+        """Node affinity's layout for a job of ``world_size`` readers (ranks, or groups with
+        replication); None without affinity or a known world size.
+
+        Raises:
+            ValueError: ``world_size`` is not a multiple of the ranks per node.
+        """
+        if self.shard_affinity is None or world_size is None or self.num_samples is None:
+            return None
+        ranks = self.shard_affinity.ranks_per_node or world_size
+        if world_size % ranks:
+            raise ValueError(
+                f"shard_affinity='node': world_size={world_size} is not a multiple of {ranks} ranks per node "
+                "(LOCAL_WORLD_SIZE, or NodeAffinity(ranks_per_node=...)); every node needs the same number of ranks"
+            )
+        return NodeLayout(world_size // ranks, ranks, per_rank(self.num_samples, world_size, drop_last=self.drop_last))
+
+    def shard_order(self, epoch: int, world_size: int | None = None) -> ShardOrder:
         """``epoch``'s order of shards, O(shards): kept for the two latest epochs, so workers
         forked after ``set_epoch`` or ``len()`` share the training process's copy (copy on
-        write) instead of each computing it (0.08 s and 20 MB at 1,000,000 shards)."""
+        write) instead of each computing it (0.08 s and 20 MB at 1,000,000 shards). Under
+        node affinity it depends on ``world_size`` too (:meth:`node_layout`)."""
         assert self.counts is not None  # internal invariant: callers check
         orders = self._orders
-        if epoch not in orders:
+        layout = self.node_layout(world_size)
+        key = (epoch, layout)
+        if key not in orders:
             starts = next(iter(orders.values())).starts if orders else None
-            orders[epoch] = ShardOrder.make(
-                self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle, starts=starts
+            orders[key] = ShardOrder.make(
+                self.counts, seed=self.seed, epoch=epoch, shuffle=self.shuffle, starts=starts, nodes=layout
             )
             while len(orders) > 2:
                 del orders[next(iter(orders))]
-        return orders[epoch]
+        return orders[key]
 
-    def prepare(self, epoch: int) -> None:
-        self.shard_order(epoch)
+    def prepare(self, epoch: int, slot: WorkerSlot | None = None) -> None:
+        self.shard_order(epoch, slot.world_size if slot is not None else None)
 
-    def plan(self, state: PassState) -> EpochPlan:
+    def plan(self, state: PassState, slot: WorkerSlot | None = None) -> EpochPlan:
         """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
         assert self.counts is not None  # internal invariant: callers check
-        return EpochPlan(shard_order=self.shard_order(state.epoch), counts=self.counts, **self._plan_args(state))
+        world_size = slot.world_size if slot is not None else None
+        if self.shard_affinity is not None and world_size is not None:
+            _say_repartitioned(state.epoch, segments_of(state), world_size)
+        order = self.shard_order(state.epoch, world_size)
+        orders = functools.partial(self.shard_order, state.epoch) if self.shard_affinity is not None else None
+        return EpochPlan(shard_order=order, orders=orders, counts=self.counts, **self._plan_args(state))
 
     def read_worker(
         self, mine: WorkerPlan, epoch: int, engines: Sequence[ReadingEngine], **read: Any
@@ -332,6 +371,21 @@ class EpochSchedule(Schedule):
             state, {"num_samples": self.num_samples, "num_shards": self.num_shards}, "for another dataset or settings"
         )
         return PassState(epoch, segments)
+
+
+@functools.lru_cache(maxsize=16)
+def _say_repartitioned(epoch: int, segments: tuple[Segment, ...], world_size: int) -> None:
+    """Under node affinity, a resume at another world size: say once what happens to the
+    nodes' shares."""
+    if segments and segments[-1].world_size != world_size:
+        log.warning(
+            "shard_affinity='node': epoch %d was checkpointed with world_size=%d and resumes with %d: the "
+            "rest of this epoch is split over the new ranks without regard to nodes, and from the next epoch "
+            "on each node gets a new fixed share of the shards (node caches fill once more)",
+            epoch,
+            segments[-1].world_size,
+            world_size,
+        )
 
 
 def segments_of(state: PassState) -> tuple[Segment, ...]:
@@ -428,10 +482,10 @@ class MixtureSchedule(Schedule):
                 del self._selections[next(iter(self._selections))]
         return self._selections[epoch]
 
-    def prepare(self, epoch: int) -> None:
+    def prepare(self, epoch: int, slot: WorkerSlot | None = None) -> None:
         self.selections(epoch)
 
-    def plan(self, state: PassState) -> MixturePlan:
+    def plan(self, state: PassState, slot: WorkerSlot | None = None) -> MixturePlan:
         return MixturePlan(self.selections(state.epoch), mix=self.mix, **self._plan_args(state))
 
     def read_worker(

@@ -64,11 +64,12 @@ class ShardSet(Protocol):
         ...
 
     def request_table(
-        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
     ) -> Callable[[], ShardTable]:
         """Start reading the shard's table without waiting for it (a remote one's GET runs in
-        the background, ``on_retry`` told of each resumed GET); returns the function that
-        waits for it and gives it, raising what :meth:`table` raises."""
+        the background, ``on_retry`` told of each resumed GET; with a node ``cache``, a
+        :class:`~shardstream.storage.cache.ShardCache`, read from it or written into it);
+        returns the function that waits for it and gives it, raising what :meth:`table` raises."""
         ...
 
 
@@ -99,9 +100,9 @@ class IndexedShards:
         return self.index.table(shard)
 
     def request_table(
-        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
     ) -> Callable[[], ShardTable]:
-        return self.index.request_table(shard, on_retry=on_retry)
+        return self.index.request_table(shard, on_retry=on_retry, cache=cache)
 
 
 class TabledShards:
@@ -133,7 +134,7 @@ class TabledShards:
         return self.tables.table(shard)
 
     def request_table(
-        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
     ) -> Callable[[], ShardTable]:
         return lambda: self.table(shard)
 
@@ -165,7 +166,7 @@ class BareShards:
         raise ShardNotFoundError(f"{self.urls[shard]}: no sample table (the shards were given without an index)")
 
     def request_table(
-        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
     ) -> Callable[[], ShardTable]:
         return lambda: self.table(shard)
 
