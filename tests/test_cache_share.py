@@ -21,6 +21,7 @@ import pytest
 from servers.faultproxy import FaultProxy
 
 from shardstream import open_index, pack
+from shardstream.storage import open_store
 
 SCRIPT = Path(__file__).with_name("cache_share.py")
 NUM_SAMPLES = 1200
@@ -29,7 +30,8 @@ RUN_TIMEOUT_S = 240  # a hang fails the test after this, never an endless CI run
 
 @pytest.fixture(scope="module")
 def shared_dataset(tmp_path_factory, s3_server) -> tuple[str, list[str], int, int]:
-    """1,200 samples (0.2-3 KB each) in 30 shards on the S3 server: URL, keys, dataset bytes,
+    """1,200 samples (0.2-3 KB each) in 30 shards on the S3 server: URL, keys, dataset bytes
+    (shards and their sample tables, which the node cache holds too),
     largest shard's bytes."""
     src = tmp_path_factory.mktemp("share")
     rng = random.Random(3)
@@ -42,11 +44,15 @@ def shared_dataset(tmp_path_factory, s3_server) -> tuple[str, list[str], int, in
     info = s3_server.info
     s3 = info.s3_config()
     pack(src, f"s3://{bucket}/data", max_samples_per_shard=40, s3=s3, progress=False)
-    index = open_index(f"s3://{bucket}/data", s3=s3).as_v1()
+    opened = open_index(f"s3://{bucket}/data", s3=s3)
+    index = opened.as_v1()
     keys = sorted(x.key for shard in index.shards for x in shard.samples)
     sizes = [shard.bytes for shard in index.shards]
     assert len(sizes) == 30 and len(keys) == NUM_SAMPLES
-    return f"s3://{bucket}/data", keys, sum(sizes), max(sizes)
+    store = open_store(f"s3://{bucket}/data", s3=s3)
+    tables = sum(len(store.read_bytes(opened.manifest.table_name(i))) for i in range(30))
+    # the node cache holds the sample tables beside the shards: "the dataset" is both
+    return f"s3://{bucket}/data", keys, sum(sizes) + tables, max(sizes)
 
 
 class CacheWatch:

@@ -25,6 +25,7 @@ from ..config import RequestConfig
 from ..errors import IndexFormatError, ShardNotFoundError, StorageAccessError, StorageConnectionError
 from ..format import SHARD_SUFFIXES
 from ..storage import LocalStore, is_remote_url, loop, open_store, pin_urls, split_url, write_pieces
+from ..storage.cache import Busy
 from .keys import write_with_keys
 from .manifest import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from .table import MAGIC as TABLE_MAGIC
@@ -64,6 +65,7 @@ class DatasetIndex:
         self._tables: collections.OrderedDict[int, ShardTable] = collections.OrderedDict()
         self._store: Any = None
         self._pending: collections.OrderedDict[int, concurrent.futures.Future[Any]] = collections.OrderedDict()
+        self._raw: dict[int, bytes] = {}  # tables just read, on their way into the node cache
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -73,12 +75,13 @@ class DatasetIndex:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tables"], state["_store"] = collections.OrderedDict(), None
-        del state["_pending"], state["_lock"], state["_pid"]
+        del state["_pending"], state["_lock"], state["_pid"], state["_raw"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._pending, self._lock, self._pid = collections.OrderedDict(), threading.Lock(), os.getpid()
+        self._raw = {}
 
     @property
     def num_shards(self) -> int:
@@ -114,7 +117,7 @@ class DatasetIndex:
         return self._keep(i, data)
 
     def request_table(
-        self, i: int, *, on_retry: Callable[[BaseException], None] | None = None
+        self, i: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
     ) -> Callable[[], ShardTable]:
         """Start reading shard ``i``'s table now, without waiting for it (a remote table's GET
         runs on the background loop beside the shard's own): returns the function that waits
@@ -127,6 +130,35 @@ class DatasetIndex:
         """
         if self._legacy_tables is not None or i in self._tables or not is_remote_url(self.root):
             return lambda: self.table(i)
+        if cache is not None:  # the node cache holds remote tables too, so a later epoch asks the store for nothing
+            url = self._table_store().url_of(self.manifest.table_name(i))
+            entry = cache.open(url)
+            if entry is not None:
+                with entry:
+                    data = entry.read()
+                return lambda: self._keep(i, data)
+            started = self._submit(i, on_retry)
+            return lambda: self._cached(i, url, cache, self._collect(i, started))
+        future = self._submit(i, on_retry)
+        return lambda: self._collect(i, future)
+
+    def _cached(self, i: int, url: str, cache: Any, table: ShardTable) -> ShardTable:
+        """``table`` (shard ``i``'s, just read from ``url``) written into the node ``cache``
+        when it has room and no other process is writing it."""
+        data = self._raw.pop(i, None)
+        if data is not None:
+            fill = cache.fill(url, size_bytes=len(data), wait=False)
+            if fill is not None and not isinstance(fill, Busy):
+                try:
+                    fill.write(data)
+                    fill.commit()
+                except BaseException:
+                    fill.abort()
+                    raise
+        return table
+
+    def _submit(self, i: int, on_retry: Callable[[BaseException], None] | None) -> concurrent.futures.Future[Any]:
+        """The GET of shard ``i``'s table, started on the background loop (or the one under way)."""
         with self._lock:
             if self._pid != os.getpid():  # forked: the parent's requests run on its loop, not ours
                 self._pending, self._pid = collections.OrderedDict(), os.getpid()
@@ -137,7 +169,7 @@ class DatasetIndex:
                 self._pending[i] = future
                 while len(self._pending) > _TABLES_KEPT:
                     self._pending.popitem(last=False)[1].cancel()
-        return lambda: self._collect(i, future)
+        return future
 
     def _collect(self, i: int, future: concurrent.futures.Future[Any]) -> ShardTable:
         store = self._table_store()
@@ -151,7 +183,13 @@ class DatasetIndex:
             with self._lock:
                 if self._pending.get(i) is future:
                     del self._pending[i]
-        return self._keep(i, b"".join(pieces))
+        data = b"".join(pieces)
+        table = self._keep(i, data)
+        with self._lock:
+            self._raw[i] = data  # for _cached, which takes it at once
+            while len(self._raw) > 8:
+                self._raw.pop(next(iter(self._raw)))
+        return table
 
     def _table_store(self) -> Any:
         if self._store is None:
