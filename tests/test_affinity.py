@@ -216,3 +216,19 @@ def test_two_nodes_epoch_two_reads_nothing_from_the_store_with_affinity(tmp_path
     else:
         assert second > 0.3 * dataset_bytes  # shards the other node held in epoch 1
         assert fills[1] > 0
+
+
+def test_a_rank_numbered_off_its_node_is_warned_about(tmp_path, monkeypatch, caplog):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        (src / f"{i:03d}.txt").write_text(str(i))
+    pack(src, tmp_path / "ds", max_samples_per_shard=3, progress=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "1")  # rank 1 of 2 a node is node 0
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        keys = [s["__key__"] for s in ShardDataset(tmp_path / "ds", shard_affinity="node")]
+    assert len(keys) == 3
+    assert "GROUP_RANK/NODE_RANK says node 1" in caplog.text

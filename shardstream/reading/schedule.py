@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -351,6 +352,9 @@ class EpochSchedule(Schedule):
         world_size = slot.world_size if slot is not None else None
         if self.shard_affinity is not None and world_size is not None:
             _say_repartitioned(state.epoch, segments_of(state), world_size)
+            layout = self.node_layout(world_size)
+            if layout is not None and slot is not None:
+                _check_node(slot.rank, layout.ranks_per_node)
         order = self.shard_order(state.epoch, world_size)
         orders = functools.partial(self.shard_order, state.epoch) if self.shard_affinity is not None else None
         return EpochPlan(shard_order=order, orders=orders, counts=self.counts, **self._plan_args(state))
@@ -386,6 +390,25 @@ def _say_repartitioned(epoch: int, segments: tuple[Segment, ...], world_size: in
             segments[-1].world_size,
             world_size,
         )
+
+
+@functools.lru_cache(maxsize=4)
+def _check_node(rank: int, ranks_per_node: int) -> None:
+    """Under node affinity, warn once when torchrun's node number (``GROUP_RANK``, or
+    ``NODE_RANK``) is not ``rank // ranks_per_node``, the node the shares assume: then nodes
+    read each other's shares (still exact, but their caches miss)."""
+    raw = os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK"))
+    if raw is None or not raw.strip().isdigit() or int(raw) == rank // ranks_per_node:
+        return
+    log.warning(
+        "shard_affinity='node': this is rank %d with %d ranks per node, so node %d by the shares, but "
+        "GROUP_RANK/NODE_RANK says node %s: ranks are not numbered node by node here; epochs stay exact, "
+        "but node caches miss. Give NodeAffinity(ranks_per_node=...) the ranks each node runs.",
+        rank,
+        ranks_per_node,
+        rank // ranks_per_node,
+        raw,
+    )
 
 
 def segments_of(state: PassState) -> tuple[Segment, ...]:
