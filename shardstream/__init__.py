@@ -14,6 +14,7 @@ from .index import DatasetIndex, Index, Manifest, MemberEntry, SampleEntry, Shar
 from .packing import PackReport, Part, ShardWriter, build_index, pack, pack_samples
 from .packing.sources import Problem, ProblemKind
 from .packing.verify import ShardCheck, verify
+from .planner import JobPlan, plan
 from .reading.access import SampleAccess
 from .reading.assign import NodeAffinity, WorkerSlot
 from .reading.batching import Batcher, CollateBatcher, RunBatcher
@@ -72,6 +73,7 @@ __all__ = [
     "FileRun",
     "HttpConfig",
     "Index",
+    "JobPlan",
     "Manifest",
     "MemberEntry",
     "MissingFieldError",
@@ -103,6 +105,7 @@ __all__ = [
     "open_index",
     "pack",
     "pack_samples",
+    "plan",
     "verify",
     *_errors.__all__,
 ]

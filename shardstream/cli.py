@@ -59,6 +59,23 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _plan_size(text: str) -> int:
+    """A size or rate for ``shardstream plan``: :func:`parse_size`'s, and K, M, G, T for KB, MB, GB, TB
+    (``200G``, ``1.25G``)."""
+    short = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT])\s*", text)
+    return _size_arg(f"{short.group(1)}{short.group(2)}B" if short else text)
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -837,6 +854,49 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--no-progress", action="store_true", help="no progress lines")
     _add_store_args(k)
 
+    pl = commands.add_parser(
+        "plan",
+        help="predict a training job's loading speed, egress, requests and cost from the dataset's index",
+    )
+    pl.add_argument("dataset", metavar="DATASET", help=dataset_help)
+    pl.add_argument("--nodes", type=_positive_int, default=1, metavar="N", help="nodes (default: 1)")
+    pl.add_argument("--gpus-per-node", type=_positive_int, default=1, metavar="G", help="ranks per node (default: 1)")
+    pl.add_argument("--workers", type=int, default=2, metavar="W", help="DataLoader workers per rank (default: 2)")
+    pl.add_argument("--batch-size", type=_positive_int, default=64, metavar="B", help="batch size (default: 64)")
+    pace = pl.add_mutually_exclusive_group()
+    pace.add_argument("--step-time-s", type=_seconds, metavar="S", help="seconds per training step (the pace)")
+    pace.add_argument(
+        "--samples-per-s-per-gpu", type=_positive_number, metavar="R", help="samples/s each GPU consumes (the pace)"
+    )
+    pl.add_argument(
+        "--cache-bytes", type=_plan_size, default=0, metavar="SIZE", help="node cache per node, e.g. 200G (default: 0)"
+    )
+    pl.add_argument("--no-shuffle", action="store_true", help="shuffle=False")
+    pl.add_argument("--seed", type=int, default=0, help="shuffle seed (default: 0)")
+    pl.add_argument("--shuffle-buffer", type=int, default=1000, metavar="N", help="samples (default: 1000)")
+    pl.add_argument("--max-open-shards", type=_positive_int, default=4, metavar="N", help="lanes (default: 4)")
+    pl.add_argument("--drop-last", action="store_true", help="drop_last=True")
+    pl.add_argument("--shard-affinity", choices=["node"], help="node: each node keeps its share of the shards")
+    pl.add_argument("--epochs", type=_positive_int, default=2, metavar="E", help="epochs to plan (default: 2)")
+    pl.add_argument("--latency-ms", type=_positive_number, metavar="MS", help="first-byte time of a GET")
+    pl.add_argument(
+        "--bandwidth-per-node", type=_plan_size, metavar="BYTES/S", help="a node's read bandwidth, e.g. 1.25G"
+    )
+    pl.add_argument("--bandwidth-per-stream", type=_plan_size, metavar="BYTES/S", help="one connection's, e.g. 100M")
+    pl.add_argument(
+        "--request-rate-limit", type=_positive_number, metavar="GETS/S", help="GETs/s the store serves the whole job"
+    )
+    pl.add_argument("--price-per-gb", type=float, metavar="USD", help="egress price per GB")
+    pl.add_argument("--price-per-1000-gets", type=float, metavar="USD", help="price per 1,000 GETs")
+    pl.add_argument("--cpu-s-per-sample", type=_seconds, metavar="S", help="reader CPU seconds per sample")
+    pl.add_argument("--persistent-workers", action="store_true", help="the DataLoader's persistent_workers=True")
+    pl.add_argument(
+        "--probe", action="store_true", help="measure latency, bandwidth and CPU from here against the store"
+    )
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument("--plot", metavar="FILE.png", help="also draw the plan into this PNG (needs matplotlib)")
+    _add_s3_args(pl)
+
     d = commands.add_parser(
         "demo", help="make a small image dataset, pack it to a local S3 server, train-read one epoch"
     )
@@ -988,6 +1048,39 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"wrote {store.url_of(MANIFEST_NAME)}: {totals['num_shards']} shards, "
                 f"{totals['num_samples']} samples, {len(problems)} problems in pack-report.jsonl"
             )
+        elif args.command == "plan":
+            from .planner import plan, plot
+
+            job = plan(
+                args.dataset,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                workers=args.workers,
+                batch_size=args.batch_size,
+                step_time_s=args.step_time_s,
+                samples_per_s_per_gpu=args.samples_per_s_per_gpu,
+                cache_bytes=args.cache_bytes,
+                shuffle=not args.no_shuffle,
+                seed=args.seed,
+                shuffle_buffer=args.shuffle_buffer,
+                max_open_shards=args.max_open_shards,
+                drop_last=args.drop_last,
+                shard_affinity=args.shard_affinity,
+                epochs=args.epochs,
+                latency_ms=args.latency_ms,
+                bandwidth_per_node=args.bandwidth_per_node,
+                bandwidth_per_stream=args.bandwidth_per_stream,
+                request_rate_limit=args.request_rate_limit,
+                price_per_gb=args.price_per_gb,
+                price_per_1000_gets=args.price_per_1000_gets,
+                cpu_s_per_sample=args.cpu_s_per_sample,
+                persistent_workers=args.persistent_workers,
+                probe=args.probe,
+                s3=_s3_config(args),
+            )
+            if args.plot:
+                plot(job, args.plot)
+            print(job.to_json(indent=2) if args.json else job.table())
         elif args.command == "s3-server":
             from .testing.s3server import run
 

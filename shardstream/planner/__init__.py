@@ -1,0 +1,44 @@
+"""``shardstream plan``: a training job's data-loading speed, egress, requests and cost,
+predicted from the dataset's index before the job runs (:mod:`.model`); ``probe=True``
+measures the store from this machine (:mod:`.probe`); :func:`plot` draws a plan
+(matplotlib, imported only there). No torch at import."""
+
+from .model import BOUNDS, STORE_DEFAULTS, JobPlan, gets, plan, plan_counts
+
+__all__ = ["BOUNDS", "STORE_DEFAULTS", "JobPlan", "gets", "plan", "plan_counts", "plot", "selftest_scale"]
+
+
+def plot(job: JobPlan, path: str) -> str:
+    """:func:`.plot.plot`: ``job`` as a PNG at ``path`` (needs matplotlib)."""
+    from .plot import plot as draw
+
+    return draw(job, path)
+
+
+def selftest_scale(
+    shards: int = 1_000_000, samples: int = 10_000_000_000, nodes: int = 128, gpus_per_node: int = 8, workers: int = 8
+) -> tuple[JobPlan, float]:
+    """Plan a synthetic dataset of ``shards`` shards and ``samples`` samples (about 100 KB each)
+    for ``nodes x gpus_per_node`` ranks of ``workers`` workers; returns the plan and the
+    seconds it took (``python -m shardstream.planner --selftest-scale``)."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    counts = np.full(shards, samples // shards, np.int64)
+    counts[: samples - int(counts.sum())] += 1
+    nbytes = counts * 100_000 + rng.integers(0, 50_000, shards)
+    began = time.perf_counter()
+    job = plan_counts(
+        counts,
+        nbytes,
+        store="s3",
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        workers=workers,
+        batch_size=256,
+        samples_per_s_per_gpu=2000.0,
+        epochs=2,
+    )
+    return job, time.perf_counter() - began
