@@ -19,7 +19,7 @@ import pytest
 from servers.faultproxy import FaultProxy
 from test_torchrun import NUM_SAMPLES, check_epoch, finish, free_port, torchrun, uneven_dataset  # noqa: F401
 
-from shardstream import NodeAffinity, ShardDataset, Source, open_index, pack
+from shardstream import NodeAffinity, ShardDataset, Source, open_index, pack, plan
 from shardstream.reading.plan import EpochPlan, NodeLayout, ShardOrder, per_rank
 
 
@@ -206,6 +206,25 @@ def test_two_nodes_epoch_two_reads_nothing_from_the_store_with_affinity(tmp_path
     barrier = min(r["started"] for r in epochs[1]["ranks"])
     second = sum(sent for at, method, _, sent in log if at >= barrier and method == "GET")
     first = sum(sent for at, method, _, sent in log if at < barrier and method == "GET")
+    predicted = plan(  # the same job: shardstream.plan predicts what the store sent, from the index
+        uneven_dataset,
+        nodes=2,
+        gpus_per_node=1,
+        workers=2,
+        batch_size=4,
+        cache_bytes=1 << 30,
+        shuffle_buffer=8,
+        seed=1,
+        max_open_shards=2,
+        persistent_workers=True,
+        shard_affinity="node" if affinity else None,
+        s3=info.s3_config(),
+    ).to_dict()
+    for e in (0, 1):
+        in_epoch = [(path, sent) for at, method, path, sent in log if (at >= barrier) == (e == 1) and method == "GET"]
+        shard_bytes = sum(sent for path, sent in in_epoch if path.split("?")[0].endswith(".tar"))
+        assert predicted["egress_detail"][e]["data"] == shard_bytes  # shards' bytes: exact
+        assert abs(predicted["requests_per_epoch"][e] - len(in_epoch)) <= 2  # a ranged GET's split, a table race
     fills = [sum(r["stats"]["cache_fills"] for r in e["ranks"]) for e in epochs]
     assert first >= dataset_bytes  # epoch 1 read every shard once (the boundary shard twice)
     if affinity:
