@@ -15,6 +15,14 @@ request matching ``match`` it may inject one fault, drawn with a seeded RNG:
 - ``"trickle"``: send the body in 16 KiB pieces ``trickle_s`` apart.
 
 ``counts`` says how many of each were injected; ``max_faults`` bounds the total.
+
+For benchmarks, two settings that apply to every forwarded request (no fault drawn):
+``bandwidth_bytes_per_s`` caps the response bytes sent to all clients together (one link shared
+by every connection, paced in 16 KiB pieces), and ``on_response`` is told of each forwarded
+request once its answer is sent (method, path with query, request headers, status, body bytes
+sent), so a caller can count requests and bytes by kind. A fixed added latency per request is
+``rates={"delay": 1.0}`` with ``delay_s``: it applies to each request, kept-alive connections
+included.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import random
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["FAULTS", "FaultProxy"]
@@ -40,6 +48,7 @@ _HOP_BY_HOP = {
     "content-length",
     "proxy-connection",
 }
+_BURST_BYTES = 256 << 10  # what an idle capped link may send at once (FaultProxy._pace)
 _SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
@@ -61,6 +70,11 @@ class FaultProxy:
         throttle_status, retry_after_s: the status and ``Retry-After`` (seconds) of a ``throttle``.
         on_fault: called as ``on_fault(fault, method, path)`` after a fault was injected (in
             the proxy's thread; a test can change the object there).
+        bandwidth_bytes_per_s: cap on the response body bytes sent to all clients together
+            (None: no cap).
+        on_response: called as ``on_response(method, path_qs, request_headers, status,
+            body_bytes_sent)`` after each forwarded request's answer (in the proxy's thread;
+            not for the faults answered without forwarding, nor for a ``cut``).
 
     Use as a context manager; ``endpoint_url`` is where clients connect.
     """
@@ -79,6 +93,8 @@ class FaultProxy:
         throttle_status: int = 429,
         retry_after_s: float = 1.0,
         on_fault: Callable[[str, str, str], None] | None = None,
+        bandwidth_bytes_per_s: float | None = None,
+        on_response: Callable[[str, str, Mapping[str, str], int, int], None] | None = None,
     ) -> None:
         unknown = set(rates) - set(FAULTS)
         if unknown:
@@ -93,6 +109,11 @@ class FaultProxy:
         self.delay_s, self.trickle_s = delay_s, trickle_s
         self.throttle_status, self.retry_after_s = throttle_status, retry_after_s
         self.on_fault = on_fault
+        if bandwidth_bytes_per_s is not None and not bandwidth_bytes_per_s > 0:
+            raise ValueError(f"bandwidth_bytes_per_s={bandwidth_bytes_per_s!r} must be > 0 or None")
+        self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
+        self.on_response = on_response
+        self._link_free_at = 0.0  # loop time at which the shared link has sent what it was given
         self.counts: Counter[str] = Counter()
         self.requests = 0
         self._rng = random.Random(seed)
@@ -168,10 +189,25 @@ class FaultProxy:
                     return response
                 if fault == "trickle":
                     await asyncio.sleep(self.trickle_s)
+                if self.bandwidth_bytes_per_s is not None:
+                    await self._pace(len(chunk))
                 await response.write(chunk)
                 sent += len(chunk)
             await response.write_eof()
+            if self.on_response is not None:
+                self.on_response(request.method, request.path_qs, request.headers, upstream.status, sent)
             return response
+
+    async def _pace(self, nbytes: int) -> None:
+        """Wait until the shared link has sent ``nbytes`` more at ``bandwidth_bytes_per_s``
+        (first come, first served: concurrent answers share the link). A link idle for a while
+        may send up to ``_BURST_BYTES`` at once, so the proxy's own time per piece does not
+        slow a lone answer below the cap."""
+        now = asyncio.get_running_loop().time()
+        idle_from = now - _BURST_BYTES / self.bandwidth_bytes_per_s
+        self._link_free_at = max(idle_from, self._link_free_at) + nbytes / self.bandwidth_bytes_per_s
+        if self._link_free_at > now:
+            await asyncio.sleep(self._link_free_at - now)
 
     async def _serve(self) -> None:
         import aiohttp
