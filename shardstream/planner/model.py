@@ -42,7 +42,8 @@ What the reader sends to a remote store, per epoch; retries are not counted:
    ``p / 16`` and double up to ``p``: :func:`~shardstream.storage.producer.part_ranges`).
    With a node cache: a hit sends none; a miss fills the whole shard (GETs from the run's
    first byte to the end, the first run of a lane ramping, then from 0 to that byte), and
-   its egress is the whole shard; a shard larger than the cache bypasses it (its range only).
+   its egress is the whole shard; a fill that bypasses the cache (a shard larger than it, or
+   no unpinned room: below) reads its range only.
 4. No HEADs: the index gives every shard's size (a store whose answers name no version,
    such as the GCS emulator, would add two HEADs a read: not modelled).
 
@@ -56,10 +57,39 @@ tables of remote shards, each of its own size), bounded in bytes
 (``cache_bytes``), least recently used evicted first when a fill needs room; a shard larger
 than the bound is never cached. Each node's accesses (one per run) are simulated in time
 order, across epochs: a run starts when its lane has read the runs before it (lanes progress
-at one pace: a run's start is the share of its lane's samples read before it). Not
-modelled: pinned entries (a reader's open shards cannot be evicted), a fill another process
-waits for longer than ``cache_wait_s``. ``cache_hit_rate`` is hits / accesses, as
-``stats()`` counts ``cache_hits`` and ``cache_misses``.
+at one pace: a run's start is the share of its lane's samples read before it). An entry a
+lane reads (a hit, or a fill) is pinned from its run's start until the lane's next run
+starts, and eviction skips pinned entries: a fill evicts unpinned entries, least recently
+used first, until it fits; where even then it does not (the pinned ones fill the cache) it
+bypasses: its run's byte range is read from the store, nothing is cached. Not modelled: a
+fill another process waits for (up to ``cache_wait_s``), and the order in which lanes that
+start together reach the cache (simulated rank by rank, worker by worker), which decides
+which of them bypass, run to run, in a cache smaller than the shards held open.
+``cache_hit_rate`` is hits / accesses, as ``stats()`` counts ``cache_hits`` and
+``cache_misses``.
+
+Start-up (each epoch)
+---------------------
+Inputs: ``open_s``, ``client_s``, ``worker_start_s`` (given, probed, or defaults: a remote
+store's client 0.1 s, a worker 0.05 s, ``open_s = client_s + latency + index bytes /
+bandwidth_per_stream``). ``link`` below is the node's bandwidth as the start sees it,
+``min(bandwidth_per_node, cpu_bw)`` (``cpu_bw``: Speed); ``G`` the node's GETs in flight with
+every lane open, ``L`` a worker's lanes (all its sources'), ``g`` a lane's GETs in flight
+(its share of ``max_inflight_requests``), ``p`` its ``part_bytes``; all of worker 0 of rank 0.
+
+- ``t_worker``: each epoch without ``persistent_workers`` (and the first), DataLoader workers
+  start: ``worker_start_s``, plus ``client_s`` where the epoch sends any request (a worker
+  makes its store client on its first remote read; an epoch of cache hits only makes none).
+  0 with ``workers=0``.
+- ``t_lanes``: a worker's lanes open one after another (each when the worker first draws a
+  sample from it; their interleave is fixed): lane ``k`` costs its table GET and its first
+  ramping part, ``2 latency + (table + p/16) / r(k)``, with ``r(k) = min(bandwidth_per_stream,
+  link / (G k / L))`` one GET's share while ``k`` lanes of every worker read; the last lane
+  only its two latencies. An epoch of cache hits only: no latency, ``link`` the cache disk.
+- ``t_turns``: a lane that reads one shard at a time (``max_inflight_shards // lanes`` = 1)
+  sends its next shard's first GET once the shard before is read: a latency without bytes per
+  run after its first, which the worker waits for (the interleave is fixed): ``latency x
+  (ceil(runs / lanes) - 1)``, its busiest reader's.
 
 Speed
 -----
@@ -67,31 +97,43 @@ Each epoch's time is the largest of these (they run at once), its ``bound_by`` t
 
 - ``step``: the consumer: ``per_rank / (gpu rate)``, the gpu rate ``samples_per_s_per_gpu``
   or ``batch_size / step_time_s`` (neither: unlimited);
-- ``network``: the busiest node's egress / its bandwidth, where a node's bandwidth is
-  ``min(bandwidth_per_node, ranks x workers x worker rate)`` and a worker's rate is its GETs
-  in flight x ``p / (latency + p / bandwidth_per_stream)`` (a reader with too few GETs in
-  flight is latency-bound); and the busiest worker's egress / its rate;
+- ``network``: ``t_worker + 2 latency`` (the link idles until the first GETs) plus the
+  busiest node's egress / its bandwidth, where a node's bandwidth is ``min(bandwidth_per_node,
+  ranks x workers x worker rate)`` and a worker's rate is its GETs in flight x ``p / (latency
+  + p / bandwidth_per_stream)`` (a reader with too few GETs in flight is latency-bound), or
+  the busiest worker's egress / its rate; 0 where the epoch reads nothing from the store;
 - ``requests``: the epoch's requests / ``request_rate_limit`` (GETs/s for the whole job);
-- ``cpu``: the busiest worker's samples x ``cpu_s_per_sample``;
+- ``cpu``: ``t_worker + t_lanes + t_turns`` (the worker waits, its CPU idle) plus the
+  larger of the busiest worker's CPU, ``samples read from the store x cpu_s_per_sample +
+  cache hits' samples x cpu_s_per_sample_cached``, and the busiest node's CPU over its
+  ``cores_per_node``: its workers' CPU + ``store_cpu_s_per_byte`` x its egress (a store or
+  proxy on the node, such as a local test server: 0 for a remote store). ``cpu_bw = cores /
+  (cpu_s_per_sample / bytes per sample + store_cpu_s_per_byte)`` is the bytes/s those cores
+  can take in (unlimited without ``cores_per_node``);
 - ``cache``: the busiest node's bytes read from its cache / ``cache_bandwidth_per_node``.
 
-``samples_per_s`` is the whole job's steady rate in the slowest epoch (``world_size x
-per_rank / epoch time``), ``bound_by`` what bounds that epoch, ``input_bound`` whether it is
-anything but the step.
+``samples_per_s`` is the whole job's rate in the slowest epoch (``world_size x per_rank /
+epoch time``, the epoch's start-up included), ``bound_by`` what bounds that epoch,
+``input_bound`` whether it is anything but the step.
 
-``time_to_first_batch_s`` = ``t_index + t_table + max(t_data, t_cpu)``, where ``t_index =
-latency + index bytes / bandwidth_per_stream``; ``t_table = latency + table bytes /
-bandwidth_per_stream`` (a table: its size, or ~400 + 24 B a sample + 50 B a member); ``t_data =
-latency + a x bytes per sample / (node bandwidth / (ranks x workers of the node))`` and
-``t_cpu = a x cpu_s_per_sample``, with ``a`` the arrivals one worker needs before its first
-batch leaves its shuffle buffer: ``ramp + 2 min(B - 1, capacity - ramp) + max(0, B - 1 -
-(capacity - ramp))`` for a batch of ``B`` (``ramp = ramp_samples(shuffle_buffer)``; without
-shuffle ``a = B``). Process start-up is not counted.
+``time_to_first_batch_s`` = ``open_s + t_worker + max(t_lanes + t_fill, t_cpu)`` (first
+epoch), where ``t_cpu = a x cpu_s_per_sample x max(1, node workers / cores_per_node)`` and
+``t_fill`` is the last lane's wait: it needs ``a x share / lanes`` samples (``share``: its
+source's part of the worker's samples) at that source's bytes per sample, read by its ramping
+GETs (``p/16``, doubling to ``p``) up to the one that covers them (``m`` GETs, ``C`` bytes,
+the last of size ``s``) while the ``g - 1`` GETs beside it have read ~``s/2`` each: ``t_fill =
+(C + (g - 1) s / 2) / (g x r(L)) + (ceil(m / g) - 1) x latency``, the largest over the
+worker's sources. ``a``, the arrivals one worker needs before its first batch leaves its
+shuffle buffer: ``ramp + 2 min(B - 1, capacity - ramp) + max(0, B - 1 - (capacity - ramp))``
+for a batch of ``B`` (``ramp = ramp_samples(shuffle_buffer)``; without shuffle ``a = B``).
+Process start-up (imports) is not counted. The parts are in ``timings["first_batch"]``, each
+epoch's start-up terms in ``timings["start_up"]``.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
 import json
 import math
 import os
@@ -143,9 +185,18 @@ _WHY = {
     "request_rate_limit": "S3's 5,500 GET/s per prefix (AWS request-rate guidelines), one prefix",
     "cpu_s_per_sample": "reader CPU parsing one sample, no decode (measure with probe=True)",
     "cache_bandwidth_per_node": "a node's local NVMe disk reading cache entries",
+    "cpu_s_per_sample_cached": "reader CPU parsing one sample from a node-cache file (measure with probe=True)",
+    "client_s": "making a store client (aiobotocore's S3 client: ~0.1 s of CPU; local files: none)",
+    "worker_start_s": "a DataLoader worker's fork and set-up (~0.05 s; measure with probe=True)",
+    "open_s": "client_s + the index GET (latency + index bytes / bandwidth_per_stream)",
+    "cores_per_node": "a core for each of the node's workers (give cores_per_node where they share fewer)",
+    "store_cpu_s_per_byte": "a remote store takes no CPU of the node (a store or proxy on the node would)",
 }
 DEFAULT_CPU_S_PER_SAMPLE = 5e-5
+DEFAULT_CPU_S_PER_SAMPLE_CACHED = 2e-5  # never above cpu_s_per_sample
 DEFAULT_CACHE_BANDWIDTH = 2e9
+DEFAULT_CLIENT_S = 0.1  # a remote store's client; 0 for local files
+DEFAULT_WORKER_START_S = 0.05
 _TABLES_KEPT = 64  # a process's LRU of sample tables (index/resolve.py)
 _TABLE_HEADER_BYTES = 400  # a sample table's header and column offsets, about
 _STAT_TABLES_UP_TO = 200_000  # a local dataset's tables whose sizes are read (stat) rather than estimated
@@ -298,6 +349,11 @@ def plan(
     epoch_samples: int | None = None,
     mix: str = "stratified",
     decode: Any = None,
+    cpu_s_per_sample_cached: float | None = None,
+    open_s: float | None = None,
+    client_s: float | None = None,
+    worker_start_s: float | None = None,
+    cores_per_node: int | None = None,
 ) -> JobPlan:
     """Predict a training job's data loading from its dataset's index (module doc).
 
@@ -317,14 +373,25 @@ def plan(
         request_rate_limit: GETs/s the store serves the whole job.
         price_per_gb, price_per_1000_gets: egress price per 10^9 bytes, price per 1,000 GETs.
         cpu_s_per_sample: reader CPU seconds per sample, per worker process.
-        probe: measure latency, bandwidth and CPU from this machine against the dataset's
-            store (figures given as arguments win over probed ones).
+        probe: measure latency, bandwidth, CPU (from the store and from a node cache), the
+            cache disk, a local store's CPU, start-up (a worker, a client, opening the
+            dataset) and the cores from this machine against the dataset's store (figures
+            given as arguments win over probed ones; :mod:`~shardstream.planner.probe`).
         s3: the S3 endpoint for ``s3://`` datasets; fetch: the readers' FetchConfig.
         bandwidth_per_stream: bytes/s of one connection.
         cache_bandwidth_per_node: bytes/s a node reads from its cache's disk.
         persistent_workers: the DataLoader's (workers keep their tables across epochs).
         epoch_samples, mix: a mixture's, as ``ShardDataset``.
         decode: what the probe times the reader's CPU with (``ShardDataset(decode=)``).
+        cpu_s_per_sample_cached: reader CPU seconds per sample read from the node cache.
+        open_s: seconds to open the dataset in a rank (``ShardDataset(...)``: its store client
+            made, the index read).
+        client_s: seconds a process spends making its store client (each DataLoader worker
+            makes one on its first remote read).
+        worker_start_s: seconds from a DataLoader iterator's creation until a worker runs
+            (fork and set-up; its client not included).
+        cores_per_node: CPU cores the node's readers share (None: with ``probe``, this
+            machine's ``os.cpu_count()``; without, a core for each worker).
 
     Returns:
         the :class:`JobPlan`.
@@ -335,12 +402,14 @@ def plan(
         ShardNotFoundError, IndexFormatError: as :func:`~shardstream.open_index`.
     """
     args = _checked_args(locals())
+    opened = _time_open(dataset, s3=s3, fetch=fetch, epoch_samples=epoch_samples, mix=mix) if probe else None
     data = _open(dataset, s3=s3, epoch_samples=epoch_samples, mix=mix, shard_affinity=shard_affinity)
     probed = None
     if probe:
         from .probe import probe as run_probe
 
         probed = run_probe(data.location_for_probe, s3=s3, fetch=fetch, decode=decode)
+        probed["open_s"] = opened if opened is not None else data.open_s
     return _plan(data, args, probed)
 
 
@@ -422,6 +491,11 @@ _DEFAULTS: dict[str, Any] = {
     "epoch_samples": None,
     "mix": "stratified",
     "decode": None,
+    "cpu_s_per_sample_cached": None,
+    "open_s": None,
+    "client_s": None,
+    "worker_start_s": None,
+    "cores_per_node": None,
 }
 
 
@@ -453,10 +527,18 @@ def _checked_args(given: dict[str, Any]) -> dict[str, Any]:
         "cpu_s_per_sample",
         "bandwidth_per_stream",
         "cache_bandwidth_per_node",
+        "cpu_s_per_sample_cached",
     ):
         value = a[name]
         if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ValueError(f"{name}={value!r} must be a number > 0, or None (the default figure)")
+    for name in ("open_s", "client_s", "worker_start_s"):
+        value = a[name]
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < math.inf):
+            raise ValueError(f"{name}={value!r} must be a number >= 0 (seconds), or None (the default figure)")
+    cores = a["cores_per_node"]
+    if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 1):
+        raise ValueError(f"cores_per_node={cores!r} must be an int >= 1, or None")
     if a["latency_ms"] is not None and a["latency_ms"] <= 0:
         raise ValueError(f"latency_ms={a['latency_ms']!r} must be > 0")
     for name in ("price_per_gb", "price_per_1000_gets"):
@@ -487,6 +569,7 @@ class _Data:
     indexes: list[Any] | None = None
     location_for_probe: str | None = None
     table_bytes: np.ndarray = field(default=None)  # type: ignore[assignment]
+    open_s: float | None = None  # the planner's opening of the index(es), timed
 
     def __post_init__(self) -> None:
         if self.table_bytes is None:  # NAME.samples: a header, 24 B a sample, ~50 B a member (its name)
@@ -538,7 +621,10 @@ def _open(
                 "mixture without it"
             )
         locations = [os.fspath(src.location) for src in sources]  # type: ignore[arg-type]
+    _import_client_library(locations)  # imports are process start-up: not in open_s
+    began = time.perf_counter()
     indexes = [open_index(loc, s3=s3) for loc in locations]
+    open_s = time.perf_counter() - began
     counts = [np.asarray(ix.manifest.shard_samples, np.int64) for ix in indexes]
     index_bytes = []
     for loc, ix in zip(locations, indexes):
@@ -572,7 +658,38 @@ def _open(
         mix=mix,
         indexes=indexes,
         location_for_probe=locations[0],
+        open_s=open_s,
     )
+
+
+def _time_open(dataset: Any, *, s3: Any, fetch: Any, epoch_samples: int | None, mix: str) -> float | None:
+    """Seconds to make the job's ``ShardDataset`` here, the first store access of this process
+    (its client made cold, the index read, the reader set up), as a rank opens it; imports
+    first (start-up, not counted). None where it cannot be made here (torch missing)."""
+    try:
+        from ..dataset import ShardDataset
+    except ImportError:
+        return None
+    sources = sources_of(dataset)
+    _import_client_library([os.fspath(s.location) for s in sources] if sources else [os.fspath(dataset)])
+    kwargs = {"epoch_samples": epoch_samples, "mix": mix} if sources is not None else {}
+    began = time.perf_counter()
+    try:
+        ShardDataset(dataset, s3=s3, fetch=fetch, shuffle=False, **kwargs)
+    except Exception:  # noqa: BLE001 (the planner's own open raises what is wrong)
+        return None
+    return time.perf_counter() - began
+
+
+def _import_client_library(locations: list[str]) -> None:
+    """Import an S3 store's client library (aiobotocore) now, so opening the index times the
+    client's creation and the index GET, not the import (process start-up)."""
+    if any(scheme_of(loc) == "s3" for loc in locations):
+        try:
+            import aiobotocore.config
+            import aiobotocore.session  # noqa: F401
+        except ImportError:  # opening the index says what is missing
+            pass
 
 
 # ----------------------------------------------------------------------------------------------
@@ -819,14 +936,24 @@ def _plan(data: _Data, a: dict[str, Any], probed: dict[str, Any] | None) -> JobP
     world = nodes * gpn
     workers = max(1, a["workers"])
     fetch = a["fetch"] or FetchConfig()
-    figures, assumptions = _figures(data.store, a, probed)
+    figures, assumptions = _figures(data.store, a, probed, max(data.index_bytes))
     lat = figures["latency_ms"]["value"] / 1e3
     bw_node = figures["bandwidth_per_node"]["value"]
     bw_stream = figures["bandwidth_per_stream"]["value"]
     rate_limit = figures["request_rate_limit"]["value"]
     cpu_s = figures["cpu_s_per_sample"]["value"]
+    cpu_cached = figures["cpu_s_per_sample_cached"]["value"]
     cache_bw = figures["cache_bandwidth_per_node"]["value"]
+    client_s = figures["client_s"]["value"]
+    worker_start = figures["worker_start_s"]["value"] if a["workers"] else 0.0
+    cores = figures["cores_per_node"]["value"]
+    store_cpu = figures["store_cpu_s_per_byte"]["value"]
     cap = a["cache_bytes"]
+    # the node's readers share its cores: CPU times stretch by processes / cores where fewer
+    contention = max(1.0, gpn * workers / cores) if cores else 1.0
+    per_sample_bytes = float(data.nbytes.sum()) / max(1, int(data.counts.sum()))
+    # bytes/s the node's cores can take in: each byte costs the reader's CPU and a local store's
+    cpu_bw = cores / (cpu_s / per_sample_bytes + store_cpu) if cores else math.inf
 
     schedule = _schedule(data, a, world)
     fetches = _Fetches(fetch, a["workers"])
@@ -872,7 +999,7 @@ def _plan(data: _Data, a: dict[str, Any], probed: dict[str, Any] | None) -> JobP
 
     egress, egress_detail, requests, detail, hit_rate = [], [], [], [], []
     times, rates, bounds, cache_held = [], [], [], []
-    worker_rate_typ = None
+    starts = []
     for e, (x, got) in enumerate(zip(per_epoch, outcome)):
         ep = x["ep"]
         asked = len(x["table_runs"])
@@ -901,12 +1028,28 @@ def _plan(data: _Data, a: dict[str, Any], probed: dict[str, Any] | None) -> JobP
         inflight = np.bincount(ep.r_proc, weights=ep.r_inflight, minlength=world * workers)
         inflight_typ = float(np.median(inflight)) if len(inflight) else 1.0
         worker_rate = inflight_typ * part_typ / (lat + part_typ / bw_stream)
-        worker_rate_typ = worker_rate
         node_bw = min(bw_node, gpn * workers * worker_rate)
+        # the epoch's start-up (module doc, "Start-up"): workers (re)started, their lanes opened
+        remote = requests[-1] > 0
+        restart = e == 0 or not persistent
+        t_worker = (worker_start + (client_s if remote else 0.0)) if restart and a["workers"] else 0.0
+        link = min(bw_node, cpu_bw) if remote else cache_bw
+        lanes = _Lanes(x, data, lat if remote else 0.0, link, bw_stream, fetches)
+        t_open = lanes.open_s()
+        t_turns = lanes.turns_s() if remote else 0.0
+        starts.append({"workers_s": t_worker, "lanes_s": t_open, "shard_turns_s": t_turns})
+        proc_hit_samples = np.bincount(
+            ep.r_proc[ep.reader], weights=np.where(hit, x["count"], 0), minlength=world * workers
+        )
+        proc_cpu = (proc_samples - proc_hit_samples) * cpu_s + proc_hit_samples * cpu_cached
+        proc_node = np.arange(world * workers) // (gpn * workers)
+        node_cpu = np.bincount(proc_node, weights=proc_cpu, minlength=nodes) + store_cpu * node_egress
         t = {
-            "network": max(float(node_egress.max()) / node_bw, float(proc_egress.max()) / worker_rate),
+            "network": t_worker + 2 * lat + float(max(node_egress.max() / node_bw, proc_egress.max() / worker_rate))
+            if node_egress.max() > 0
+            else 0.0,
             "requests": requests[-1] / rate_limit if rate_limit else 0.0,
-            "cpu": float(proc_samples.max()) * cpu_s,
+            "cpu": t_worker + t_open + t_turns + float(max(proc_cpu.max(), node_cpu.max() / (cores or math.inf))),
             "cache": float(node_hits.max()) / cache_bw if cap else 0.0,
             "step": samples_per_epoch / world / pace if pace else 0.0,
         }
@@ -926,7 +1069,18 @@ def _plan(data: _Data, a: dict[str, Any], probed: dict[str, Any] | None) -> JobP
         costs = [sum(eg.values()) / 1e9 * gb + rq / 1000 * gets_price for eg, rq in zip(egress_detail, requests)]
 
     bytes_per_sample = float(data.nbytes.sum()) / max(1, int(data.counts.sum()))
-    ttfb, ttfb_parts = _first_batch(data, a, lat, bw_stream, bw_node, cpu_s, worker_rate_typ or bw_stream)
+    ttfb, ttfb_parts = _first_batch(
+        per_epoch[0],
+        data,
+        a,
+        fetches,
+        lat=lat,
+        bw_stream=bw_stream,
+        bw_node=min(bw_node, cpu_bw),
+        cpu_s=cpu_s * contention,
+        open_s=figures["open_s"]["value"],
+        t_worker=starts[0]["workers_s"],
+    )
     first_input_rate = samples_per_epoch / max(max(v for k, v in times[0].items() if k != "step"), 1e-12)
     steps = _step_timings(ttfb, first_input_rate / world, pace, a["batch_size"], world, samples_per_epoch // world)
     job = JobPlan(
@@ -965,6 +1119,7 @@ def _plan(data: _Data, a: dict[str, Any], probed: dict[str, Any] | None) -> JobP
             "steps": steps,
             "first_batch": ttfb_parts,
             "epochs": times,
+            "start_up": starts,
             "cache": [
                 {"epoch": e, "hit_rate": hit_rate[e], **(cache_held[e] or {"held_mean": 0.0, "held_max": 0})}
                 for e in range(len(per_epoch))
@@ -995,9 +1150,17 @@ def _simulate_cache(per_epoch: list[dict[str, Any]], nodes: int, cap: int, num_s
 
     def parts(x: dict[str, Any], e: int) -> dict[str, np.ndarray]:
         ep, runs = x["ep"], x["table_runs"]
+        # a shard's entry is pinned while its lane reads the run: until the lane's next run starts
+        lanes = ep.r_lanes[ep.reader]
+        lane = ep.reader * (int(ep.r_lanes.max()) if len(ep.r_lanes) else 1) + ep.idx % lanes
+        perm = np.lexsort((ep.idx, lane))
+        until = np.ones(len(ep.shard))
+        same = lane[perm][1:] == lane[perm][:-1]
+        until[perm[:-1][same]] = x["t"][perm[1:][same]]
         return {
             "node": np.concatenate([x["node"][runs], x["node"]]),
             "t": np.concatenate([x["t"][runs], x["t"]]) + e,
+            "until": np.concatenate([x["t"][runs], until]) + e,
             "sub": np.concatenate([np.zeros(len(runs), np.int8), np.ones(len(ep.shard), np.int8)]),
             "reader": np.concatenate([ep.reader[runs], ep.reader]),
             "key": np.concatenate([ep.shard[runs] + num_shards, ep.shard]),
@@ -1012,8 +1175,8 @@ def _simulate_cache(per_epoch: list[dict[str, Any]], nodes: int, cap: int, num_s
             x["held"] = {"held_mean": 0.0, "held_max": 0}
         return [np.full(n, 2, np.int8) for n in lengths]
     epochs = len(per_epoch)
-    node, t, sub, reader, key, size, epoch_of = (
-        np.concatenate([p[k] for p in each]) for k in ("node", "t", "sub", "reader", "key", "size", "epoch")
+    node, t, sub, reader, key, size, epoch_of, until = (
+        np.concatenate([p[k] for p in each]) for k in ("node", "t", "sub", "reader", "key", "size", "epoch", "until")
     )
     order = np.lexsort((sub, reader, t, node))  # by node, then time; a run's table before its shard
     out = np.full(len(key), 2, np.int8)
@@ -1029,35 +1192,58 @@ def _simulate_cache(per_epoch: list[dict[str, Any]], nodes: int, cap: int, num_s
             seen = order[first & (epoch_of[order] <= e)]
             held[e] = np.bincount(node[seen], weights=size[seen], minlength=nodes)
     else:
-        k_list, z_list, n_list, e_list = (
+        k_list, z_list, n_list, e_list, t_list, u_list = (
             key[order].tolist(),
             size[order].tolist(),
             node[order].tolist(),
             epoch_of[order].tolist(),
+            t[order].tolist(),
+            until[order].tolist(),
         )
         result = [2] * len(order)
         cache: collections.OrderedDict[int, int] = collections.OrderedDict()
+        pins: dict[int, int] = {}  # entries being read (pinned: never evicted)
+        ending: list[tuple[float, int]] = []  # (when its read ends, entry)
         current, used, cur_epoch = -1, 0, 0
-        for j, (k, z, n, e) in enumerate(zip(k_list, z_list, n_list, e_list)):
+        for j, (k, z, n, e, now, end) in enumerate(zip(k_list, z_list, n_list, e_list, t_list, u_list)):
             if n != current:
                 if current >= 0:
                     held[cur_epoch:, current] = used
                 current, used, cur_epoch = n, 0, e
                 cache.clear()
+                pins.clear()
+                ending.clear()
             if e != cur_epoch:
                 held[cur_epoch:e, n] = used
                 cur_epoch = e
+            while ending and ending[0][0] <= now:
+                pins[heapq.heappop(ending)[1]] -= 1
             if k in cache:
                 cache.move_to_end(k)  # most recently used last
                 result[j] = 0
             elif z > cap:
                 result[j] = 2
+                continue
             else:
-                while used + z > cap:
-                    used -= cache.popitem(last=False)[1]
+                freed, victims = 0, []
+                for old, old_z in cache.items():  # least recently used first, the pinned skipped
+                    if used - freed + z <= cap:
+                        break
+                    if not pins.get(old):
+                        victims.append(old)
+                        freed += old_z
+                for old in victims:
+                    del cache[old]
+                used -= freed
+                if used + z > cap:  # no unpinned room: the fill bypasses the cache
+                    result[j] = 2
+                    continue
                 cache[k] = z
                 used += z
                 result[j] = 1
+            if end > now:
+                pins[k] = pins.get(k, 0) + 1
+                heapq.heappush(ending, (end, k))
         if current >= 0:
             held[cur_epoch:, current] = used
         out[order] = np.asarray(result, np.int8)
@@ -1096,36 +1282,122 @@ def _min_cache(data: _Data, per_epoch: list[dict[str, Any]], a: dict[str, Any], 
     )
 
 
-def _first_batch(
-    data: _Data,
-    a: dict[str, Any],
-    lat: float,
-    bw_stream: float,
-    bw_node: float,
-    cpu_s: float,
-    worker_rate: float,
-) -> tuple[float, dict[str, float]]:
-    """``time_to_first_batch_s`` and its parts (module doc)."""
+class _Lanes:
+    """The lanes of worker 0 of rank 0 in one epoch, and its node's GETs in flight, for the
+    start-up terms (module doc, "Start-up")."""
+
+    def __init__(
+        self, x: dict[str, Any], data: _Data, lat: float, bw_node: float, bw_stream: float, fetches: _Fetches
+    ) -> None:
+        ep = x["ep"]
+        self.lat, self.bw_node, self.bw_stream = lat, bw_node, bw_stream
+        mine = np.flatnonzero(ep.r_proc == 0)  # the readers of rank 0's worker 0 (a mixture: one a source)
+        node0 = ep.r_node == (ep.r_node[mine[0]] if len(mine) else 0)
+        self.gets_node = float(ep.r_inflight[node0].sum()) or 1.0  # GETs in flight, every lane open
+        runs_of = np.bincount(ep.reader, minlength=len(ep.r_part))
+        samples_of = np.bincount(ep.reader, weights=x["count"], minlength=len(ep.r_part))
+        bytes_of = np.bincount(ep.reader, weights=x["read_bytes"], minlength=len(ep.r_part))
+        total = max(1.0, float(samples_of[mine].sum()))
+        self.readers = [
+            {
+                "lanes": int(ep.r_lanes[r]),
+                "part": int(ep.r_part[r]),
+                "gets": max(1.0, float(ep.r_inflight[r]) / max(1, int(ep.r_lanes[r]))),  # per lane
+                "share": float(samples_of[r]) / total,
+                "bytes_per_sample": float(bytes_of[r]) / max(1.0, float(samples_of[r])),
+                "runs": int(runs_of[r]),
+                "shards_per_lane": max(1, fetches.worker.max_inflight_shards // max(1, int(ep.r_lanes[r]))),
+            }
+            for r in mine.tolist()
+        ]
+        self.lanes = sum(r["lanes"] for r in self.readers) or 1
+        self.table = float(np.mean(x["table_size"])) if len(x["table_size"]) else 0.0
+
+    def _get_rate(self, open_lanes: float) -> float:
+        """One GET's bytes/s with ``open_lanes`` of the worker's lanes open on every worker."""
+        gets = self.gets_node * open_lanes / self.lanes
+        return min(self.bw_stream, self.bw_node / max(gets, 1.0))
+
+    def open_s(self) -> float:
+        """Until the worker's last lane has sent its first GET: lanes open one after another
+        (each when the worker first draws from it), each a table GET, then its first ramp part
+        (``part / 16``), at one GET's share of the node with ``k`` lanes of every worker open."""
+        part = max((r["part"] for r in self.readers), default=0)
+        first = max(1, part // 16)
+        t = 2 * self.lat  # the last lane's table GET and first part GET
+        for k in range(1, self.lanes):
+            t += 2 * self.lat + (self.table + first) / self._get_rate(k)
+        return t
+
+    def fill_s(self, arrivals: float) -> float:
+        """The last lane's bytes before the first batch: ``arrivals x share / lanes`` samples,
+        in its ramping GETs (``part / 16`` doubling) to the one covering them, plus what the
+        GETs alongside it have read by then (each ~half the covering GET), at its share of the
+        node; plus a latency per round of GETs after the first."""
+        worst = 0.0
+        for r in self.readers:
+            need = arrivals * r["share"] / max(1, r["lanes"]) * r["bytes_per_sample"]
+            size, done, n = max(1, r["part"] // 16), 0.0, 0
+            while True:
+                done += size
+                n += 1
+                if done >= need:
+                    break
+                size = min(size * 2, r["part"])
+            moved = done + (r["gets"] - 1) * size / 2
+            rate = r["gets"] * self._get_rate(self.lanes)
+            worst = max(worst, moved / rate + (math.ceil(n / r["gets"]) - 1) * self.lat)
+        return worst
+
+    def turns_s(self) -> float:
+        """A lane that reads one shard at a time (``max_inflight_shards // lanes`` = 1) sends
+        its next shard's first GET when the shard before is read: a latency without bytes per
+        run after its first, which the worker waits for (its lanes are drawn in a fixed
+        interleave); its busiest lane's."""
+        worst = 0.0
+        for r in self.readers:
+            if r["shards_per_lane"] == 1:
+                worst = max(worst, (math.ceil(r["runs"] / max(1, r["lanes"])) - 1) * self.lat)
+        return worst
+
+
+def _arrivals(a: dict[str, Any]) -> int:
+    """Samples one worker's lanes deliver before its first batch leaves its shuffle buffer."""
     b = a["batch_size"]
     cap = a["shuffle_buffer"] if a["shuffle"] else 0
     if cap > 1:
         ramp = ramp_samples(cap)
         grow = max(0, cap - ramp)
-        arrivals = ramp + 2 * min(b - 1, grow) + max(0, b - 1 - grow)
-    else:
-        arrivals = b
-    per_sample = float(data.nbytes.sum()) / max(1, int(data.counts.sum()))
-    table_bytes = float(data.table_bytes.mean())
-    readers_per_node = a["gpus_per_node"] * max(1, a["workers"])
-    start_bw = min(bw_node / readers_per_node, worker_rate)
+        return ramp + 2 * min(b - 1, grow) + max(0, b - 1 - grow)
+    return b
+
+
+def _first_batch(
+    x: dict[str, Any],
+    data: _Data,
+    a: dict[str, Any],
+    fetches: _Fetches,
+    *,
+    lat: float,
+    bw_stream: float,
+    bw_node: float,
+    cpu_s: float,
+    open_s: float,
+    t_worker: float,
+) -> tuple[float, dict[str, float]]:
+    """``time_to_first_batch_s`` and its parts (module doc)."""
+    arrivals = _arrivals(a)
+    lanes = _Lanes(x, data, lat, bw_node, bw_stream, fetches)
     parts = {
-        "index_s": lat + max(data.index_bytes) / bw_stream,
-        "table_s": lat + table_bytes / bw_stream,
-        "data_s": lat + arrivals * per_sample / start_bw,
+        "open_s": open_s,
+        "workers_s": t_worker,
+        "lanes_s": lanes.open_s(),
+        "fill_s": lanes.fill_s(arrivals),
         "cpu_s": arrivals * cpu_s,
         "arrivals": float(arrivals),
     }
-    return parts["index_s"] + parts["table_s"] + max(parts["data_s"], parts["cpu_s"]), parts
+    data_s = parts["lanes_s"] + parts["fill_s"]
+    return open_s + t_worker + max(data_s, parts["cpu_s"]), parts
 
 
 def _step_timings(
@@ -1143,22 +1415,41 @@ def _step_timings(
     return out
 
 
-def _figures(store: str, a: dict[str, Any], probed: dict[str, Any] | None) -> tuple[dict, list]:
+def _figures(store: str, a: dict[str, Any], probed: dict[str, Any] | None, index_bytes: int) -> tuple[dict, list]:
     defaults = STORE_DEFAULTS[store]
     probed = probed or {}
     figures, assumptions = {}, []
-    table = {**defaults, "cpu_s_per_sample": DEFAULT_CPU_S_PER_SAMPLE}
+    table: dict[str, Any] = {**defaults, "cpu_s_per_sample": DEFAULT_CPU_S_PER_SAMPLE}
     table["cache_bandwidth_per_node"] = DEFAULT_CACHE_BANDWIDTH
+    table["cpu_s_per_sample_cached"] = DEFAULT_CPU_S_PER_SAMPLE_CACHED
+    table["client_s"] = 0.0 if store == "local" else DEFAULT_CLIENT_S
+    table["worker_start_s"] = DEFAULT_WORKER_START_S
+    table["open_s"] = None  # computed from the figures before it
+    table["store_cpu_s_per_byte"] = 0.0
     for name, default in table.items():
+        if name == "cpu_s_per_sample_cached" and default is not None:
+            default = min(default, figures["cpu_s_per_sample"]["value"])
+        if name == "open_s":
+            lat_s = figures["latency_ms"]["value"] / 1e3
+            default = figures["client_s"]["value"] + lat_s + index_bytes / figures["bandwidth_per_stream"]["value"]
         if a.get(name) is not None:
             figures[name] = {"value": float(a[name]), "source": "given"}
         elif probed.get(name) is not None:
             figures[name] = {"value": float(probed[name]), "source": "probed"}
         else:
             figures[name] = {"value": default, "source": "assumed"}
-            if name == "cache_bandwidth_per_node" and not a["cache_bytes"]:
+            if name in ("cache_bandwidth_per_node", "cpu_s_per_sample_cached") and not a["cache_bytes"]:
+                continue
+            if (name == "worker_start_s" and not a["workers"]) or name == "store_cpu_s_per_byte":
                 continue
             assumptions.append({"name": name, "value": default, "why": _WHY[name] + f" [{store} default]"})
+    if a["cores_per_node"] is not None:
+        figures["cores_per_node"] = {"value": a["cores_per_node"], "source": "given"}
+    elif probed:
+        figures["cores_per_node"] = {"value": os.cpu_count() or 1, "source": "probed"}
+    else:
+        figures["cores_per_node"] = {"value": None, "source": "assumed"}
+        assumptions.append({"name": "cores_per_node", "value": None, "why": _WHY["cores_per_node"]})
     return figures, assumptions
 
 
@@ -1283,12 +1574,16 @@ def _notes(data: _Data, a: dict[str, Any], job: JobPlan) -> list[str]:
     if job.byte_ranges != "exact":
         notes.append("bytes of shards cut at rank/worker/node boundaries are proportional to their samples")
     if a["cache_bytes"]:
-        notes.append("the node cache is simulated per node as LRU of whole shards and tables; pinned entries are not")
+        notes.append(
+            "the node cache is simulated per node as LRU of whole shards and tables; entries being read are "
+            "pinned, and a fill that finds no unpinned room bypasses the cache (reads its range only)"
+        )
         open_bytes = a["gpus_per_node"] * max(1, a["workers"]) * (a["max_open_shards"] + 1) * float(data.nbytes.mean())
         if a["cache_bytes"] < 4 * open_bytes:
             notes.append(
-                f"cache_bytes is under 4x what a node's readers hold open ({_size(open_bytes)}): there, fills that "
-                "find no unpinned room read past the cache, which this model does not see; expect more egress"
+                f"cache_bytes is under 4x what a node's readers hold open ({_size(open_bytes)}): which fills bypass "
+                "it depends on the order in which lanes that start together reach it, which varies run to run; "
+                "expect egress and requests to vary by a few shards"
             )
     if job.cost_per_epoch is not None and (a["price_per_gb"] is None or a["price_per_1000_gets"] is None):
         notes.append("cost: the price not given counts as 0")
