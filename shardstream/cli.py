@@ -889,6 +889,13 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--price-per-gb", type=float, metavar="USD", help="egress price per GB")
     pl.add_argument("--price-per-1000-gets", type=float, metavar="USD", help="price per 1,000 GETs")
     pl.add_argument("--cpu-s-per-sample", type=_seconds, metavar="S", help="reader CPU seconds per sample")
+    pl.add_argument(
+        "--cpu-s-per-sample-cached", type=_seconds, metavar="S", help="the same, for samples read from the node cache"
+    )
+    pl.add_argument("--open-s", type=_seconds, metavar="S", help="seconds to open the dataset (index, client)")
+    pl.add_argument("--client-s", type=_seconds, metavar="S", help="seconds a new store client takes to its first GET")
+    pl.add_argument("--worker-start-s", type=_seconds, metavar="S", help="seconds to start a DataLoader worker")
+    pl.add_argument("--cores-per-node", type=int, metavar="N", help="CPU cores per node (default: one per worker)")
     pl.add_argument("--persistent-workers", action="store_true", help="the DataLoader's persistent_workers=True")
     pl.add_argument(
         "--probe", action="store_true", help="measure latency, bandwidth and CPU from here against the store"
@@ -1074,6 +1081,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 price_per_gb=args.price_per_gb,
                 price_per_1000_gets=args.price_per_1000_gets,
                 cpu_s_per_sample=args.cpu_s_per_sample,
+                cpu_s_per_sample_cached=args.cpu_s_per_sample_cached,
+                open_s=args.open_s,
+                client_s=args.client_s,
+                worker_start_s=args.worker_start_s,
+                cores_per_node=args.cores_per_node,
                 persistent_workers=args.persistent_workers,
                 probe=args.probe,
                 s3=_s3_config(args),
