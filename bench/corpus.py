@@ -9,6 +9,7 @@
   image-text dataset's thumbnails.
 - :func:`tiny_corpus`: many 100-byte files, 1,000 per directory.
 - :func:`write_once`: a peer's copy of a corpus written once into a folder and kept.
+- :func:`upload_tree`: such a folder PUT to a bucket, 4 files at a time.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import sys
 import time
 import zipfile
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -175,3 +177,16 @@ def write_once(folder: Path, write: Callable[[Path], None]) -> float:
     partial.rename(folder)
     (folder / ".complete").write_text(f"{seconds:.1f}")
     return seconds
+
+
+def upload_tree(client: Any, folder: Path, bucket: str, prefix: str) -> None:
+    """PUT every file under ``folder`` (but ``.complete``) to ``s3://bucket/prefix/`` with a
+    boto3 ``client``, 4 at a time."""
+    files = [p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"]
+
+    def put(path: Path) -> None:
+        with path.open("rb") as body:
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(folder).as_posix()}", Body=body)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(put, files))

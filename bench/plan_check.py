@@ -74,7 +74,6 @@ time, kind, path, range, status, bytes) and each process's reports (``SCENARIO-r
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import logging
 import os
@@ -96,7 +95,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from corpus import CACHE, write_once  # noqa: E402
+from corpus import CACHE, upload_tree, write_once  # noqa: E402
 from procs import process_cpu_s  # noqa: E402
 
 BUCKET = "plan"
@@ -131,15 +130,7 @@ def write_dataset(folder: Path, samples: int, sample_bytes: int, shard_bytes: in
 
 
 def upload(client: Any, folder: Path, prefix: str) -> None:
-    """PUT every file under ``folder`` (but ``.complete``) to ``s3://BUCKET/prefix/``."""
-    files = [p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"]
-
-    def put(path: Path) -> None:
-        with path.open("rb") as body:
-            client.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(folder).as_posix()}", Body=body)
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        list(pool.map(put, files))
+    upload_tree(client, folder, BUCKET, prefix)
 
 
 def tree_bytes(folder: Path) -> int:

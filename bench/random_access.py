@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import write_once
+from corpus import upload_tree, write_once
 from procs import process_cpu_s
 
 BUCKET = "bench"
@@ -145,15 +145,7 @@ def convert(system: str, items: list[tuple[int, int]], folder: Path, shard_bytes
 
 
 def upload(client: Any, folder: Path, prefix: str) -> None:
-    """PUT every file under ``folder`` (but ``.complete``) to ``s3://BUCKET/prefix/``, 4 at a time."""
-    files = [p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"]
-
-    def put(path: Path) -> None:
-        with path.open("rb") as body:
-            client.put_object(Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(folder).as_posix()}", Body=body)
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        list(pool.map(put, files))
+    upload_tree(client, folder, BUCKET, prefix)
 
 
 def tree_bytes(folder: str) -> int:
