@@ -9,7 +9,8 @@
   image-text dataset's thumbnails.
 - :func:`tiny_corpus`: many 100-byte files, 1,000 per directory.
 - :func:`write_once`: a peer's copy of a corpus written once into a folder and kept.
-- :func:`upload_tree`: such a folder PUT to a bucket, 4 files at a time.
+- :func:`upload_tree`: such a folder PUT to a bucket, 4 files at a time; :func:`boto3_client`:
+  the client for it, of a local S3 server.
 """
 
 from __future__ import annotations
@@ -190,3 +191,18 @@ def upload_tree(client: Any, folder: Path, bucket: str, prefix: str) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(put, files))
+
+
+def boto3_client(info: Any, *, max_pool_connections: int = 8) -> Any:
+    """A boto3 S3 client of the local server ``info`` describes (``SeaweedS3Server.info``)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=info.endpoint_url,
+        aws_access_key_id=info.access_key_id,
+        aws_secret_access_key=info.secret_access_key,
+        region_name=info.region_name,
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections),
+    )

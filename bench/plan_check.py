@@ -95,7 +95,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from corpus import CACHE, upload_tree, write_once  # noqa: E402
+from corpus import CACHE, boto3_client, upload_tree, write_once  # noqa: E402
 from procs import process_cpu_s  # noqa: E402
 
 BUCKET = "plan"
@@ -686,18 +686,8 @@ def main() -> int:
     results: dict[str, Any] = {"scenarios": []}
     with tempfile.TemporaryDirectory(prefix="shardstream-plan-check-") as tmp, SeaweedS3Server() as server:
         server.create_bucket(BUCKET)
-        import boto3
-        from botocore.config import Config
-
         info = server.info
-        client = boto3.client(
-            "s3",
-            endpoint_url=info.endpoint_url,
-            aws_access_key_id=info.access_key_id,
-            aws_secret_access_key=info.secret_access_key,
-            region_name=info.region_name,
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=8),
-        )
+        client = boto3_client(info)
         started = time.perf_counter()
         upload(client, big, "big")
         upload(client, small, "small")

@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import upload_tree, write_once
+from corpus import boto3_client, upload_tree, write_once
 from procs import process_cpu_s
 
 BUCKET = "bench"
@@ -269,17 +269,7 @@ class Env:
         return tempfile.mkdtemp(prefix=f"{name}-", dir=self.scratch)
 
     def boto3_client(self) -> Any:
-        import boto3
-        from botocore.config import Config
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.info.endpoint_url,
-            aws_access_key_id=self.info.access_key_id,
-            aws_secret_access_key=self.info.secret_access_key,
-            region_name=self.info.region_name,
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=32),
-        )
+        return boto3_client(self.info, max_pool_connections=32)
 
     def ranges(self, indices: list[int]) -> dict[int, tuple[str, int, int]]:
         """``{i: (object key, first byte, last byte)}`` of each sample's span (headers included)."""
@@ -525,17 +515,7 @@ def main() -> None:
         os.environ.update(S3_ENDPOINT_URL=info.endpoint_url, AWS_EC2_METADATA_DISABLED="true")
         scratch = Path(tmp.name) / "caches"
         scratch.mkdir()
-        import boto3
-        from botocore.config import Config
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=info.endpoint_url,
-            aws_access_key_id=info.access_key_id,
-            aws_secret_access_key=info.secret_access_key,
-            region_name=info.region_name,
-            config=Config(s3={"addressing_style": "path"}, max_pool_connections=8),
-        )
+        client = boto3_client(info)
         for system in systems:
             started = time.perf_counter()
             upload(client, data / system, system)

@@ -66,13 +66,13 @@ def _plan_size(text: str) -> int:
     return _size_arg(f"{short.group(1)}{short.group(2)}B" if short else text)
 
 
-def _positive_number(text: str) -> float:
+def _positive_number(text: str, *, unit: str = "") -> float:
     try:
         value = float(text)
     except ValueError:
         value = 0.0
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number{unit} > 0")
     return value
 
 
@@ -98,13 +98,7 @@ def _s3_config(args: argparse.Namespace) -> S3Config:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
-    return value
+    return _positive_number(text, unit=" of seconds")
 
 
 def _add_request_args(parser: argparse.ArgumentParser) -> None:
