@@ -90,7 +90,14 @@ def test_ctrl_c_stops_a_pack_and_its_workers_with_130_and_the_same_command_finis
     command = [SHARDSTREAM, "pack", str(tmp_path / "src"), str(dest), "--workers", "2"]
     command += ["--max-samples-per-shard", "1", "--no-progress"]
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # as in a terminal: a shell's background job (CI started with `&`) ignores SIGINT, and its
+        # children would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     journal = dest / ".shardstream"
     try:
