@@ -3,7 +3,8 @@
 Three corpora (bench/corpus.py), each read by every reader that applies to it:
   - ``photos``: JPEGs of 60-150 KB cut from real photos, a ``.cls`` label each (~1 GB at
     the default 10,000): every reader below, raw and decoding, local and S3;
-  - ``small``: the same kind of JPEGs at ~240 x 200 px (~17 KB) and a label, 30,000 samples:
+  - ``small``: the same kind of JPEGs at ~240 x 200 px (~17 KB) and a label, 120,000 samples
+    (~2.1 GB, so a run's start-up, reported as first sample, is a small part of it):
     raw local reading (``cat``, shardstream, WebDataset) and shardstream through a
     DataLoader with ``batch_size=None`` against ``batch_size=64`` (what crossing from the
     workers one sample at a time costs);
@@ -20,6 +21,9 @@ shardstream packs anew every run. All members are stored as bytes in every forma
 Every reader runs in its own subprocess (``--_reader NAME``), one at a time, on the same
 machine; each peer's download cache is a fresh empty directory, so every S3 run downloads.
 Reported per reader: samples/s; MB/s of payload (JPEG + label bytes; the limits: bytes read);
+the reader's CPU seconds (user + system of its process and its DataLoader workers, over the
+timed read) per GB of those bytes and per 1,000 samples, which unlike a rate does not move with
+how much of the cores the S3 server leaves it;
 time to first sample, from dataset construction (after imports, the S3 library of each system
 included: boto3, aiobotocore) to the first sample or batch;
 peak RSS of its main process (VmHWM, read by the process itself) and of its whole process
@@ -27,8 +31,10 @@ tree (sum of RSS sampled every 0.2 s; pages shared by forked workers count once 
 Raw readers also count damaged samples (a JPEG without its start or end marker).
 
 Raw reading (one process, no decoding; one byte of every 4 KiB of each sample's payload read):
-  - limits: ``cat`` of the shard files to /dev/null; 8 concurrent aiobotocore GETs of 16 MiB
-    ranges of shardstream's shard objects, bytes discarded;
+  - limits: ``cat`` of the shard files to /dev/null; concurrent aiobotocore GETs of shardstream's
+    shard objects, bytes discarded, swept over 8 x 16 MiB, 16 x 8 MiB and 32 x 4 MiB in flight
+    (``s3-limit``, ``s3-limit-16x8``, ``s3-limit-32x4``), timed from client creation as
+    shardstream is from construction; the targets take the fastest of the sweep;
   - shardstream ``ShardDataset(shuffle=False)`` from local disk and from s3://;
   - WebDataset from local files, from S3 via ``pipe:aws s3 cp URL -`` (awscli), and via a
     gopen handler streaming boto3 ``get_object`` bodies;
@@ -52,7 +58,7 @@ table's "S3 srv cores": the server's CPU seconds per second of the run, set-up i
 reader's output goes to ~/.cache/shardstream-bench/stream-logs/NAME-RUN.log.
 
 Usage:
-    python bench/stream.py [--corpora photos,small,tiny] [--num-images 10000] [--num-small 30000]
+    python bench/stream.py [--corpora photos,small,tiny] [--num-images 10000] [--num-small 120000]
                            [--num-tiny 200000] [--dir DIR] [--repeat 2] [--skip-peers] [--png PATH]
                            [--shard-mib 64] [--cap-s 60] [--readers NAME,...]
 
@@ -88,6 +94,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import io
@@ -95,6 +102,7 @@ import json
 import math
 import os
 import random
+import resource
 import shlex
 import shutil
 import signal
@@ -719,15 +727,18 @@ MOSAIC, LITDATA = ("streaming",), ("litdata", "litdata.streaming.downloader")
 LOADER = ("torch.utils.data", "numpy", "PIL.Image", "shardstream.decode")
 EVERY = ("photos", "dir", "small", "tiny")
 READERS = {
-    "s3-limit": Reader(
-        "aiobotocore 8x16MiB ranged GETs",
-        "limit",
-        "raw",
-        "s3",
-        read_s3_limit,
-        ("aiobotocore.session",),
-        corpora=("photos", "dir", "small"),
-    ),
+    **{
+        f"s3-limit{suffix}": Reader(
+            f"aiobotocore {inflight}x{part_mib}MiB ranged GETs",
+            "limit",
+            "raw",
+            "s3",
+            functools.partial(read_s3_limit, inflight=inflight, range_bytes=part_mib << 20),
+            ("aiobotocore.session",),
+            corpora=("photos", "dir", "small"),
+        )
+        for suffix, inflight, part_mib in (("", 8, 16), ("-16x8", 16, 8), ("-32x4", 32, 4))
+    },
     "s3-shardstream": Reader(
         "shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS_S3, corpora=("photos", "dir", "small")
     ),
@@ -827,6 +838,7 @@ def reader_main(name: str, setup_path: str) -> None:
     if reader.prepare is not None:
         reader.prepare(setup)
     started = time.perf_counter()
+    cpu_started = _cpu_s(resource.RUSAGE_SELF)
     progress = reader.read(setup)
     for count, size, bad in progress:
         if count and first is None:
@@ -836,6 +848,8 @@ def reader_main(name: str, setup_path: str) -> None:
             capped = True
             break
     seconds = time.perf_counter() - started
+    cpu_s = _cpu_s(resource.RUSAGE_SELF) - cpu_started
+    progress.close()  # its DataLoader workers exit and are reaped: their CPU counts too
     result = {
         "samples": samples,
         "bytes": nbytes,
@@ -844,9 +858,15 @@ def reader_main(name: str, setup_path: str) -> None:
         "capped": capped,
         "damaged": damaged,
         "vm_hwm": vm_hwm_bytes(),
+        "cpu_s": cpu_s + _cpu_s(resource.RUSAGE_CHILDREN),
     }
     print(RESULT_TAG + json.dumps(result), flush=True)
-    progress.close()
+
+
+def _cpu_s(who: int) -> float:
+    """User + system CPU seconds of this process (all its threads) or of its reaped children."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 # ---------------------------------------------------------------- the parent: run, tabulate, judge
@@ -867,6 +887,7 @@ class Result:
     tree_peak: int = 0
     damaged: int = 0  # most damaged samples seen in one run
     server_cpu_s: float = 0.0  # the S3 server's CPU seconds during the best run (imports and set-up included)
+    cpu_s: float = 0.0  # the reader's own CPU seconds in the best run (user + system, its DataLoader workers too)
     error: str = ""  # why the last failed run failed
     runs: int = 0
     failures: int = 0
@@ -882,6 +903,7 @@ class Result:
                 run["capped"],
             )
             self.server_cpu_s = run.get("server_cpu_s", 0.0)
+            self.cpu_s = run.get("cpu_s", 0.0)
         if run["first_s"] is not None and (self.first_s is None or run["first_s"] < self.first_s):
             self.first_s = run["first_s"]
         self.vm_hwm, self.tree_peak = max(self.vm_hwm, run["vm_hwm"]), max(self.tree_peak, run["tree_peak"])
@@ -890,6 +912,10 @@ class Result:
     def samples_per_s(self, num_samples: int) -> float:
         """Samples/s; for the limits (which read bytes, not samples), the whole dataset's samples."""
         return (self.samples or num_samples) / self.seconds if self.runs else 0.0
+
+    def cpu_s_per_gb(self, num_samples: int, payload_bytes: int) -> float:
+        """The reader's CPU seconds per GB it read (the MB/s column's bytes)."""
+        return self.cpu_s / max(self.mb_per_s(num_samples, payload_bytes) * self.seconds / 1e3, 1e-9)
 
     def mb_per_s(self, num_samples: int, payload_bytes: int) -> float:
         if self.bytes:
@@ -967,15 +993,25 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
     def ratio(a: str, b: str) -> Callable[[], float]:
         return lambda: rate[a] / rate[b]
 
+    def best_limit(corpus: str) -> str:
+        """The fastest of the plain-GET sweep (8x16, 16x8, 32x4 MiB in flight) on ``corpus``."""
+        sweep = [n for n in measured if n.startswith(f"{corpus}:s3-limit")]
+        return max(sweep, key=rate.__getitem__, default=f"{corpus}:s3-limit")
+
+    def cpu_per_gb(name: str) -> float:
+        corpus_name = measured[name].corpus
+        return measured[name].cpu_s_per_gb(*sizes[corpus_name])
+
     m = f"{main}:"
+    limit_main, limit_small = best_limit(main), best_limit("small")
     s3_peer, decode_peer = best_peer("raw", "s3"), best_peer("decode", "s3")
     budget = FetchConfig().max_buffer_bytes
     rss_of = (m + "s3-shardstream", m + "local-shardstream")
     rows: list[tuple[str, tuple[str, ...], Callable[[], float | None], float, bool, str]] = [
         (
-            "S3 raw: shardstream / S3 limit",
-            (m + "s3-shardstream", m + "s3-limit"),
-            ratio(m + "s3-shardstream", m + "s3-limit"),
+            f"S3 raw: shardstream / S3 limit ({limit_main}, best of the sweep)",
+            (m + "s3-shardstream", limit_main),
+            ratio(m + "s3-shardstream", limit_main),
             0.9,
             True,
             "x",
@@ -1037,19 +1073,27 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             "x",
         ),
         (
-            "S3 raw, small (18 KB samples): shardstream / S3 limit, same objects",
-            ("small:s3-shardstream", "small:s3-limit"),
-            ratio("small:s3-shardstream", "small:s3-limit"),
+            f"S3 raw, small (18 KB samples): shardstream / S3 limit ({limit_small}), same objects",
+            ("small:s3-shardstream", limit_small),
+            ratio("small:s3-shardstream", limit_small),
             0.85,
             True,
             "x",
         ),
         (
+            f"S3 raw, small: shardstream's CPU s/GB / the limit's ({limit_small})",
+            ("small:s3-shardstream", limit_small),
+            lambda: cpu_per_gb("small:s3-shardstream") / cpu_per_gb(limit_small),
+            1.3,
+            False,
+            "x",
+        ),
+        (
             "S3 raw, small: payload MB/s / the limit's MB/s of tar bytes (no target)",
-            ("small:s3-shardstream", "small:s3-limit"),
+            ("small:s3-shardstream", limit_small),
             lambda: (
                 measured["small:s3-shardstream"].mb_per_s(*sizes["small"])
-                / measured["small:s3-limit"].mb_per_s(*sizes["small"])
+                / measured[limit_small].mb_per_s(*sizes["small"])
             ),
             0.0,
             True,
@@ -1175,7 +1219,7 @@ def print_table(results: dict[str, Result], sizes: dict[str, tuple[int, int]]) -
         )
         print(
             f"{'group':6s} {'from':6s} {'reader':40s} {'samples/s':>10s} {'MB/s':>7s} {'first':>8s} "
-            f"{'RSS main':>9s} {'RSS tree':>9s} {'S3 srv cores':>12s}"
+            f"{'RSS main':>9s} {'RSS tree':>9s} {'S3 srv cores':>12s} {'CPU s/GB':>8s} {'CPU s/1k':>8s}"
         )
         for r in results.values():
             if r.corpus != corpus:
@@ -1189,9 +1233,11 @@ def print_table(results: dict[str, Result], sizes: dict[str, tuple[int, int]]) -
             note = f"  (capped after {r.samples} samples)" if r.capped else ""
             note += f"  ({r.damaged} damaged JPEGs in a run)" if r.damaged else ""
             note += f"  ({r.failures} run(s) failed: {r.error})" if r.failures else ""
+            per_gb = f"{r.cpu_s_per_gb(num_samples, payload_bytes):8.2f}"
+            per_k = f"{r.cpu_s / r.samples * 1000:8.3f}" if r.samples else f"{'-':>8s}"
             print(
                 f"{head} {r.samples_per_s(num_samples):10.0f} {r.mb_per_s(num_samples, payload_bytes):7.0f} {first} "
-                f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB {srv:>12s}{note}"
+                f"{r.vm_hwm / 1e6:7.0f}MB {r.tree_peak / 1e6:7.0f}MB {srv:>12s} {per_gb} {per_k}{note}"
             )
 
 
@@ -1250,7 +1296,9 @@ def save_chart(results: dict[str, Result], sizes: dict[str, tuple[int, int]], pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-images", type=int, default=10_000, help="photos of the photo corpus")
-    parser.add_argument("--num-small", type=int, default=30_000, help="samples of the small-JPEG corpus")
+    parser.add_argument(
+        "--num-small", type=int, default=120_000, help="samples of the small-JPEG corpus (~2.1 GB at the default)"
+    )
     parser.add_argument("--num-tiny", type=int, default=200_000, help="100-byte files of the tiny corpus")
     parser.add_argument("--corpora", default=",".join(CORPORA), help=f"comma-separated subset of {', '.join(CORPORA)}")
     parser.add_argument("--dir", help="use this directory's files instead of the corpora")
