@@ -65,7 +65,6 @@ class DatasetIndex:
         self._tables: collections.OrderedDict[int, ShardTable] = collections.OrderedDict()
         self._store: Any = None
         self._pending: collections.OrderedDict[int, concurrent.futures.Future[Any]] = collections.OrderedDict()
-        self._raw: dict[int, bytes] = {}  # tables just read, on their way into the node cache
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -75,13 +74,12 @@ class DatasetIndex:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_tables"], state["_store"] = collections.OrderedDict(), None
-        del state["_pending"], state["_lock"], state["_pid"], state["_raw"]
+        del state["_pending"], state["_lock"], state["_pid"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._pending, self._lock, self._pid = collections.OrderedDict(), threading.Lock(), os.getpid()
-        self._raw = {}
 
     @property
     def num_shards(self) -> int:
@@ -138,24 +136,9 @@ class DatasetIndex:
                     data = entry.read()
                 return lambda: self._keep(i, data)
             started = self._submit(i, on_retry)
-            return lambda: self._cached(i, url, cache, self._collect(i, started))
+            return lambda: self._collect(i, started, read=lambda data: _into_cache(cache, url, data))
         future = self._submit(i, on_retry)
         return lambda: self._collect(i, future)
-
-    def _cached(self, i: int, url: str, cache: Any, table: ShardTable) -> ShardTable:
-        """``table`` (shard ``i``'s, just read from ``url``) written into the node ``cache``
-        when it has room and no other process is writing it."""
-        data = self._raw.pop(i, None)
-        if data is not None:
-            fill = cache.fill(url, size_bytes=len(data), wait=False)
-            if fill is not None and not isinstance(fill, Busy):
-                try:
-                    fill.write(data)
-                    fill.commit()
-                except BaseException:
-                    fill.abort()
-                    raise
-        return table
 
     def _submit(self, i: int, on_retry: Callable[[BaseException], None] | None) -> concurrent.futures.Future[Any]:
         """The GET of shard ``i``'s table, started on the background loop (or the one under way)."""
@@ -171,7 +154,10 @@ class DatasetIndex:
                     self._pending.popitem(last=False)[1].cancel()
         return future
 
-    def _collect(self, i: int, future: concurrent.futures.Future[Any]) -> ShardTable:
+    def _collect(
+        self, i: int, future: concurrent.futures.Future[Any], *, read: Callable[[bytes], None] | None = None
+    ) -> ShardTable:
+        """Shard ``i``'s table once its GET ``future`` answers (``read`` is given its bytes)."""
         store = self._table_store()
         try:
             if i in self._tables:
@@ -185,10 +171,8 @@ class DatasetIndex:
                     del self._pending[i]
         data = b"".join(pieces)
         table = self._keep(i, data)
-        with self._lock:
-            self._raw[i] = data  # for _cached, which takes it at once
-            while len(self._raw) > 8:
-                self._raw.pop(next(iter(self._raw)))
+        if read is not None:
+            read(data)
         return table
 
     def _table_store(self) -> Any:
@@ -269,6 +253,20 @@ class ShardUrls(Sequence[str]):
 
     def __repr__(self) -> str:
         return f"ShardUrls({len(self)} shards under {self._index.root!r})"
+
+
+def _into_cache(cache: Any, url: str, data: bytes) -> None:
+    """``data`` (a sample table just read from ``url``) written into the node ``cache`` when it
+    has room and no other process is writing it."""
+    fill = cache.fill(url, size_bytes=len(data), wait=False)
+    if fill is None or isinstance(fill, Busy):
+        return
+    try:
+        fill.write(data)
+        fill.commit()
+    except BaseException:
+        fill.abort()
+        raise
 
 
 def open_index(

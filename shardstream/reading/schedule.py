@@ -350,11 +350,9 @@ class EpochSchedule(Schedule):
         """The plan of the pass ``state``: its epoch, resumed from its checkpoint segments."""
         assert self.counts is not None  # internal invariant: callers check
         world_size = slot.world_size if slot is not None else None
-        if self.shard_affinity is not None and world_size is not None:
-            _say_repartitioned(state.epoch, segments_of(state), world_size)
-            layout = self.node_layout(world_size)
-            if layout is not None and slot is not None:
-                _check_node(slot.rank, layout.ranks_per_node)
+        if slot is not None and (layout := self.node_layout(world_size)) is not None:  # node affinity
+            _say_repartitioned(state.epoch, segments_of(state), slot.world_size)
+            _check_node(slot.rank, layout.ranks_per_node)
         order = self.shard_order(state.epoch, world_size)
         orders = functools.partial(self.shard_order, state.epoch) if self.shard_affinity is not None else None
         return EpochPlan(shard_order=order, orders=orders, counts=self.counts, **self._plan_args(state))
