@@ -4,6 +4,7 @@ counts at a proxy in front of the S3 server; a shard replaced on S3 after indexi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -51,13 +52,10 @@ def s3_dataset(tmp_path_factory, s3_server):
     return local, keys, f"s3://{bucket}/ds"
 
 
-def _shard_gets(proxy_paths):
-    return [p for m, p in proxy_paths if m == "GET" and p.endswith(".tar")]
-
-
-def test_on_s3_one_get_per_cold_sample_and_merged_gets_for_a_batch(s3_dataset, s3_config):
-    local, keys, url = s3_dataset
-    expected = [raw(s) for s in ShardDataset(local, shuffle=False)]
+@contextlib.contextmanager
+def counted_requests(s3_config):
+    """The S3 config of a proxy in front of the server, and the (method, path) of every
+    request it forwards, in order (clear it to count from a point on)."""
     seen: list[tuple[str, str]] = []
 
     def match(method: str, path: str) -> bool:
@@ -65,7 +63,17 @@ def test_on_s3_one_get_per_cold_sample_and_merged_gets_for_a_batch(s3_dataset, s
         return False
 
     with FaultProxy(s3_config.endpoint_url, rates={}, match=match) as proxy:
-        config = dataclasses.replace(s3_config, endpoint_url=proxy.endpoint_url)
+        yield dataclasses.replace(s3_config, endpoint_url=proxy.endpoint_url), seen
+
+
+def _shard_gets(proxy_paths):
+    return [p for m, p in proxy_paths if m == "GET" and p.endswith(".tar")]
+
+
+def test_on_s3_one_get_per_cold_sample_and_merged_gets_for_a_batch(s3_dataset, s3_config):
+    local, keys, url = s3_dataset
+    expected = [raw(s) for s in ShardDataset(local, shuffle=False)]
+    with counted_requests(s3_config) as (config, seen):
         access = SampleAccess(open_index(url, s3=config), s3=config)
         seen.clear()
         cold = [access.read([access.locate(i)])[0] for i in (0, 13, 27, 41, 59)]
@@ -92,14 +100,7 @@ def test_on_s3_one_get_per_cold_sample_and_merged_gets_for_a_batch(s3_dataset, s
 def test_on_s3_a_hot_shard_is_read_from_the_node_cache(s3_dataset, s3_config, tmp_path):
     local, keys, url = s3_dataset
     expected = [raw(s) for s in ShardDataset(local, shuffle=False)]
-    seen: list[tuple[str, str]] = []
-
-    def match(method: str, path: str) -> bool:
-        seen.append((method, path.split("?")[0]))
-        return False
-
-    with FaultProxy(s3_config.endpoint_url, rates={}, match=match) as proxy:
-        config = dataclasses.replace(s3_config, endpoint_url=proxy.endpoint_url)
+    with counted_requests(s3_config) as (config, seen):
         access = SampleAccess(
             open_index(url, s3=config),
             s3=config,
