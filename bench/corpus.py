@@ -9,12 +9,14 @@
   image-text dataset's thumbnails.
 - :func:`tiny_corpus`: many 100-byte files, 1,000 per directory.
 - :func:`write_once`: a peer's copy of a corpus written once into a folder and kept.
+- :func:`import_mosaic`: Mosaic Streaming imported without its torchvision datasets.
 - :func:`upload_tree`: such a folder PUT to a bucket, 4 files at a time; :func:`boto3_client`:
   the client for it, of a local S3 server.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import io
 import os
 import random
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+import types
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -206,3 +209,15 @@ def boto3_client(info: Any, *, max_pool_connections: int = 8) -> Any:
         region_name=info.region_name,
         config=Config(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections),
     )
+
+
+def import_mosaic() -> types.ModuleType:
+    """``import streaming`` with an empty ``streaming.vision``: it needs torchvision, which does
+    not import beside the CPU torch here (bench/stream.py says more)."""
+    if "streaming.vision" not in sys.modules:
+        stub = types.ModuleType("streaming.vision")
+        stub.__spec__ = importlib.machinery.ModuleSpec("streaming.vision", None)
+        sys.modules["streaming.vision"] = stub
+    import streaming
+
+    return streaming

@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import importlib.machinery
 import json
 import os
 import random
@@ -70,14 +69,13 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import boto3_client, upload_tree, write_once
+from corpus import boto3_client, import_mosaic, upload_tree, write_once
 from procs import process_cpu_s
 
 BUCKET = "bench"
@@ -104,17 +102,6 @@ def peer_item(item: tuple[int, int]) -> dict[str, bytes]:
     """LitData ``optimize`` fn (module level, so its workers can pickle it)."""
     sample = sample_of(item)
     return {"bin": sample["bin"], "cls": sample["cls"]}
-
-
-def import_mosaic() -> types.ModuleType:
-    """``import streaming`` with an empty ``streaming.vision`` (it needs torchvision; module doc)."""
-    if "streaming.vision" not in sys.modules:
-        stub = types.ModuleType("streaming.vision")
-        stub.__spec__ = importlib.machinery.ModuleSpec("streaming.vision", None)
-        sys.modules["streaming.vision"] = stub
-    import streaming
-
-    return streaming
 
 
 def write_shardstream(items: list[tuple[int, int]], out: Path, shard_bytes: int) -> None:

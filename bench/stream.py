@@ -110,14 +110,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import CACHE, photo_corpus, small_corpus, tiny_corpus, write_once
+from corpus import CACHE, import_mosaic, photo_corpus, small_corpus, tiny_corpus, write_once
 from pack import tree_rss_bytes
 from procs import process_cpu_s
 
@@ -319,17 +318,6 @@ def upload_tree(setup: Setup, folder: Path, prefix: str) -> None:
             await asyncio.gather(*(put(p) for p in files))
 
     asyncio.run(upload())
-
-
-def import_mosaic() -> types.ModuleType:
-    """``import streaming`` with an empty ``streaming.vision`` (it needs torchvision; module doc)."""
-    if "streaming.vision" not in sys.modules:
-        stub = types.ModuleType("streaming.vision")
-        stub.__spec__ = importlib.machinery.ModuleSpec("streaming.vision", None)
-        sys.modules["streaming.vision"] = stub
-    import streaming
-
-    return streaming
 
 
 # ---------------------------------------------------------------- the readers (run in subprocesses)
