@@ -104,7 +104,7 @@ def main() -> None:
         f"device: {where}; {args.num_images} images, batches of {args.batch_size}, crop {args.crop_px} px, "
         f"{args.threads} threads/workers"
     )
-    corpus = photo_corpus(args.num_images)
+    corpus = photo_corpus(args.num_images, processes=min(8, os.cpu_count() or 1))
     rows: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="shardstream-bench-dali-") as tmp:
         local = f"{tmp}/shards"
