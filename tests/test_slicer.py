@@ -89,6 +89,16 @@ def cut(data: bytes, rng: random.Random) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
 
 
+def as_parts(pieces: list[bytes], rng: random.Random) -> list[Pieces]:
+    """``pieces`` grouped into parts of 1 to 40, as ranged GET bodies are handed on."""
+    parts, at = [], 0
+    while at < len(pieces):
+        n = rng.randint(1, 40)
+        parts.append(Pieces(pieces[at : at + n]))
+        at += n
+    return parts
+
+
 def test_pieces_of_any_size_give_the_same_samples():
     data = make_tar(members(60))
     table, expected = table_of(data), reference(data)
@@ -104,15 +114,51 @@ def test_pieces_grouped_as_ranged_get_bodies_give_the_same_samples():
     table, expected = table_of(data), reference(data)
     rng = random.Random(2)
     for _ in range(20):
-        pieces = cut(data, rng)
-        parts, at = [], 0
-        while at < len(pieces):
-            n = rng.randint(1, 40)
-            parts.append(Pieces(pieces[at : at + n]))
-            at += n
+        parts = as_parts(cut(data, rng), rng)
         assert sliced(data, table, chunks=parts) == expected
         wanted = sorted(rng.sample(range(60), 7))
         assert sliced(data, table, chunks=parts, samples=wanted) == [expected[i] for i in wanted]
+
+
+def test_every_header_is_checked_wherever_the_pieces_cut_it():
+    """Each member's header is checked, not a sample of them: one damaged name byte in any
+    member's header (inside a piece, across two, at a part's edge) is refused, naming that
+    header's byte, and the samples before it come out as tarfile reads them."""
+    data = make_tar(members(60))
+    table, expected = table_of(data), reference(data)
+    rng = random.Random(3)
+    rows = rng.sample(range(len(table.offsets)), 30)
+    for row in rows:
+        header = int(table.offsets[row]) - 512
+        bad = bytearray(data)
+        bad[header] ^= 0x20  # the name's first byte: "d" becomes "D"
+        run = RunSlices(table, np.arange(table.num_samples), url="mem.tar")
+        got: list[dict] = []
+        with pytest.raises(CorruptShardError, match=rf"^mem\.tar: tar header checksum mismatch at byte {header}\b"):
+            for batch in iter_sliced_batches(as_parts(cut(bytes(bad), rng), rng), run):
+                got.extend(batch)
+        before = int(np.searchsorted(table.member_start, row, side="right")) - 1  # the damaged member's sample
+        assert got == expected[:before]
+
+
+def test_a_shard_swapped_for_another_of_the_same_size_is_refused_in_pieces():
+    """Another shard of the same size and layout in place of this one (only its names
+    differ, from member 40 on, so its first headers agree with the table): refused at the
+    first header that disagrees, naming both members."""
+    ours = members(40, seed=4)
+    theirs = ours[:40] + [(name.replace("d", "e", 1), payload) for name, payload in ours[40:]]
+    data, other = make_tar(ours), make_tar(theirs)
+    assert len(data) == len(other)
+    table = table_of(data)
+    header = int(table.offsets[40]) - 512
+    rng = random.Random(5)
+    for _ in range(10):
+        with pytest.raises(
+            CorruptShardError,
+            match=rf"^mem\.tar: the tar header at byte {header} gives member 'e2/00020\.jpg' of \d+ bytes, "
+            r"but the index says 'd2/00020\.jpg'",
+        ):
+            sliced(other, table, chunks=as_parts(cut(other, rng), rng))
 
 
 def test_a_subset_of_samples_and_a_byte_range():
