@@ -35,6 +35,9 @@ Raw reading (one process, no decoding; one byte of every 4 KiB of each sample's 
     shard objects, bytes discarded, swept over 8 x 16 MiB, 16 x 8 MiB and 32 x 4 MiB in flight
     (``s3-limit``, ``s3-limit-16x8``, ``s3-limit-32x4``), timed from client creation as
     shardstream is from construction; the targets take the fastest of the sweep;
+  - ``s3-keep``: the 8 x 16 MiB GETs with each body kept until it is whole and every member
+    inside it copied out as bytes by the index (one byte of every 4 KiB read): the least any reader
+    does that hands out sample bytes, shown beside shardstream's CPU per GB (no target);
   - shardstream ``ShardDataset(shuffle=False)`` from local disk and from s3://;
   - WebDataset from local files, from S3 via ``pipe:aws s3 cp URL -`` (awscli), and via a
     gopen handler streaming boto3 ``get_object`` bodies;
@@ -147,9 +150,13 @@ class Setup:
     region_name: str
     scratch: str  # where readers put their download caches
     cap_s: float
+    corpus: str  # its objects lie under s3://BUCKET/CORPUS/SYSTEM, so corpora of one run do not meet
+
+    def s3_prefix(self, system: str) -> str:
+        return f"{self.corpus}/{system}"
 
     def s3_url(self, system: str) -> str:
-        return f"s3://{BUCKET}/{system}"
+        return f"s3://{BUCKET}/{self.s3_prefix(system)}"
 
     def shard_names(self, system: str, suffix: str) -> list[str]:
         return sorted(p.name for p in Path(self.local[system]).iterdir() if p.name.endswith(suffix))
@@ -292,7 +299,7 @@ def convert_peer(setup: Setup, system: str, folder: Path, shard_bytes: int) -> f
 
 
 def upload_tree(setup: Setup, folder: Path, prefix: str) -> None:
-    """PUT every file under ``folder`` (but ``.complete``) to ``s3://BUCKET/prefix/``, 8 at a time."""
+    """PUT every file under ``folder`` (but ``.complete``) to ``s3://BUCKET/CORPUS/prefix/``, 8 at a time."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
 
@@ -312,7 +319,9 @@ def upload_tree(setup: Setup, folder: Path, prefix: str) -> None:
             async def put(path: Path) -> None:
                 async with limit:
                     await client.put_object(
-                        Bucket=BUCKET, Key=f"{prefix}/{path.relative_to(folder).as_posix()}", Body=path.read_bytes()
+                        Bucket=BUCKET,
+                        Key=f"{setup.s3_prefix(prefix)}/{path.relative_to(folder).as_posix()}",
+                        Body=path.read_bytes(),
                     )
 
             await asyncio.gather(*(put(p) for p in files))
@@ -352,8 +361,17 @@ def read_cat(setup: Setup) -> Progress:
     yield 0, sum(os.path.getsize(p) for p in shards), 0
 
 
-def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 20) -> Progress:
-    """Concurrent ranged GETs of shardstream's shard objects, bytes discarded."""
+def s3_ranged_gets(
+    setup: Setup,
+    inflight: int,
+    range_bytes: int,
+    on_body: Callable[[str, int, list[bytes]], int] | None = None,
+) -> int:
+    """Concurrent aiobotocore ranged GETs of every shardstream shard object, ``range_bytes``
+    each, ``inflight`` at a time, timed from client creation; returns the bytes received.
+    Without ``on_body`` each body is read 1 MiB at a time and discarded; with it, each body
+    is kept as the pieces aiohttp received (``readchunk``, uncopied) and handed whole to
+    ``on_body(name, first_byte, pieces)``, which returns its byte count."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
 
@@ -379,17 +397,75 @@ def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 2
             async def get(name: str, first: int, last: int) -> int:
                 async with limit:
                     response = await client.get_object(
-                        Bucket=BUCKET, Key=f"shardstream/{name}", Range=f"bytes={first}-{last}"
+                        Bucket=BUCKET, Key=f"{setup.s3_prefix('shardstream')}/{name}", Range=f"bytes={first}-{last}"
                     )
-                    size = 0
                     async with response["Body"] as body:
-                        while chunk := await body.read(1 << 20):
-                            size += len(chunk)
-                    return size
+                        if on_body is None:
+                            size = 0
+                            while chunk := await body.read(1 << 20):
+                                size += len(chunk)
+                            return size
+                        content, pieces = body.raw_stream.content, []
+                        while True:
+                            piece, end_of_http_chunk = await content.readchunk()
+                            if piece:
+                                pieces.append(piece)
+                            elif not end_of_http_chunk:
+                                break
+                return on_body(name, first, pieces)
 
             return await asyncio.gather(*(get(*r) for r in ranges))
 
-    yield 0, sum(asyncio.run(get_all())), 0
+    return sum(asyncio.run(get_all()))
+
+
+def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 20) -> Progress:
+    """Concurrent ranged GETs of shardstream's shard objects, bytes discarded as they arrive."""
+    yield 0, s3_ranged_gets(setup, inflight, range_bytes), 0
+
+
+def read_s3_keep(setup: Setup) -> Progress:
+    """The 8 x 16 MiB ranged GETs of ``s3-limit``, each body kept as received until it is
+    whole, then every member lying wholly inside it copied out as ``bytes`` by the index's
+    offsets and touched as :func:`touch` touches it: the least any reader does that hands
+    out the samples' bytes (no checks, no dicts, no second thread). Members cut by a GET's
+    boundary (about one a GET) are not copied."""
+    import numpy as np
+
+    from shardstream import open_index
+
+    index = open_index(setup.local["shardstream"])
+    spans = {}  # shard name: its members' payload starts and ends, and each sample's first member
+    for i in range(index.num_shards):
+        table = index.table(i)
+        spans[index.shard_url(i).rsplit("/", 1)[1]] = (table.offsets, table.offsets + table.sizes, table.member_start)
+    copied = [0, 0]  # samples, bytes
+
+    def copy_out(name: str, first: int, pieces: list[bytes]) -> int:
+        starts, ends, first_members = spans[name]
+        lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
+        piece_ends = first + np.cumsum(lengths)
+        piece_starts = piece_ends - lengths
+        lo, hi = int(np.searchsorted(starts, first)), int(np.searchsorted(ends, piece_ends[-1], side="right"))
+        where = np.searchsorted(piece_starts, starts[lo:hi], side="right") - 1
+        for k, a, b in zip(where.tolist(), starts[lo:hi].tolist(), ends[lo:hi].tolist()):
+            at = a - int(piece_starts[k])
+            if b <= piece_ends[k]:
+                payload = pieces[k][at : at + b - a]
+            else:  # cut between pieces: joined from as many as it spans
+                parts, need = [pieces[k][at:]], b - int(piece_ends[k])
+                while need > 0:
+                    k += 1
+                    parts.append(pieces[k][:need])
+                    need -= len(parts[-1])
+                payload = b"".join(parts)
+            bytes(memoryview(payload)[::4096])
+            copied[1] += len(payload)
+        copied[0] += int(np.searchsorted(first_members, hi) - np.searchsorted(first_members, lo))  # samples begun here
+        return int(lengths.sum())
+
+    s3_ranged_gets(setup, 8, 16 << 20, copy_out)
+    yield copied[0], copied[1], 0
 
 
 def read_shardstream(source: str) -> Callable[[Setup], Progress]:
@@ -727,6 +803,15 @@ READERS = {
         )
         for suffix, inflight, part_mib in (("", 8, 16), ("-16x8", 16, 8), ("-32x4", 32, 4))
     },
+    "s3-keep": Reader(
+        "aiobotocore 8x16MiB, bodies kept, payloads copied",
+        "limit",
+        "raw",
+        "s3",
+        read_s3_keep,
+        ("aiobotocore.session", "numpy", "shardstream.index"),
+        corpora=("photos", "dir", "small"),
+    ),
     "s3-shardstream": Reader(
         "shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS_S3, corpora=("photos", "dir", "small")
     ),
@@ -1077,6 +1162,30 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             "x",
         ),
         (
+            "S3 raw, small: shardstream's CPU s/GB / kept GET bodies' with payloads copied (no target)",
+            ("small:s3-shardstream", "small:s3-keep"),
+            lambda: cpu_per_gb("small:s3-shardstream") / cpu_per_gb("small:s3-keep"),
+            0.0,
+            True,
+            "x",
+        ),
+        (
+            f"S3 raw, {main}: shardstream's CPU s/GB / the limit's ({limit_main})",
+            (m + "s3-shardstream", limit_main),
+            lambda: cpu_per_gb(m + "s3-shardstream") / cpu_per_gb(limit_main),
+            1.3,
+            False,
+            "x",
+        ),
+        (
+            f"S3 raw, {main}: shardstream's CPU s/GB / kept GET bodies' with payloads copied (no target)",
+            (m + "s3-shardstream", m + "s3-keep"),
+            lambda: cpu_per_gb(m + "s3-shardstream") / cpu_per_gb(m + "s3-keep"),
+            0.0,
+            True,
+            "x",
+        ),
+        (
             "S3 raw, small: payload MB/s / the limit's MB/s of tar bytes (no target)",
             ("small:s3-shardstream", limit_small),
             lambda: (
@@ -1376,6 +1485,7 @@ def run_corpus(
         region_name=info.region_name,
         scratch=str(tmp / "caches"),
         cap_s=args.cap_s,
+        corpus=corpus,
     )
     files_from = tmp / "files.txt"
     files_from.write_text("".join(f"{r}\n" for r in relatives))
