@@ -172,6 +172,9 @@ def test_affinity_resumes_mid_epoch_and_a_checkpoint_names_it(tmp_path, monkeypa
         other.load_state_dict(state)
 
 
+KINDS = {"index": "index.bin", "tables": ".tar.samples", "data": ".tar"}  # GETs by what they fetch
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("affinity", [True, False])
 def test_two_nodes_epoch_two_reads_nothing_from_the_store_with_affinity(tmp_path, s3_server, uneven_dataset, affinity):  # noqa: F811
@@ -221,10 +224,20 @@ def test_two_nodes_epoch_two_reads_nothing_from_the_store_with_affinity(tmp_path
         s3=info.s3_config(),
     ).to_dict()
     for e in (0, 1):
-        in_epoch = [(path, sent) for at, method, path, sent in log if (at >= barrier) == (e == 1) and method == "GET"]
-        shard_bytes = sum(sent for path, sent in in_epoch if path.split("?")[0].endswith(".tar"))
+        in_epoch = [
+            (path.split("?")[0], sent)
+            for at, method, path, sent in log
+            if (at >= barrier) == (e == 1) and method == "GET"
+        ]
+        shard_bytes = sum(sent for path, sent in in_epoch if path.endswith(".tar"))
         assert predicted["egress_detail"][e]["data"] == shard_bytes  # shards' bytes: exact
-        assert abs(predicted["requests_per_epoch"][e] - len(in_epoch)) <= 2  # a ranged GET's split, a table race
+        gets = {kind: sum(path.endswith(suffix) for path, _ in in_epoch) for kind, suffix in KINDS.items()}
+        want = predicted["requests_detail"][e]
+        assert gets["index"] == want["index"], (e, gets, want)
+        assert abs(gets["data"] - want["data"]) <= 2, (e, gets, want)  # a ranged GET split otherwise
+        # every table the plan fetches, and at most once per worker of a node (two workers that
+        # miss the node cache at once both fetch it)
+        assert want["tables"] <= gets["tables"] <= 2 * want["tables"], (e, gets, want)
     fills = [sum(r["stats"]["cache_fills"] for r in e["ranks"]) for e in epochs]
     assert first >= dataset_bytes  # epoch 1 read every shard once (the boundary shard twice)
     if affinity:

@@ -44,7 +44,9 @@ def uneven_dataset(tmp_path_factory, s3_server) -> str:
             bytes(rng.randrange(256) for _ in range(rng.randrange(10, 3000)))
         )
         (src / f"c{i % 4}" / f"{i:04d}.cls").write_text(str(i % 4))
-    bucket = f"torchrun-{os.getpid()}"
+    # one bucket per module that uses the fixture (test_affinity imports it): two such modules
+    # in one xdist worker share the session's server
+    bucket = f"torchrun-{os.getpid()}-{src.name}"  # src: uneven0, uneven1, ... (mktemp numbers them)
     s3_server.create_bucket(bucket)
     info = s3_server.info
     s3 = info.s3_config()
