@@ -7,7 +7,7 @@ so each payload is copied once. Samples come in batches of up to 16 MiB and 4,09
 (:class:`Sliced`; a remote part is one batch): numpy works out a batch's slices at once, and its
 dicts are built as the batch is iterated. The batches are that large because each costs some
 thirty numpy calls (about 0.1 ms): at 1 MiB they were a fifth of the instructions the slicer ran
-besides copying, on 18 KB samples.
+besides copying, on 18 KB samples (``bench/slicer.py``).
 
 What the tar says is still checked against the table, a batch at a time with numpy (about
 0.2 us a member): each member's header (the 512 bytes before its payload) must give the
