@@ -119,7 +119,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import CACHE, import_mosaic, photo_corpus, small_corpus, tiny_corpus, write_once
+from corpus import CACHE, boto3_client, import_mosaic, photo_corpus, small_corpus, tiny_corpus, write_once
 from pack import tree_rss_bytes
 from procs import process_cpu_s
 
@@ -172,15 +172,7 @@ class Setup:
         )
 
     def boto3_client(self) -> Any:
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            region_name=self.region_name,
-        )
+        return boto3_client(self)  # bench/corpus.py's: a Setup names the server as its info does
 
     def storage_options(self) -> dict[str, str]:
         return {
