@@ -38,6 +38,14 @@ Raw reading (one process, no decoding; one byte of every 4 KiB of each sample's 
   - ``s3-keep``: the 8 x 16 MiB GETs with each body kept until it is whole and every member
     inside it copied out as bytes by the index (one byte of every 4 KiB read): the least any reader
     does that hands out sample bytes, shown beside shardstream's CPU per GB (no target);
+  - ``s3-threads``, ``s3-threads-16``, ``s3-threads-keep`` and ``s3-threads-keep-fresh``: the
+    same GETs made another way, which shardstream does not use: 8 or 16 threads, each with one
+    ``http.client`` connection and presigned URLs, each body received straight into the
+    thread's reused 16 MiB buffer (``readinto``: the kernel's copy is the only one, made with
+    the GIL released; ``-fresh``: into a new anonymous memory map each, as a reader holding
+    parts until they are consumed would without a pool of buffers), then discarded or, with
+    ``-keep``, copied out as ``s3-keep`` does. They are the floors of a receive path that
+    bypasses aiohttp's (no target);
   - shardstream ``ShardDataset(shuffle=False)`` from local disk and from s3://;
   - WebDataset from local files, from S3 via ``pipe:aws s3 cp URL -`` (awscli), and via a
     gopen handler streaming boto3 ``get_object`` bodies;
@@ -411,12 +419,82 @@ def s3_ranged_gets(
     return sum(asyncio.run(get_all()))
 
 
+def s3_threaded_gets(
+    setup: Setup,
+    threads: int,
+    range_bytes: int,
+    on_body: Callable[[str, int, list[Any]], int] | None = None,
+    *,
+    fresh: bool = False,
+) -> int:
+    """The ranged GETs of :func:`s3_ranged_gets`, made by ``threads`` threads, each over one
+    ``http.client`` connection with a presigned URL (botocore signs it), each body received
+    straight into the thread's own buffer (``readinto``: the socket's bytes land in it with
+    the GIL released, and no parser copies them again), then handed to ``on_body`` as a
+    one-piece list of a memoryview of that buffer, or discarded. With ``fresh``, each body
+    goes to a new anonymous memory map instead (slicing one gives ``bytes``), as a reader that
+    holds parts until their samples are consumed must: its pages are faulted in anew. Not a
+    reader shardstream has: it measures what a receive path of that kind would cost."""
+    import http.client
+    import mmap
+    import queue
+    import threading
+    import urllib.parse
+
+    local = Path(setup.local["shardstream"])
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for name in setup.shard_names("shardstream", ".tar"):
+        size = (local / name).stat().st_size
+        for start in range(0, size, range_bytes):
+            todo.put((name, start, min(start + range_bytes, size) - 1))
+    client = setup.boto3_client()
+    endpoint = urllib.parse.urlsplit(setup.endpoint_url)
+    totals: list[int] = []
+
+    def work() -> None:
+        conn = http.client.HTTPConnection(endpoint.hostname, endpoint.port)
+        view = memoryview(bytearray(range_bytes))
+        total = 0
+        while True:
+            try:
+                name, first, last = todo.get_nowait()
+            except queue.Empty:
+                break
+            url = client.generate_presigned_url(
+                "get_object", Params={"Bucket": BUCKET, "Key": f"{setup.s3_prefix('shardstream')}/{name}"}
+            )
+            parts = urllib.parse.urlsplit(url)
+            conn.request("GET", f"{parts.path}?{parts.query}", headers={"Range": f"bytes={first}-{last}"})
+            response = conn.getresponse()
+            want, got = last - first + 1, 0
+            if fresh:
+                view = memoryview(mmap.mmap(-1, want))
+            while got < want and (n := response.readinto(view[got:want])):
+                got += n
+            assert got == want and not response.read(), (name, first, got, want)
+            total += on_body(name, first, [view.obj if fresh else view[:got]]) if on_body else got
+        conn.close()
+        totals.append(total)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return sum(totals)
+
+
+def read_s3_threads(setup: Setup, *, threads: int = 8, range_bytes: int = 16 << 20) -> Progress:
+    """:func:`s3_threaded_gets`, bytes discarded."""
+    yield 0, s3_threaded_gets(setup, threads, range_bytes), 0
+
+
 def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 20) -> Progress:
     """Concurrent ranged GETs of shardstream's shard objects, bytes discarded as they arrive."""
     yield 0, s3_ranged_gets(setup, inflight, range_bytes), 0
 
 
-def read_s3_keep(setup: Setup) -> Progress:
+def read_s3_keep(setup: Setup, *, threaded: bool = False, fresh: bool = False) -> Progress:
     """The 8 x 16 MiB ranged GETs of ``s3-limit``, each body kept as received until it is
     whole, then every member lying wholly inside it copied out as ``bytes`` by the index's
     offsets and touched as :func:`touch` touches it: the least any reader does that hands
@@ -443,7 +521,7 @@ def read_s3_keep(setup: Setup) -> Progress:
         for k, a, b in zip(where.tolist(), starts[lo:hi].tolist(), ends[lo:hi].tolist()):
             at = a - int(piece_starts[k])
             if b <= piece_ends[k]:
-                payload = pieces[k][at : at + b - a]
+                payload = bytes(pieces[k][at : at + b - a])
             else:  # cut between pieces: joined from as many as it spans
                 parts, need = [pieces[k][at:]], b - int(piece_ends[k])
                 while need > 0:
@@ -456,7 +534,10 @@ def read_s3_keep(setup: Setup) -> Progress:
         copied[0] += int(np.searchsorted(first_members, hi) - np.searchsorted(first_members, lo))  # samples begun here
         return int(lengths.sum())
 
-    s3_ranged_gets(setup, 8, 16 << 20, copy_out)
+    if threaded:
+        s3_threaded_gets(setup, 8, 16 << 20, copy_out, fresh=fresh)
+    else:
+        s3_ranged_gets(setup, 8, 16 << 20, copy_out)
     yield copied[0], copied[1], 0
 
 
@@ -804,6 +885,28 @@ READERS = {
         ("aiobotocore.session", "numpy", "shardstream.index"),
         corpora=("photos", "dir", "small"),
     ),
+    **{
+        f"s3-threads{suffix}": Reader(
+            f"http.client {threads} threads x 16MiB readinto{label}",
+            "limit",
+            "raw",
+            "s3",
+            reader,
+            ("boto3", "numpy", "shardstream.index"),
+            corpora=("photos", "dir", "small"),
+        )
+        for suffix, threads, label, reader in (
+            ("", 8, "", read_s3_threads),
+            ("-16", 16, "", functools.partial(read_s3_threads, threads=16)),
+            ("-keep", 8, ", payloads copied", functools.partial(read_s3_keep, threaded=True)),
+            (
+                "-keep-fresh",
+                8,
+                " (a new buffer each), payloads copied",
+                functools.partial(read_s3_keep, threaded=True, fresh=True),
+            ),
+        )
+    },
     "s3-shardstream": Reader(
         "shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS_S3, corpora=("photos", "dir", "small")
     ),
@@ -1173,6 +1276,14 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             f"S3 raw, {main}: shardstream's CPU s/GB / kept GET bodies' with payloads copied (no target)",
             (m + "s3-shardstream", m + "s3-keep"),
             lambda: cpu_per_gb(m + "s3-shardstream") / cpu_per_gb(m + "s3-keep"),
+            0.0,
+            True,
+            "x",
+        ),
+        (
+            "S3 raw, small: threaded readinto, payloads copied: CPU s/GB / the limit's (no target)",
+            ("small:s3-threads-keep", limit_small),
+            lambda: cpu_per_gb("small:s3-threads-keep") / cpu_per_gb(limit_small),
             0.0,
             True,
             "x",
