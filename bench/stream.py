@@ -858,6 +858,11 @@ class Reader:
     corpora: tuple[str, ...] = ("photos", "dir")  # the corpora it runs on
 
 
+def s3_floor(label: str, read: Callable[[Setup], Progress], imports: tuple[str, ...]) -> Reader:
+    """A plain-GET reader of shardstream's S3 objects (a limit or floor, module doc)."""
+    return Reader(label, "limit", "raw", "s3", read, imports, corpora=("photos", "dir", "small"))
+
+
 SS, WDS, WDS_S3 = ("shardstream.dataset",), ("webdataset",), ("webdataset", "boto3")
 SS_S3 = (*SS, "aiobotocore.session")  # each system's S3 library is imported before the clock, as boto3 is
 MOSAIC, LITDATA = ("streaming",), ("litdata", "litdata.streaming.downloader")
@@ -865,35 +870,21 @@ LOADER = ("torch.utils.data", "numpy", "PIL.Image", "shardstream.decode")
 EVERY = ("photos", "dir", "small", "tiny")
 READERS = {
     **{
-        f"s3-limit{suffix}": Reader(
+        f"s3-limit{suffix}": s3_floor(
             f"aiobotocore {inflight}x{part_mib}MiB ranged GETs",
-            "limit",
-            "raw",
-            "s3",
             functools.partial(read_s3_limit, inflight=inflight, range_bytes=part_mib << 20),
             ("aiobotocore.session",),
-            corpora=("photos", "dir", "small"),
         )
         for suffix, inflight, part_mib in (("", 8, 16), ("-16x8", 16, 8), ("-32x4", 32, 4))
     },
-    "s3-keep": Reader(
+    "s3-keep": s3_floor(
         "aiobotocore 8x16MiB, bodies kept, payloads copied",
-        "limit",
-        "raw",
-        "s3",
         read_s3_keep,
         ("aiobotocore.session", "numpy", "shardstream.index"),
-        corpora=("photos", "dir", "small"),
     ),
     **{
-        f"s3-threads{suffix}": Reader(
-            f"http.client {threads} threads x 16MiB readinto{label}",
-            "limit",
-            "raw",
-            "s3",
-            reader,
-            ("boto3", "numpy", "shardstream.index"),
-            corpora=("photos", "dir", "small"),
+        f"s3-threads{suffix}": s3_floor(
+            f"http.client {threads} threads x 16MiB readinto{label}", reader, ("boto3", "numpy", "shardstream.index")
         )
         for suffix, threads, label, reader in (
             ("", 8, "", read_s3_threads),
