@@ -438,8 +438,8 @@ def s3_threaded_gets(
     import http.client
     import mmap
     import queue
-    import threading
     import urllib.parse
+    from concurrent.futures import ThreadPoolExecutor
 
     local = Path(setup.local["shardstream"])
     todo: queue.SimpleQueue = queue.SimpleQueue()
@@ -449,11 +449,10 @@ def s3_threaded_gets(
             todo.put((name, start, min(start + range_bytes, size) - 1))
     client = setup.boto3_client()
     endpoint = urllib.parse.urlsplit(setup.endpoint_url)
-    totals: list[int] = []
 
-    def work() -> None:
+    def work() -> int:
         conn = http.client.HTTPConnection(endpoint.hostname, endpoint.port)
-        view = memoryview(bytearray(range_bytes))
+        reused = None if fresh else memoryview(bytearray(range_bytes))
         total = 0
         while True:
             try:
@@ -467,21 +466,17 @@ def s3_threaded_gets(
             conn.request("GET", f"{parts.path}?{parts.query}", headers={"Range": f"bytes={first}-{last}"})
             response = conn.getresponse()
             want, got = last - first + 1, 0
-            if fresh:
-                view = memoryview(mmap.mmap(-1, want))
-            while got < want and (n := response.readinto(view[got:want])):
+            view = memoryview(mmap.mmap(-1, want)) if reused is None else reused[:want]
+            while got < want and (n := response.readinto(view[got:])):
                 got += n
-            assert got == want and not response.read(), (name, first, got, want)
-            total += on_body(name, first, [view.obj if fresh else view[:got]]) if on_body else got
+            if response.status != 206 or got != want or response.read():
+                raise RuntimeError(f"{name} bytes {first}-{last}: status {response.status}, {got} of {want} bytes")
+            total += on_body(name, first, [view.obj if reused is None else view]) if on_body else got
         conn.close()
-        totals.append(total)
+        return total
 
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    return sum(totals)
+    with ThreadPoolExecutor(threads) as pool:  # result() raises a thread's error here
+        return sum(f.result() for f in [pool.submit(work) for _ in range(threads)])
 
 
 def read_s3_threads(setup: Setup, *, threads: int = 8, range_bytes: int = 16 << 20) -> Progress:
@@ -495,11 +490,12 @@ def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 2
 
 
 def read_s3_keep(setup: Setup, *, threaded: bool = False, fresh: bool = False) -> Progress:
-    """The 8 x 16 MiB ranged GETs of ``s3-limit``, each body kept as received until it is
-    whole, then every member lying wholly inside it copied out as ``bytes`` by the index's
-    offsets and touched as :func:`touch` touches it: the least any reader does that hands
-    out the samples' bytes (no checks, no dicts, no second thread). Members cut by a GET's
-    boundary (about one a GET) are not copied."""
+    """The 8 x 16 MiB ranged GETs of ``s3-limit`` (``threaded``: of ``s3-threads``; ``fresh``:
+    each body in a new buffer), each body kept as received until it is whole, then every
+    member lying wholly inside it copied out as ``bytes`` by the index's offsets and touched
+    as :func:`touch` touches it: the least any reader does that hands out the samples' bytes
+    (no checks, no dicts, no second thread). Members cut by a GET's boundary (about one a
+    GET) are not copied."""
     import numpy as np
 
     from shardstream import open_index
