@@ -179,17 +179,20 @@ KINDS = {"index": "index.bin", "tables": ".tar.samples", "data": ".tar"}  # GETs
 @pytest.mark.parametrize("affinity", [True, False])
 def test_two_nodes_epoch_two_reads_nothing_from_the_store_with_affinity(tmp_path, s3_server, uneven_dataset, affinity):  # noqa: F811
     """Two torchrun "nodes" of one rank and 2 workers, each with its own node cache big enough
-    for the dataset. Bytes are counted at a proxy in front of the S3 server and split at the
-    barrier between the epochs (each rank's epoch-2 start)."""
+    for the dataset. Bytes are counted at a proxy in front of the S3 server and split by when
+    each GET came in, at the barrier between the epochs (each rank's epoch-2 start)."""
     info = s3_server.info
     index = open_index(uneven_dataset, s3=info.s3_config())
     dataset_bytes = int(index.manifest.shard_bytes.sum())
     log: list[tuple[float, str, str, int]] = []
     lock = threading.Lock()
 
-    def record(method, path, headers, status, sent):
+    def record(method, path, headers, status, sent, received_at):
+        # when the request came in, not when its answer was sent: the answer to a last epoch-1
+        # GET can be logged after the ranks have used it and started epoch 2 (seen on a loaded
+        # machine), while its request always comes before that
         with lock:
-            log.append((time.time(), method, path, sent))
+            log.append((received_at, method, path, sent))
 
     with FaultProxy(info.endpoint_url, rates={}, on_response=record) as proxy:
         env = {**os.environ, **info.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url, "OMP_NUM_THREADS": "1"}

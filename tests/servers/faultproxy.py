@@ -20,7 +20,8 @@ For benchmarks, two settings that apply to every forwarded request (no fault dra
 ``bandwidth_bytes_per_s`` caps the response bytes sent to all clients together (one link shared
 by every connection, paced in 16 KiB pieces), and ``on_response`` is told of each forwarded
 request once its answer is sent (method, path with query, request headers, status, body bytes
-sent), so a caller can count requests and bytes by kind. A fixed added latency per request is
+sent, and the ``time.time()`` at which the request came in), so a caller can count requests and
+bytes by kind, and tell which requests were made before a moment. A fixed added latency per request is
 ``rates={"delay": 1.0}`` with ``delay_s``: it applies to each request, kept-alive connections
 included.
 """
@@ -31,6 +32,7 @@ import asyncio
 import random
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -73,8 +75,10 @@ class FaultProxy:
         bandwidth_bytes_per_s: cap on the response body bytes sent to all clients together
             (None: no cap).
         on_response: called as ``on_response(method, path_qs, request_headers, status,
-            body_bytes_sent)`` after each forwarded request's answer (in the proxy's thread;
-            not for the faults answered without forwarding, nor for a ``cut``).
+            body_bytes_sent, received_at)`` after each forwarded request's answer (in the
+            proxy's thread; not for the faults answered without forwarding, nor for a ``cut``).
+            ``received_at`` is the ``time.time()`` at which the request came in: unlike the
+            time of the call, it precedes everything the client did with the answer.
 
     Use as a context manager; ``endpoint_url`` is where clients connect.
     """
@@ -94,7 +98,7 @@ class FaultProxy:
         retry_after_s: float = 1.0,
         on_fault: Callable[[str, str, str], None] | None = None,
         bandwidth_bytes_per_s: float | None = None,
-        on_response: Callable[[str, str, Mapping[str, str], int, int], None] | None = None,
+        on_response: Callable[[str, str, Mapping[str, str], int, int, float], None] | None = None,
     ) -> None:
         unknown = set(rates) - set(FAULTS)
         if unknown:
@@ -146,6 +150,7 @@ class FaultProxy:
     async def _handle(self, request: Any) -> Any:
         from aiohttp import web
 
+        received_at = time.time()
         fault = self._draw(request.method, request.path)
         body = await request.read()
         if fault == "slowdown":
@@ -195,7 +200,7 @@ class FaultProxy:
                 sent += len(chunk)
             await response.write_eof()
             if self.on_response is not None:
-                self.on_response(request.method, request.path_qs, request.headers, upstream.status, sent)
+                self.on_response(request.method, request.path_qs, request.headers, upstream.status, sent, received_at)
             return response
 
     async def _pace(self, nbytes: int) -> None:
