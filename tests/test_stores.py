@@ -11,9 +11,11 @@ parameter lists say which and why the others are left out (no backend is skipped
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import pickle
+import socket
 import sys
 import threading
 import time
@@ -602,3 +604,34 @@ def test_retry_after_is_read_safely(header, expected_s):
     from shardstream.storage.requests import retry_after_s
 
     assert retry_after_s(header, 0.5, 30.0) == expected_s
+
+
+def test_a_body_waiting_in_the_socket_is_taken_up_to_receive_bytes_a_read(nginx_server, web_root):
+    """Where more than 256 KiB of a body wait in the socket (a server that sends faster than the
+    reader takes), reads grow past asyncio's 256 KiB, up to ``RECEIVE_BYTES`` (2 MiB): fewer
+    turns of the event loop a GB. A client socket with an 8 MiB receive buffer and a pause
+    before the body is read make sure that much waits; the bytes are the object's."""
+    import aiohttp
+
+    from shardstream.storage.requests import RECEIVE_BYTES, aiohttp_pieces
+
+    folder = web_root / f"wide-{next(_names)}"
+    folder.mkdir()
+    payload = os.urandom(16 << 20)
+    (folder / "big.bin").write_bytes(payload)
+
+    def roomy_socket(addr_info: Any) -> socket.socket:
+        family, kind, proto, _, _ = addr_info
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        return sock
+
+    async def read() -> list[bytes]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(socket_factory=roomy_socket)) as session:
+            async with session.get(f"{nginx_server.url}/{folder.name}/big.bin") as response:
+                await asyncio.sleep(0.5)
+                return [piece async for piece in aiohttp_pieces(response)]
+
+    pieces = loop.run(read(), 60)
+    assert b"".join(pieces) == payload
+    assert 256 << 10 < max(map(len, pieces)) <= RECEIVE_BYTES

@@ -504,9 +504,7 @@ class GcsStore(BucketStoreMixin, RangedStore):
         except BaseException:
             response.release()
             raise
-        return Answer(
-            total, response.headers.get("x-goog-generation"), aiohttp_pieces(response.content), response.release
-        )
+        return Answer(total, response.headers.get("x-goog-generation"), aiohttp_pieces(response), response.release)
 
     def _check_span(self, response: Any, *, name: str, at: int, end: int | None) -> int:
         """The object's size from an answer to a read from byte ``at``; refuses an answer that

@@ -330,7 +330,7 @@ class HttpStore(RangedStore):
         except BaseException:
             response.release()
             raise
-        return Answer(total, _version(response.headers), aiohttp_pieces(response.content), response.release)
+        return Answer(total, _version(response.headers), aiohttp_pieces(response), response.release)
 
     def _check_span(self, response: Any, *, at: int, end: int | None, shown: str) -> int:
         """The object's size from an answer to a ranged GET from byte ``at``; refuses an answer

@@ -2,8 +2,8 @@
 attempt worth another (:class:`Retryable`, what their error tables give for it), the count of
 this process's requests in progress and the text that sets it against a connection pool (for
 stall messages), ``Retry-After``, the per-process cache of library clients, the pieces of an
-aiohttp body, the Store methods of the bucket stores (GCS, Azure), and the sink that uploads a
-shard in parts while it is written.
+aiohttp body and the size of its socket reads, the Store methods of the bucket stores (GCS,
+Azure), and the sink that uploads a shard in parts while it is written.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ..errors import ShardNotFoundError, StorageConnectionError, StorageNotFound
 from . import loop
 
 __all__ = [
+    "RECEIVE_BYTES",
     "BucketStoreMixin",
     "OpenRequests",
     "PartsSink",
@@ -110,12 +111,37 @@ def retry_after_s(value: str | None, default_s: float, limit_s: float) -> float:
     return min(max(seconds, 0.0), limit_s)
 
 
-async def aiohttp_pieces(content: Any) -> AsyncIterator[bytes]:
-    """The pieces of an aiohttp body (``response.content``) as they were received, without the
-    copy that ``read(n)`` makes joining them."""
+RECEIVE_BYTES = 2 << 20
+"""The most bytes one read of a connection's socket takes (:func:`aiohttp_pieces`)."""
+_ASYNCIO_RECEIVE_BYTES = 256 << 10  # what asyncio's socket transports take a read
+
+
+async def aiohttp_pieces(response: Any) -> AsyncIterator[bytes]:
+    """The pieces of an aiohttp ``response``'s body as they were received, without the copy
+    that ``read(n)`` makes joining them: each piece is the body's bytes of one read of the
+    socket.
+
+    A read takes up to 256 KiB at first (asyncio's size), then twice as much each time one
+    fills, up to :data:`RECEIVE_BYTES`, and half as much when one takes a quarter or less: a
+    server that sends faster than the reader takes (nginx; S3 at node speed) leaves more than
+    256 KiB waiting, and taking it at once means fewer turns of the event loop, parser calls
+    and pieces a GB, while a slower one is read as before (docs/benchmarks.md). The size is
+    kept with the pooled connection. Only asyncio's plain socket transports have it; a TLS
+    connection or another event loop's transport (uvloop) reads as it does.
+    """
+    transport = getattr(getattr(response, "connection", None), "transport", None)
+    if type(getattr(transport, "max_size", None)) is not int:
+        transport = None
+    content = response.content
     while True:
         piece, end_of_http_chunk = await content.readchunk()
         if piece:
+            if transport is not None:
+                size = transport.max_size
+                if len(piece) >= size and size < RECEIVE_BYTES:
+                    transport.max_size = min(2 * size, RECEIVE_BYTES)
+                elif len(piece) <= size >> 2 and size > _ASYNCIO_RECEIVE_BYTES:
+                    transport.max_size = max(size >> 1, _ASYNCIO_RECEIVE_BYTES)
             yield piece
         elif not end_of_http_chunk:  # (b"", False): the end of the body
             return

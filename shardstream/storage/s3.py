@@ -454,8 +454,8 @@ def _body_pieces(body: Any) -> AsyncIterator[bytes]:
     """The pieces of a response body as aiohttp received them (:func:`.requests.aiohttp_pieces`;
     aiobotocore 3 names the aiohttp response ``raw_stream``, 2.x proxies it). Other HTTP
     backends are read through ``body.read``."""
-    content = getattr(getattr(body, "raw_stream", body), "content", None)
-    return aiohttp_pieces(content) if hasattr(content, "readchunk") else _read_pieces(body)
+    response = getattr(body, "raw_stream", body)
+    return aiohttp_pieces(response) if hasattr(getattr(response, "content", None), "readchunk") else _read_pieces(body)
 
 
 async def _read_pieces(body: Any) -> AsyncIterator[bytes]:
