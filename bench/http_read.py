@@ -7,11 +7,16 @@ with a self-signed certificate when ``--https``). Two readers, each in its own s
 alternating for ``--rounds`` rounds so both see the same noise:
 
 - ``limit``: aiohttp concurrent ranged GETs of every shard, bytes discarded, swept over 8 x
-  16 MiB, 16 x 8 MiB and 32 x 4 MiB in flight (``limit-8x16``, ...): what the machine and nginx
-  give, timed from session creation;
+  16 MiB, 16 x 8 MiB and 32 x 4 MiB in flight (``limit-8x16``, ...) with asyncio's socket reads
+  of 256 KiB, and 8 x 16 MiB with shardstream's, growing to 2 MiB (``limit-8x16-2m``): what the
+  machine and nginx give, timed from session creation;
 - ``shardstream``: ``ShardDataset(URL, shuffle=False)`` over the dataset's index, one byte of
   every 4 KiB of each sample's payload touched (as bench/stream.py's raw readers), timed from
-  the constructor to the last sample (its first sample reported on its own).
+  the constructor to the last sample (its first sample reported on its own);
+- ``shardstream-256k``: the same with asyncio's socket reads of 256 KiB, as shardstream's
+  were before they grew to 2 MiB where they fill
+  (:data:`~shardstream.storage.requests.RECEIVE_BYTES`): what that gains, in the same run (no
+  target).
 
 Printed: MB/s of shard bytes and the reader process's CPU seconds (user + system) per GB and
 per 1,000 samples, for each round and reader; the median of each; shardstream's rate against
@@ -43,11 +48,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # server
 import corpus
 
 
-def read_limit(url: str, shards: list[tuple[str, int]], inflight: int, range_bytes: int = 16 << 20) -> int:
-    """Ranged GETs of every shard, ``inflight`` at a time; returns the bytes received."""
+def read_limit(
+    url: str, shards: list[tuple[str, int]], inflight: int, range_bytes: int = 16 << 20, wide_reads: bool = False
+) -> int:
+    """Ranged GETs of every shard, ``inflight`` at a time; returns the bytes received.
+    ``wide_reads``: each body read as the pieces received, socket reads growing to 2 MiB where
+    they fill, as shardstream's stores read (:func:`~shardstream.storage.requests.aiohttp_pieces`);
+    else by ``iter_any`` with asyncio's reads of 256 KiB."""
     import ssl
 
     import aiohttp
+
+    from shardstream.storage.requests import aiohttp_pieces
 
     ranges = [(name, a, min(a + range_bytes, size) - 1) for name, size in shards for a in range(0, size, range_bytes)]
 
@@ -60,9 +72,10 @@ def read_limit(url: str, shards: list[tuple[str, int]], inflight: int, range_byt
                 async with limit, session.get(f"{url}/{name}", headers={"Range": f"bytes={first}-{last}"}) as response:
                     if response.status != 206:
                         raise RuntimeError(f"{url}/{name}: HTTP {response.status} to a ranged GET")
+                    pieces = aiohttp_pieces(response) if wide_reads else response.content.iter_any()
                     size = 0
-                    async for chunk in response.content.iter_any():
-                        size += len(chunk)
+                    async for piece in pieces:
+                        size += len(piece)
                     return size
 
             return sum(await asyncio.gather(*(get(*r) for r in ranges)))
@@ -87,7 +100,12 @@ def read_shardstream(url: str, started: float) -> tuple[int, float | None]:
     return samples, first
 
 
-SWEEP = {"limit-8x16": (8, 16 << 20), "limit-16x8": (16, 8 << 20), "limit-32x4": (32, 4 << 20)}
+SWEEP = {  # in flight, bytes a GET, socket reads of up to 2 MiB
+    "limit-8x16": (8, 16 << 20, False),
+    "limit-16x8": (16, 8 << 20, False),
+    "limit-32x4": (32, 4 << 20, False),
+    "limit-8x16-2m": (8, 16 << 20, True),
+}
 
 
 def _cpu_s() -> float:
@@ -100,12 +118,15 @@ def reader_main(name: str, url: str, shards_json: str) -> None:
     import aiohttp  # noqa: F401 - imports are not timed (torch takes a second)
 
     import shardstream.dataset  # noqa: F401
+    from shardstream.storage import requests
 
+    if name == "shardstream-256k":  # asyncio's own socket reads, as before shardstream widened them
+        requests.RECEIVE_BYTES = 256 << 10
     started, cpu = time.perf_counter(), _cpu_s()
     first = None
     if name in SWEEP:
-        inflight, part = SWEEP[name]
-        read_limit(url, shards, inflight, part)  # type: ignore[arg-type]
+        inflight, part, wide = SWEEP[name]
+        read_limit(url, shards, inflight, part, wide)  # type: ignore[arg-type]
         samples = 0
     else:
         samples, first = read_shardstream(url, started)
@@ -144,7 +165,7 @@ def main() -> None:
         if args.https:
             env["SSL_CERT_FILE"] = str(server.ca_file)
         url = f"{server.url}/ds"
-        names = [*SWEEP, "shardstream"]
+        names = [*SWEEP, "shardstream-256k", "shardstream"]
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         for round_ in range(args.rounds):
             order = names if round_ % 2 == 0 else names[::-1]
@@ -158,7 +179,7 @@ def main() -> None:
                 per_k = f", {run['cpu_s'] / run['samples'] * 1000:.3f} CPU s/1k samples" if run["samples"] else ""
                 first = f", first sample {run['first_s']:.3f} s" if run.get("first_s") is not None else ""
                 print(
-                    f"round {round_ + 1}: {name:<12} {total_bytes / run['seconds'] / 1e6:8.0f} MB/s "
+                    f"round {round_ + 1}: {name:<16} {total_bytes / run['seconds'] / 1e6:8.0f} MB/s "
                     f"({run['seconds']:.2f} s), {run['cpu_s'] / (total_bytes / 1e9):.2f} CPU s/GB{per_k}{first}"
                 )
     rate = {n: statistics.median(total_bytes / r["seconds"] / 1e6 for r in rs) for n, rs in runs.items()}
@@ -166,7 +187,10 @@ def main() -> None:
     best = max(SWEEP, key=rate.__getitem__)
     ratio, cpu_ratio = rate["shardstream"] / rate[best], cpu["shardstream"] / cpu[best]
     for name in names:
-        print(f"median: {name:<12} {rate[name]:8.0f} MB/s, {cpu[name]:.2f} CPU s/GB")
+        print(f"median: {name:<16} {rate[name]:8.0f} MB/s, {cpu[name]:.2f} CPU s/GB")
+    wide = cpu["shardstream"] / cpu["shardstream-256k"]
+    print(f"shardstream with reads growing to 2 MiB / with 256 KiB reads: {wide:.2f}x the CPU per GB, "
+          f"{rate['shardstream'] / rate['shardstream-256k']:.2f}x the rate (no target)")  # fmt: skip
     print(f"shardstream / {best} (the fastest plain GETs): {ratio:.2f}x the rate (target >= 0.85x: "
           f"{'met' if ratio >= 0.85 else 'NOT met'}), {cpu_ratio:.2f}x the CPU per GB (target <= 1.3x: "
           f"{'met' if cpu_ratio <= 1.3 else 'NOT met'})")  # fmt: skip

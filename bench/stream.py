@@ -33,10 +33,11 @@ Raw readers also count damaged samples (a JPEG without its start or end marker).
 Raw reading (one process, no decoding; one byte of every 4 KiB of each sample's payload read):
   - limits: ``cat`` of the shard files to /dev/null; concurrent aiobotocore GETs of shardstream's
     shard objects, bytes discarded, swept over 8 x 16 MiB, 16 x 8 MiB and 32 x 4 MiB in flight
-    (``s3-limit``, ``s3-limit-16x8``, ``s3-limit-32x4``), timed from client creation as
-    shardstream is from construction; the targets take the fastest of the sweep;
-  - ``s3-keep``: the 8 x 16 MiB GETs with each body kept until it is whole and every member
-    inside it copied out as bytes by the index (one byte of every 4 KiB read): the least any reader
+    (``s3-limit``, ``s3-limit-16x8``, ``s3-limit-32x4``) with asyncio's socket reads of 256 KiB,
+    and 8 x 16 MiB with shardstream's growing to 2 MiB (``s3-limit-2m``), timed from client
+    creation as shardstream is from construction; the targets take the fastest of the sweep;
+  - ``s3-keep``: the 8 x 16 MiB GETs of ``s3-limit-2m`` with each body kept until it is whole
+    and every member inside it copied out as bytes by the index (one byte of every 4 KiB read): the least any reader
     does that hands out sample bytes, shown beside shardstream's CPU per GB (no target);
   - ``s3-threads``, ``s3-threads-16``, ``s3-threads-keep`` and ``s3-threads-keep-fresh``: the
     same GETs made another way, which shardstream does not use: 8 or 16 threads, each with one
@@ -46,7 +47,9 @@ Raw reading (one process, no decoding; one byte of every 4 KiB of each sample's 
     parts until they are consumed would without a pool of buffers), then discarded or, with
     ``-keep``, copied out as ``s3-keep`` does. They are the floors of a receive path that
     bypasses aiohttp's (no target);
-  - shardstream ``ShardDataset(shuffle=False)`` from local disk and from s3://;
+  - shardstream ``ShardDataset(shuffle=False)`` from local disk and from s3://; from s3:// also
+    with asyncio's socket reads of 256 KiB (``s3-shardstream-256k``), as shardstream read before
+    its reads grew to 2 MiB where they fill: what that gains, in the same run (no target);
   - WebDataset from local files, from S3 via ``pipe:aws s3 cp URL -`` (awscli), and via a
     gopen handler streaming boto3 ``get_object`` bodies;
   - Mosaic ``StreamingDataset`` and LitData ``StreamingDataset``, from local disk and s3://.
@@ -366,14 +369,20 @@ def s3_ranged_gets(
     inflight: int,
     range_bytes: int,
     on_body: Callable[[str, int, list[bytes]], int] | None = None,
+    *,
+    wide_reads: bool = False,
 ) -> int:
     """Concurrent aiobotocore ranged GETs of every shardstream shard object, ``range_bytes``
     each, ``inflight`` at a time, timed from client creation; returns the bytes received.
-    Without ``on_body`` each body is read 1 MiB at a time and discarded; with it, each body
-    is kept as the pieces aiohttp received (``readchunk``, uncopied) and handed whole to
-    ``on_body(name, first_byte, pieces)``, which returns its byte count."""
+    Without ``on_body`` each body is read 1 MiB at a time and discarded (``wide_reads``: as
+    the pieces received, each socket read growing to 2 MiB where reads fill, as shardstream's
+    stores read: :func:`~shardstream.storage.requests.aiohttp_pieces`); with it, each body is
+    kept as those pieces (uncopied) and handed whole to ``on_body(name, first_byte, pieces)``,
+    which returns its byte count."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
+
+    from shardstream.storage.requests import aiohttp_pieces
 
     local = Path(setup.local["shardstream"])
     ranges = [
@@ -402,16 +411,14 @@ def s3_ranged_gets(
                     async with response["Body"] as body:
                         if on_body is None:
                             size = 0
-                            while chunk := await body.read(1 << 20):
-                                size += len(chunk)
+                            if wide_reads:
+                                async for piece in aiohttp_pieces(body.raw_stream):
+                                    size += len(piece)
+                            else:
+                                while chunk := await body.read(1 << 20):
+                                    size += len(chunk)
                             return size
-                        content, pieces = body.raw_stream.content, []
-                        while True:
-                            piece, end_of_http_chunk = await content.readchunk()
-                            if piece:
-                                pieces.append(piece)
-                            elif not end_of_http_chunk:
-                                break
+                        pieces = [piece async for piece in aiohttp_pieces(body.raw_stream)]
                 return on_body(name, first, pieces)
 
             return await asyncio.gather(*(get(*r) for r in ranges))
@@ -484,13 +491,15 @@ def read_s3_threads(setup: Setup, *, threads: int = 8, range_bytes: int = 16 << 
     yield 0, s3_threaded_gets(setup, threads, range_bytes), 0
 
 
-def read_s3_limit(setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 20) -> Progress:
+def read_s3_limit(
+    setup: Setup, *, inflight: int = 8, range_bytes: int = 16 << 20, wide_reads: bool = False
+) -> Progress:
     """Concurrent ranged GETs of shardstream's shard objects, bytes discarded as they arrive."""
-    yield 0, s3_ranged_gets(setup, inflight, range_bytes), 0
+    yield 0, s3_ranged_gets(setup, inflight, range_bytes, wide_reads=wide_reads), 0
 
 
 def read_s3_keep(setup: Setup, *, threaded: bool = False, fresh: bool = False) -> Progress:
-    """The 8 x 16 MiB ranged GETs of ``s3-limit`` (``threaded``: of ``s3-threads``; ``fresh``:
+    """The 8 x 16 MiB ranged GETs of ``s3-limit-2m`` (``threaded``: of ``s3-threads``; ``fresh``:
     each body in a new buffer), each body kept as received until it is whole, then every
     member lying wholly inside it copied out as ``bytes`` by the index's offsets and touched
     as :func:`touch` touches it: the least any reader does that hands out the samples' bytes
@@ -533,13 +542,21 @@ def read_s3_keep(setup: Setup, *, threaded: bool = False, fresh: bool = False) -
     if threaded:
         s3_threaded_gets(setup, 8, 16 << 20, copy_out, fresh=fresh)
     else:
-        s3_ranged_gets(setup, 8, 16 << 20, copy_out)
+        s3_ranged_gets(setup, 8, 16 << 20, copy_out, wide_reads=True)
     yield copied[0], copied[1], 0
 
 
-def read_shardstream(source: str) -> Callable[[Setup], Progress]:
+def read_shardstream(source: str, receive_bytes: int | None = None) -> Callable[[Setup], Progress]:
+    """``ShardDataset(shuffle=False)`` over shardstream's shards; ``receive_bytes``: the most a
+    socket read grows to (:data:`~shardstream.storage.requests.RECEIVE_BYTES`; 256 KiB: reads
+    stay asyncio's, as shardstream's were before they grew)."""
+
     def read(setup: Setup) -> Progress:
         from shardstream import ShardDataset
+        from shardstream.storage import requests
+
+        if receive_bytes is not None:
+            requests.RECEIVE_BYTES = receive_bytes
 
         url = setup.s3_url("shardstream") if source == "s3" else setup.local["shardstream"]
         for sample in ShardDataset(url, shuffle=False, s3=setup.s3_config()):
@@ -867,16 +884,21 @@ EVERY = ("photos", "dir", "small", "tiny")
 READERS = {
     **{
         f"s3-limit{suffix}": s3_floor(
-            f"aiobotocore {inflight}x{part_mib}MiB ranged GETs",
-            functools.partial(read_s3_limit, inflight=inflight, range_bytes=part_mib << 20),
-            ("aiobotocore.session",),
+            f"aiobotocore {inflight}x{part_mib}MiB ranged GETs{', reads to 2 MiB' if wide else ''}",
+            functools.partial(read_s3_limit, inflight=inflight, range_bytes=part_mib << 20, wide_reads=wide),
+            ("aiobotocore.session", "shardstream.storage.requests"),
         )
-        for suffix, inflight, part_mib in (("", 8, 16), ("-16x8", 16, 8), ("-32x4", 32, 4))
+        for suffix, inflight, part_mib, wide in (
+            ("", 8, 16, False),
+            ("-16x8", 16, 8, False),
+            ("-32x4", 32, 4, False),
+            ("-2m", 8, 16, True),
+        )
     },
     "s3-keep": s3_floor(
-        "aiobotocore 8x16MiB, bodies kept, payloads copied",
+        "aiobotocore 8x16MiB, reads to 2 MiB, bodies kept, payloads copied",
         read_s3_keep,
-        ("aiobotocore.session", "numpy", "shardstream.index"),
+        ("aiobotocore.session", "numpy", "shardstream.index", "shardstream.storage.requests"),
     ),
     **{
         f"s3-threads{suffix}": s3_floor(
@@ -896,6 +918,15 @@ READERS = {
     },
     "s3-shardstream": Reader(
         "shardstream", "shardstream", "raw", "s3", read_shardstream("s3"), SS_S3, corpora=("photos", "dir", "small")
+    ),
+    "s3-shardstream-256k": Reader(
+        "shardstream, 256 KiB socket reads",
+        "shardstream",
+        "raw",
+        "s3",
+        read_shardstream("s3", receive_bytes=256 << 10),
+        SS_S3,
+        corpora=("photos", "dir", "small"),
     ),
     "s3-wds-pipe": Reader("webdataset pipe:aws s3 cp", "webdataset", "raw", "s3", read_wds("pipe"), WDS),
     "s3-wds-boto3": Reader("webdataset boto3 gopen", "webdataset", "raw", "s3", read_wds("boto3"), WDS_S3),
@@ -1149,13 +1180,17 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
         return lambda: rate[a] / rate[b]
 
     def best_limit(corpus: str) -> str:
-        """The fastest of the plain-GET sweep (8x16, 16x8, 32x4 MiB in flight) on ``corpus``."""
+        """The fastest of the plain-GET sweep (8x16, 16x8, 32x4 MiB in flight; 8x16 with reads
+        growing to 2 MiB) on ``corpus``."""
         sweep = [n for n in measured if n.startswith(f"{corpus}:s3-limit")]
         return max(sweep, key=rate.__getitem__, default=f"{corpus}:s3-limit")
 
     def cpu_per_gb(name: str) -> float:
         corpus_name = measured[name].corpus
         return measured[name].cpu_s_per_gb(*sizes[corpus_name])
+
+    def cpu_ratio(a: str, b: str) -> Callable[[], float]:
+        return lambda: cpu_per_gb(a) / cpu_per_gb(b)
 
     m = f"{main}:"
     limit_main, limit_small = best_limit(main), best_limit("small")
@@ -1250,6 +1285,17 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             0.0,
             True,
             "x",
+        ),
+        *(
+            (
+                f"S3 raw, {corpus}: shardstream's CPU s/GB, socket reads to 2 MiB / of 256 KiB (no target)",
+                (f"{corpus}:s3-shardstream", f"{corpus}:s3-shardstream-256k"),
+                cpu_ratio(f"{corpus}:s3-shardstream", f"{corpus}:s3-shardstream-256k"),
+                0.0,
+                True,
+                "x",
+            )
+            for corpus in dict.fromkeys(("small", main))
         ),
         (
             f"S3 raw, {main}: shardstream's CPU s/GB / the limit's ({limit_main})",
