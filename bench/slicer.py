@@ -35,7 +35,7 @@ from shardstream import ShardWriter, open_index
 from shardstream.reading.slicer import RunSlices, iter_sliced_batches
 from shardstream.tarstream import Pieces
 
-PIECE_BYTES = 256 << 10  # what asyncio's socket transport reads at once
+PIECE_BYTES = 256 << 10  # asyncio's socket read, where shardstream's start (they grow to 2 MiB where they fill)
 PART_BYTES = 16 << 20  # FetchConfig().part_bytes
 
 

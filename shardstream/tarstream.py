@@ -62,7 +62,7 @@ class Batch(list):  # type: ignore[type-arg]
 
 class Pieces:
     """Consecutive pieces of a shard's bytes handed on together: one ranged GET's body as the
-    HTTP client received it (pieces of up to 256 KiB, uncopied), so a slicer works out all
+    HTTP client received it (pieces of up to 2 MiB, uncopied), so a slicer works out all
     their samples at once instead of a piece at a time. ``len`` is their bytes."""
 
     __slots__ = ("nbytes", "pieces")

@@ -427,7 +427,7 @@ class S3Store(RangedStore):
     async def open_range(self, name: str, at: int, end: int | None, version: str | None) -> Answer:
         """S3's request function (:mod:`.ranged`): a GET of bytes ``[at, end)`` of ``name``,
         ``IfMatch`` the ETag ``version``; its body as the pieces aiohttp received (uncopied,
-        up to 256 KiB each)."""
+        up to 2 MiB each: :func:`.requests.aiohttp_pieces`)."""
         from botocore.exceptions import ClientError
 
         condition: dict[str, str] = {"IfMatch": version} if version else {}
