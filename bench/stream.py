@@ -364,6 +364,18 @@ def read_cat(setup: Setup) -> Progress:
     yield 0, sum(os.path.getsize(p) for p in shards), 0
 
 
+def shard_ranges(setup: Setup, range_bytes: int) -> list[tuple[str, int, int]]:
+    """Every shardstream shard object cut into ranged GETs of ``range_bytes``: ``(name, first
+    byte, last byte)``, in shard order."""
+    local = Path(setup.local["shardstream"])
+    return [
+        (name, start, min(start + range_bytes, size) - 1)
+        for name in setup.shard_names("shardstream", ".tar")
+        for size in [(local / name).stat().st_size]
+        for start in range(0, size, range_bytes)
+    ]
+
+
 def s3_ranged_gets(
     setup: Setup,
     inflight: int,
@@ -384,13 +396,7 @@ def s3_ranged_gets(
 
     from shardstream.storage.requests import aiohttp_pieces
 
-    local = Path(setup.local["shardstream"])
-    ranges = [
-        (name, start, min(start + range_bytes, size) - 1)
-        for name in setup.shard_names("shardstream", ".tar")
-        for size in [(local / name).stat().st_size]
-        for start in range(0, size, range_bytes)
-    ]
+    ranges = shard_ranges(setup, range_bytes)
 
     async def get_all() -> list[int]:
         async with get_session().create_client(
@@ -448,12 +454,9 @@ def s3_threaded_gets(
     import urllib.parse
     from concurrent.futures import ThreadPoolExecutor
 
-    local = Path(setup.local["shardstream"])
     todo: queue.SimpleQueue = queue.SimpleQueue()
-    for name in setup.shard_names("shardstream", ".tar"):
-        size = (local / name).stat().st_size
-        for start in range(0, size, range_bytes):
-            todo.put((name, start, min(start + range_bytes, size) - 1))
+    for span in shard_ranges(setup, range_bytes):
+        todo.put(span)
     client = setup.boto3_client()
     endpoint = urllib.parse.urlsplit(setup.endpoint_url)
 
