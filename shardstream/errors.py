@@ -15,6 +15,7 @@ so callers can catch either. Messages name the file, shard, key or URL and say w
     │   ├── StorageNotFoundError (FileNotFoundError)
     │   │   ├── BucketNotFoundError            the S3 bucket does not exist
     │   │   └── ShardNotFoundError             a shard URL or an index does not exist
+    │   │       └── UnfinishedPackError        no index: an unfinished pack is there (says how to finish it)
     │   ├── StorageAccessError (PermissionError)  S3 rejected the credentials or denied access
     │   └── StorageConnectionError (ConnectionError)  the S3 endpoint cannot be reached
     ├── IndexFormatError (ValueError)          an index file is malformed or of an unknown version
@@ -44,6 +45,7 @@ __all__ = [
     "StorageConnectionError",
     "StorageError",
     "StorageNotFoundError",
+    "UnfinishedPackError",
     "UnreadableFileError",
 ]
 
@@ -95,6 +97,11 @@ class BucketNotFoundError(StorageNotFoundError):
 
 class ShardNotFoundError(StorageNotFoundError):
     """A shard or an index does not exist at its URL."""
+
+
+class UnfinishedPackError(ShardNotFoundError):
+    """Where a dataset was asked for, the shards of a pack that has not finished are: no index
+    yet; the message says how far the pack got, what it read and how to finish it."""
 
 
 class StorageAccessError(StorageError, PermissionError):

@@ -16,6 +16,7 @@ from .config import FetchConfig, RequestConfig, S3Config
 from .decode.cpu import ImageFormat
 from .decode.stage import make_decoder
 from .index import open_index
+from .index.resolve import warn_if_partial
 from .reading.access import SampleAccess
 
 __all__ = ["ShardMapDataset"]
@@ -58,6 +59,7 @@ class ShardMapDataset(Dataset):  # type: ignore[type-arg]
         hot_shard_reads: int = 8,
     ) -> None:
         self.index = open_index(location, s3=s3, requests=requests)
+        warn_if_partial(self.index)
         self.access = SampleAccess(
             self.index,
             s3=s3,

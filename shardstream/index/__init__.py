@@ -10,6 +10,9 @@ needed):
 
 - ``keys/``: the key index, sample key -> (shard, row), hash-partitioned (:mod:`.keys`).
 
+:mod:`.status` reads a writer's state beside them (``.shardstream/``), so that an unfinished
+pack is never taken for a dataset.
+
 All use one binary container (:mod:`.container`). :mod:`.resolve` opens a dataset (version 2,
 or a version 1 ``index.json``, :mod:`.v1`, converted in memory) and upgrades version 1 in place.
 Nothing here imports torch.
@@ -18,6 +21,7 @@ Nothing here imports torch.
 from .keys import KEYS_DIR, KeyIndex, KeyIndexReport, build_key_index, write_key_index, write_with_keys
 from .manifest import MANIFEST_NAME, TABLE_SUFFIX, Manifest
 from .resolve import DatasetIndex, ShardUrls, open_index, resolve_source, upgrade
+from .status import PackStatus, unfinished_pack
 from .table import ShardTable, TableSpool
 from .v1 import (
     INDEX_FORMAT,
@@ -46,6 +50,7 @@ __all__ = [
     "KeyIndexReport",
     "Manifest",
     "MemberEntry",
+    "PackStatus",
     "SampleEntry",
     "ShardEntry",
     "ShardJson",
@@ -57,6 +62,7 @@ __all__ = [
     "resolve_source",
     "sample_json",
     "shard_json_head",
+    "unfinished_pack",
     "upgrade",
     "write_index",
     "write_key_index",

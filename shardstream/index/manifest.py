@@ -10,7 +10,9 @@ Header fields: ``format`` ("shardstream-index"), ``version`` (2), ``num_shards``
 ``shardstream index build`` wrote for other tools' shards: readers parsing a whole shard
 skip its links, as when reading it without an index), ``shards_url`` (only when the
 shards lie elsewhere than the index and its tables: ``index build --output``; their
-directory or S3 prefix), and ``classes`` and ``class_counts`` (only in a labelled dataset:
+directory or S3 prefix), ``partial`` (only in an index that ``shardstream index build
+--partial`` wrote over an unfinished pack's shards: one line saying what is missing, which
+readers print as a warning), and ``classes`` and ``class_counts`` (only in a labelled dataset:
 ``pack --labels-from-dirs``, or a reshard or ``index build`` of one): the class names in
 class-index order (a sample's ``cls`` member holds its class's position) and the samples of
 each (null when not known). Columns, one entry per shard in dataset order:
@@ -30,7 +32,9 @@ views of it: no Python object per shard, and DataLoader workers share the pages.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import mmap
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -62,6 +66,8 @@ class Manifest:
         shards_url: where the shards lie when not beside the index, else None.
         classes: the class names of a labelled dataset, in class-index order, else None.
         class_counts: the samples of each class (same order), else None.
+        partial: None, or, for an index of an unfinished pack's shards (``index build
+            --partial``), the line that says what is missing and how to finish it.
     """
 
     def __init__(
@@ -79,9 +85,11 @@ class Manifest:
         shards_url: str | None = None,
         classes: Sequence[str] | None = None,
         class_counts: Sequence[int] | None = None,
+        partial: str | None = None,
     ) -> None:
         self.url = url
         self.foreign = foreign
+        self.partial = partial
         self.shards_url = shards_url
         self.classes = None if classes is None else list(classes)
         self.class_counts = None if class_counts is None else [int(c) for c in class_counts]
@@ -141,6 +149,20 @@ class Manifest:
     def crc32_hex(self, i: int) -> str:
         return f"{int(self.crc32[i]):08x}"
 
+    def content_digest(self) -> str:
+        """A SHA-1 (hex) of what the index says the dataset holds: each shard's name, size,
+        sample and member counts and CRC-32, and the classes with their counts. Header notes
+        and key ranges (``index keys`` adds them to ``index.bin``) are left out, so an index
+        rebuilt over the same shards has the same digest; ``pack`` records it when it writes
+        the index, to tell its own index from one written over its shards by another command."""
+        digest = hashlib.sha1()
+        for column in (self.shard_bytes, self.shard_samples, self.shard_members, self._name_offsets):
+            digest.update(np.ascontiguousarray(column, dtype="<i8").tobytes())
+        digest.update(np.ascontiguousarray(self.crc32, dtype="<u4").tobytes())
+        digest.update(np.ascontiguousarray(self._names, dtype="|u1").tobytes())
+        digest.update(json.dumps([self.classes, self.class_counts]).encode())
+        return digest.hexdigest()
+
     # serialisation
 
     def pieces(self) -> Iterator[bytes]:
@@ -150,6 +172,8 @@ class Manifest:
             fields["foreign"] = True
         if self.shards_url:
             fields["shards_url"] = self.shards_url
+        if self.partial:
+            fields["partial"] = self.partial
         if self.classes is not None:
             fields["classes"] = self.classes
             fields["class_counts"] = self.class_counts
@@ -239,6 +263,7 @@ class Manifest:
         shards_url: str | None = None,
         classes: Sequence[str] | None = None,
         class_counts: Sequence[int] | None = None,
+        partial: str | None = None,
     ) -> Manifest:
         """A manifest from per-shard values (names and classes are checked as :meth:`parse` does)."""
         encoded = [name.encode("utf-8") for name in names]
@@ -257,6 +282,7 @@ class Manifest:
             shards_url=shards_url,
             classes=classes,
             class_counts=class_counts,
+            partial=partial,
         )
         manifest._check()
         return manifest
@@ -297,6 +323,7 @@ class Manifest:
             source=source,
             foreign=fields.get("foreign") is True,
             shards_url=str(fields["shards_url"]) if fields.get("shards_url") else None,
+            partial=str(fields["partial"]) if fields.get("partial") else None,
             **_classes_of(fields, url),
         )
         manifest._check()

@@ -22,17 +22,24 @@ from typing import Any, overload
 import numpy as np
 
 from ..config import RequestConfig
-from ..errors import IndexFormatError, ShardNotFoundError, StorageAccessError, StorageConnectionError
+from ..errors import (
+    IndexFormatError,
+    ShardNotFoundError,
+    StorageAccessError,
+    StorageConnectionError,
+    UnfinishedPackError,
+)
 from ..format import SHARD_SUFFIXES
 from ..storage import LocalStore, is_remote_url, loop, open_store, pin_urls, split_url, write_pieces
 from ..storage.cache import Busy
 from .keys import write_with_keys
 from .manifest import MANIFEST_NAME, TABLE_SUFFIX, Manifest
+from .status import unfinished_pack
 from .table import MAGIC as TABLE_MAGIC
 from .table import ShardTable
 from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
 
-__all__ = ["DatasetIndex", "ShardTables", "ShardUrls", "open_index", "resolve_source", "upgrade"]
+__all__ = ["DatasetIndex", "ShardTables", "ShardUrls", "open_index", "resolve_source", "upgrade", "warn_if_partial"]
 
 log = logging.getLogger("shardstream")
 _TABLES_KEPT = 64  # per-shard tables a process keeps (a reader needs one or two at a time)
@@ -283,6 +290,8 @@ def open_index(
             store (timeouts, attempts, connections); the index keeps it for its tables.
 
     Raises:
+        UnfinishedPackError: no index there, but a pack that has not finished (says how far
+            it got and how to finish it).
         ShardNotFoundError: no index there (names what to pass instead).
         IndexFormatError: the index is malformed.
     """
@@ -306,6 +315,9 @@ def open_index(
                 continue
             manifest, tables = legacy(Index.from_json(data, url=store.url_of(name)), url=store.url_of(name))
             return DatasetIndex(manifest, root=store.url, s3=s3, requests=requests, legacy_tables=tables)
+    unfinished = unfinished_pack(store, None) if MANIFEST_NAME in names else None
+    if unfinished is not None:
+        raise UnfinishedPackError(f"{unfinished.describe()} (it has no index yet, so it is not a dataset)")
     raise ShardNotFoundError(
         f"{store.url_of(names[0])}: no index here; pass a directory or s3:// prefix written by "
         "shardstream pack, its index file, or shard URLs (a list or a brace pattern)"
@@ -371,7 +383,15 @@ def resolve_source(
     if text.endswith(SHARD_SUFFIXES):
         return pin_urls([_normalize(text)], requests=requests), None
     index = open_index(_normalize(text), s3=s3, requests=requests)
+    warn_if_partial(index)
     return ShardUrls(index), index
+
+
+def warn_if_partial(index: DatasetIndex) -> None:
+    """Log a warning when ``index`` is partial (``index build --partial`` over an unfinished
+    pack), naming what it misses: a reader then reads only part of the data."""
+    if index.manifest.partial:
+        log.warning("%s: a partial index, read as it is: it %s", index.manifest.url, index.manifest.partial)
 
 
 class ShardTables:

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import DestinationError, IndexFormatError
 from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, write_with_keys
+from ..index.status import MERGED_NAME, RECORD_NAME, SPEC_NAME, STATE_DIR
 from ..storage import Store
 from .sources import Problem
 from .writer import AbortsOnError, PublishedShard, RotatingTarWriter, ShardLimits
@@ -51,16 +52,14 @@ __all__ = [
     "StreamState",
     "load_rows",
     "merge",
+    "merged_manifest",
     "read_stream_state",
     "remove_stream_partials",
 ]
 
-STATE_DIR = ".shardstream"
-SPEC_NAME = f"{STATE_DIR}/pack.json"
 REPORT_NAME = "pack-report.jsonl"
 MERGE_READS_IN_FLIGHT = 32
 log = logging.getLogger("shardstream")
-_RECORD = re.compile(r"^\.shardstream/s(\d{5})-(\d{7}|done)\.json$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,11 +356,11 @@ class StreamState:
     within: int = 0
 
 
-def _record_names(store: Store, prefix: str = f"{STATE_DIR}/s") -> dict[int, tuple[list[int], bool]]:
+def recorded_streams(store: Store, prefix: str = f"{STATE_DIR}/s") -> dict[int, tuple[list[int], bool]]:
     """Per stream: the sequence numbers recorded and whether it is done."""
     streams: dict[int, tuple[list[int], bool]] = {}
     for name in store.list_names(prefix):
-        match = _RECORD.match(name)
+        match = RECORD_NAME.match(name)
         if match:
             seqs, done = streams.get(int(match.group(1)), ([], False))
             if match.group(2) == "done":
@@ -378,7 +377,7 @@ def read_stream_state(store: Store, spec: PackSpec, stream: int) -> StreamState:
     Raises:
         DestinationError: its records have a gap (the state was edited or damaged).
     """
-    seqs, done = _record_names(store, f"{STATE_DIR}/s{stream:05d}-").get(stream, ([], False))
+    seqs, done = recorded_streams(store, f"{STATE_DIR}/s{stream:05d}-").get(stream, ([], False))
     if seqs != list(range(len(seqs))):
         raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
     if done:
@@ -402,7 +401,7 @@ def unfinished_streams(
         ) as pool:
             done = list(pool.map(lambda s: store.exists(StreamRecord.name(s, None)), streams))
         return [s for s, d in zip(streams, done) if not d]
-    names = _record_names(store) if names is None else names
+    names = recorded_streams(store) if names is None else names
     return [s for s in range(spec.num_streams) if not names.get(s, ([], False))[1]]
 
 
@@ -490,11 +489,9 @@ def load_rows(store: Store, spec: PackSpec, stream: int, num_shards: int) -> lis
 
 
 def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
-    """Write ``index.bin`` and ``pack-report.jsonl`` from the records of a finished pack.
-
-    A listed pack's done records hold every row of their stream: one read per stream, many at
-    once, in shard order. Other packs' shards are read one record per shard (many at once), by
-    global number. Rows go into compact columns (:class:`ManifestColumns`).
+    """Write ``index.bin`` and ``pack-report.jsonl`` from the records of a finished pack
+    (:func:`merged_manifest`), then ``merged.json``, which says the index is the pack's own
+    (:mod:`shardstream.index.status`).
 
     Returns:
         The index totals, and every problem recorded (a listed pack's walk problems first).
@@ -503,7 +500,25 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
         DestinationError: some streams (hence parts) have not finished.
         IndexFormatError: a record is damaged.
     """
-    names = None if spec.listed else _record_names(store)
+    manifest, problems = merged_manifest(store, spec)
+    store.write_bytes(REPORT_NAME, b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems))
+    write_with_keys(store, manifest)
+    store.write_bytes(MERGED_NAME, json.dumps({"spec": spec.digest, "index": manifest.content_digest()}).encode())
+    return manifest.totals(), problems
+
+
+def merged_manifest(store: Store, spec: PackSpec) -> tuple[Manifest, list[Problem]]:
+    """The index the records of a finished pack make (not written), and its problems.
+
+    A listed pack's done records hold every row of their stream: one read per stream, many at
+    once, in shard order. Other packs' shards are read one record per shard (many at once), by
+    global number. Rows go into compact columns (:class:`ManifestColumns`).
+
+    Raises:
+        DestinationError: some streams (hence parts) have not finished.
+        IndexFormatError: a record is damaged.
+    """
+    names = None if spec.listed else recorded_streams(store)
     missing = unfinished_streams(store, spec, names)
     if missing:
         parts = sorted({s % spec.num_parts for s in missing})
@@ -539,10 +554,8 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
             columns.add(record.shard, url=store.url_of(StreamRecord.name(record.stream, record.seq)))
         for done in done_records:
             problems.extend(done.problems)
-    report = b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems)
-    store.write_bytes(REPORT_NAME, report)
     classes, class_counts = _classes_packed(store, problems, int(sum(columns.columns["num_samples"])))
-    return columns.write(store, classes=classes, class_counts=class_counts), problems
+    return columns.manifest(store.url_of(MANIFEST_NAME), classes=classes, class_counts=class_counts), problems
 
 
 def _classes_packed(

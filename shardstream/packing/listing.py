@@ -64,7 +64,7 @@ from .writer import ShardLimits
 __all__ = ["LIST_PREFIX", "Listing", "ensure_listing", "plan_shards", "write_listing"]
 
 LIST_PREFIX = ".shardstream/list-"  # beside the journal's records: one folder for all pack state
-LISTING_DONE = f"{LIST_PREFIX}done.json"
+LISTING_DONE = f"{LIST_PREFIX}done.json"  # the name shardstream.index.status reads too
 LISTING_LOCK = f"{LIST_PREFIX}lock.json"
 LISTING_PROBLEMS = f"{LIST_PREFIX}problems.jsonl"
 LIST_FILE_ENTRIES = 1 << 16  # files per listing file (rounded up to a shard boundary)
