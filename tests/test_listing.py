@@ -129,6 +129,19 @@ def test_a_part_waits_for_the_lister_and_takes_over_a_dead_one(tmp_path):
     # a lister on this machine that died (its pid is gone) is taken over at once
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (dest / ".shardstream").mkdir(parents=True)
+    claimed = PackSpec(  # what the dead lister's part recorded before it listed
+        source=str(src.resolve()),
+        files_from=False,
+        name="data",
+        max_shard_bytes=12_000,
+        max_samples_per_shard=None,
+        num_parts=2,
+        workers=1,
+        shuffle=False,
+        seed=0,
+        listed=True,
+    )
+    (dest / SPEC_NAME).write_bytes(claimed.to_json())
     lock = {"host": socket.gethostname(), "pid": int(dead.stdout), "time": time.time()}
     (dest / LISTING_LOCK).write_text(json.dumps(lock))
     started = time.monotonic()

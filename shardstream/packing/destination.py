@@ -9,6 +9,8 @@ published by :class:`shardstream.packing.writer.RotatingTarWriter`, for all of t
 from __future__ import annotations
 
 import collections
+import json
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -17,15 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from ..config import FetchConfig, RequestConfig, S3Config
-from ..errors import DestinationError, IndexFormatError, SourceError
-from ..index import INDEX_NAME, KEYS_DIR, MANIFEST_NAME, TABLE_SUFFIX, Index, Manifest
+from ..errors import DestinationError, SourceError
+from ..index import INDEX_NAME, KEYS_DIR, MANIFEST_NAME, Manifest
+from ..index.status import MERGED_NAME, read_json, unfinished_pack
 from ..storage import LocalStore, Store, is_remote_url, open_store
-from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec, merge, unfinished_streams
+from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec, merge, merged_manifest, unfinished_streams
+from .ownership import NAMES_SHOWN, foreign_names, pack_writes, recorded_names, refuse_foreign, top_level_names
 from .sources import Problem, ProblemKind
 from .writer import ShardLimits
 
 __all__ = [
     "DEFAULT_MAX_SHARD_BYTES",
+    "Claim",
     "PackReport",
     "check_destination",
     "check_options",
@@ -39,6 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_SHARD_BYTES = 256 << 20
+log = logging.getLogger("shardstream")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +61,8 @@ class PackReport:
         seconds: wall time.
         problems: entries this run did not pack (or packed with a warning), and why.
         dataset_totals: the index totals when this run wrote the index.
+        kept: with ``overwrite``, the files and folders at ``dest`` that the earlier dataset
+            did not record, left in place (:class:`Claim`).
     """
 
     dest: str
@@ -69,6 +77,7 @@ class PackReport:
     dataset_totals: dict[str, int] | None = None
     already_complete: bool = False
     unit: str = "files"  # what num_files counts: "files", "inputs" (pack_samples), "samples" (ShardWriter)
+    kept: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, store: Store, totals: dict[str, int] | None, *, started: float, **counts: Any) -> PackReport:
@@ -105,16 +114,17 @@ class PackReport:
             t = self.dataset_totals
             return (
                 f"nothing to do: {self.dest} already holds this pack; index {self.index_url}: "
-                f"{t['num_shards']} shards, {t['num_samples']} samples"
+                f"{counted(t['num_shards'], 'shard')}, {counted(t['num_samples'], 'sample')}"
             )
         seconds = max(self.seconds, 1e-9)
         megabytes = f"{self.payload_bytes / 1e6:.1f} MB"
+        unit = self.unit.removesuffix("s")
         if self.unit == "samples":
-            what = f"{self.num_samples} samples ({megabytes})"
+            what = f"{counted(self.num_samples, 'sample')} ({megabytes})"
         else:
-            what = f"{self.num_files} {self.unit} ({self.num_samples} samples, {megabytes})"
+            what = f"{counted(self.num_files, unit)} ({counted(self.num_samples, 'sample')}, {megabytes})"
         line = (
-            f"packed {what} into {self.num_shards} shards in {self.seconds:.1f} s: "
+            f"packed {what} into {counted(self.num_shards, 'shard')} in {self.seconds:.1f} s: "
             f"{self.num_files / seconds:.0f} {self.unit}/s, {self.payload_bytes / 1e6 / seconds:.1f} MB/s"
         )
         if self.resumed:
@@ -128,14 +138,26 @@ class PackReport:
                 else "listed in the report once every part is done"
             )
             notes = problem_notes(self.problems)
-            line += f"; {skipped} skipped, {warnings} warnings" + (f": {'; '.join(notes)}" if notes else "")
+            line += f"; {skipped} skipped, {counted(warnings, 'warning')}" + (f": {'; '.join(notes)}" if notes else "")
             line += f" ({where})"
         if self.dataset_totals is not None:
             t = self.dataset_totals
-            line += f"; index {self.index_url}: {t['num_shards']} shards, {t['num_samples']} samples"
+            line += (
+                f"; index {self.index_url}: {counted(t['num_shards'], 'shard')}, {counted(t['num_samples'], 'sample')}"
+            )
         else:
             line += "; other parts unfinished, index not written yet"
+        if self.kept:
+            shown = ", ".join(self.kept[:NAMES_SHOWN]) + (
+                f" and {len(self.kept) - NAMES_SHOWN} more" if len(self.kept) > NAMES_SHOWN else ""
+            )
+            line += f"; kept what the earlier dataset did not record: {shown}"
         return line
+
+
+def counted(count: int, word: str) -> str:
+    """``"1 shard"``, ``"2 shards"``: a count and its noun, plural where it is not 1."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 # The problems a summary line counts, as (kind, phrase for one, phrase for several): those
@@ -221,30 +243,67 @@ def check_destination(store: Store) -> tuple[PackSpec | None, str | None]:
     return old_spec, index
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What :func:`prepare_state` found at a destination and did there.
+
+    Attributes:
+        complete: ``dest`` already holds the finished result of this very pack, its index the
+            pack's own: nothing to do.
+        kept: with ``overwrite``, the files and folders left at ``dest`` after the earlier
+            dataset and pack state were deleted (:func:`~.ownership.top_level_names`).
+    """
+
+    complete: bool
+    kept: tuple[str, ...] = ()
+
+
 def prepare_state(
     store: Store,
     spec: PackSpec,
     *,
     overwrite: bool,
+    clobber: bool = False,
     fix: str = "run the same command as before to finish it, pass --overwrite to replace it",
-) -> bool:
-    """Check that ``dest`` can be written and what it holds; wipe it for ``overwrite``; record
-    ``spec``. ``fix`` is what the error for a ``dest`` in use tells the user to do (the CLI's
-    words by default).
+    clobber_option: str = "--clobber",
+    what: str = "this pack",
+) -> Claim:
+    """Check that ``dest`` can be written and what it holds; refuse names the pack would write
+    that are not recorded as shardstream's (:mod:`.ownership`) unless ``clobber``; with
+    ``overwrite``, delete the earlier dataset and pack state (only what they record); record
+    ``spec``. ``fix`` and ``clobber_option`` are what the errors tell the user to do (the CLI's
+    words by default), ``what`` names the writer in them.
 
-    Returns:
-        True when ``dest`` already holds the finished result of this very pack.
+    Raises:
+        DestinationError: ``dest`` cannot be written, holds a dataset or another pack's state
+            (and not ``overwrite``), or files with the pack's names it did not write (and not
+            ``clobber``).
+        IndexFormatError: the state or index there is damaged.
     """
     old_spec, index = check_destination(store)
+    recorded: set[str] = set()
     if not overwrite:
-        if old_spec == spec:
-            return index is not None
+        if old_spec == spec:  # resumed: the first run claimed dest
+            return Claim(complete=index is not None and _own_index(store, spec, index))
         if index is not None or old_spec is not None:
-            what = "a dataset" if index is not None else "an unfinished pack made with other options"
+            what_is_there = "a dataset" if index is not None else "an unfinished pack made with other options"
             differences = f" ({old_spec.differences(spec)})" if old_spec is not None else ""
-            raise DestinationError(f"{store.url} already holds {what}{differences}; {fix}, or pick another DEST")
+            raise DestinationError(
+                f"{store.url} already holds {what_is_there}{differences}; {fix}, or pick another DEST"
+            )
     else:
-        wipe(store, old_spec)
+        recorded = recorded_names(store)
+    if not clobber:
+        foreign = foreign_names(store, pack_writes(spec.name), recorded, name=spec.name)
+        if foreign and not overwrite and store.exists(SPEC_NAME):  # another part claimed dest meanwhile?
+            claimed = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
+            if claimed == spec:
+                return Claim(complete=False)
+        refuse_foreign(store, foreign, option=clobber_option, what=what)
+    kept: tuple[str, ...] = ()
+    if overwrite:
+        wipe(store, old_spec, recorded=recorded)
+        kept = tuple(top_level_names(store))
     if not store.create_exclusive(SPEC_NAME, spec.to_json()):  # another part got there first
         winner = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
         if winner != spec:
@@ -252,6 +311,71 @@ def prepare_state(
                 f"{store.url}: another part started with other options ({winner.differences(spec)}); "
                 "every part must use the same options"
             )
+    return Claim(complete=False, kept=kept)
+
+
+def merge_pack(store: Store, *, overwrite: bool = False) -> tuple[dict[str, int], list[Problem]]:
+    """``shardstream index merge``: write the index of the pack recorded at ``store`` once
+    every part is done (:func:`~.journal.merge`); its totals and problems.
+
+    Raises:
+        DestinationError: no pack state is there; some parts have not finished; or an
+            ``index.bin`` is there that is not the one the pack wrote (an ``index build`` over
+            its shards), and not ``overwrite``.
+        IndexFormatError: the state is damaged.
+    """
+    if not store.exists(SPEC_NAME):
+        raise DestinationError(
+            f"{store.url} holds no pack state ({store.url_of(SPEC_NAME)}), so there is nothing to merge; "
+            "index shards other tools wrote with shardstream index build"
+        )
+    spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
+    if not overwrite and store.exists(MANIFEST_NAME):
+        manifest = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME))
+        merged = read_json(store, MERGED_NAME)
+        own = merged is not None and merged.get("index") == manifest.content_digest()
+        if not own and unfinished_streams(store, spec):
+            merge(store, spec)  # raises, naming the parts that have not finished
+        if not own and merged_manifest(store, spec)[0].content_digest() != manifest.content_digest():
+            raise DestinationError(
+                f"{store.url_of(MANIFEST_NAME)} is not the index the pack recorded there wrote ({manifest.num_shards} "
+                f"shards, {manifest.num_samples} samples{'; ' + manifest.partial if manifest.partial else ''}); "
+                "pass --overwrite to replace it with the pack's own"
+            )
+    return merge(store, spec)
+
+
+def _own_index(store: Store, spec: PackSpec, index: str) -> bool:
+    """Whether the index at ``store`` is the one the finished pack ``spec`` wrote there: its
+    merge record says so, or (a pack finished by a shardstream that wrote none) the index its
+    records make is the same. False, with a warning naming the difference, for an index built
+    over its shards by another command (``index build`` over an unfinished pack): the pack then
+    goes on and writes its own."""
+    if index != MANIFEST_NAME:  # a version 1 dataset: its pack finished before any of this
+        return True
+    manifest = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME))
+    merged = read_json(store, MERGED_NAME)
+    if merged is not None and merged.get("spec") == spec.digest and merged.get("index") == manifest.content_digest():
+        return True
+    found = f"{store.url_of(MANIFEST_NAME)} ({manifest.num_shards} shards, {manifest.num_samples} samples)"
+    status = unfinished_pack(store, manifest)
+    if status is not None and not status.complete:
+        log.warning(
+            "%s indexes an unfinished pack (%s), not this pack's result: the pack goes on, then writes its own index",
+            found,
+            status.progress(),
+        )
+        return False
+    built, _ = merged_manifest(store, spec)
+    if built.content_digest() == manifest.content_digest():
+        store.write_bytes(MERGED_NAME, json.dumps({"spec": spec.digest, "index": built.content_digest()}).encode())
+        return True
+    log.warning(
+        "%s is not the index this pack's records make (%d shards, %d samples): it is written again from them",
+        found,
+        built.num_shards,
+        built.num_samples,
+    )
     return False
 
 
@@ -278,35 +402,23 @@ def merge_when_done(store: Store, spec: PackSpec, *, empty: str) -> dict[str, in
     return totals
 
 
-def wipe(store: Store, old_spec: PackSpec | None) -> None:
-    """Delete a dataset (index first, so it never outlives its shards) and any pack state."""
-    old_names: set[str] = set()
-    for index_name in (MANIFEST_NAME, INDEX_NAME):
-        if store.exists(index_name):
-            try:
-                old_names |= _shard_names(store, index_name)
-            except IndexFormatError:
-                pass
-            store.delete(index_name)
-    for name in store.list_names(f"{KEYS_DIR}/"):  # the key index, after the index that leads to it
+def wipe(store: Store, old_spec: PackSpec | None, *, recorded: set[str] | None = None) -> None:
+    """Delete a dataset and any pack state: only the names they record (``recorded``, default
+    :func:`~.ownership.recorded_names`), the index first, so it never outlives its shards, and
+    the options (``pack.json``) last; files a killed writer of them left half-written too.
+    Anything else at ``store`` stays."""
+    recorded = recorded_names(store) if recorded is None else recorded
+    first = [n for n in (MERGED_NAME, MANIFEST_NAME, INDEX_NAME) if n in recorded]
+    keys = sorted(n for n in recorded if n.startswith(f"{KEYS_DIR}/"))
+    state = sorted(n for n in recorded if n.startswith(f"{STATE_DIR}/") and n not in (MERGED_NAME, SPEC_NAME))
+    shards = sorted(recorded - {*first, *keys, *state, REPORT_NAME, SPEC_NAME})
+    for name in [*first, *keys, *shards, *([REPORT_NAME] if REPORT_NAME in recorded else []), *state]:
         store.delete(name)
-    old_names |= {n + TABLE_SUFFIX for n in old_names}
-    for name in store.list_names(f"{STATE_DIR}/"):
-        if name != SPEC_NAME:
-            store.delete(name)
     if old_spec is not None:
-        old_names.update(n for n in store.list_names(f"{old_spec.name}-") if old_spec.shard_of_name(n) is not None)
         store.remove_partials(
             lambda n: old_spec.shard_of_name(n) is not None or n.startswith(f"{STATE_DIR}/"), folders=("", STATE_DIR)
         )
     store.remove_partials(lambda n: n in (MANIFEST_NAME, INDEX_NAME, REPORT_NAME))
-    for name in [*sorted(old_names), REPORT_NAME, SPEC_NAME]:
-        store.delete(name)
-
-
-def _shard_names(store: Store, index_name: str) -> set[str]:
-    """The shard names an index (version 2 or 1) lists."""
-    data, url = store.read_bytes(index_name), store.url_of(index_name)
-    if index_name == MANIFEST_NAME:
-        return set(Manifest.parse(data, url=url).names())
-    return {s.name for s in Index.from_json(data, url=url).shards}
+    if SPEC_NAME in recorded:
+        store.delete(SPEC_NAME)
+    store.remove_empty_dirs((KEYS_DIR, STATE_DIR))

@@ -69,6 +69,7 @@ def pack_samples(
     max_samples_per_shard: int | None = None,
     on_error: OnError | str = OnError.FAIL,
     overwrite: bool = False,
+    clobber: bool = False,
     s3: S3Config | None = None,
     requests: RequestConfig | None = None,
     fetch: FetchConfig | None = None,
@@ -106,7 +107,10 @@ def pack_samples(
             be written) stops the pack with :class:`SampleFnError` naming it; fix it and run
             again to resume. ``"skip"``: it is skipped and listed in
             ``dest/pack-report.jsonl`` (``path`` holds the input's repr, ``reason`` the error).
-        overwrite: replace what ``dest`` holds.
+        overwrite: replace what ``dest`` holds: only what its index and pack state record.
+        clobber: write over files at ``dest`` with the names this pack writes (shards and
+            tables, ``index.bin``, ``keys/``, the report, ``.shardstream/``) that no index or
+            pack state there records; without it such a ``dest`` is refused, naming them.
         s3, fetch: endpoint, credentials and multipart settings for ``s3://``.
         requests: timeouts, attempts and connections of the store's requests
             (:class:`~shardstream.config.RequestConfig`; None: its defaults).
@@ -150,7 +154,10 @@ def pack_samples(
         num_parts=part.count,
     )
     fix = "call pack_samples again with the same fn and options to finish it, pass overwrite=True to replace it"
-    if prepare_state(store, spec, overwrite=overwrite, fix=fix):
+    claim = prepare_state(
+        store, spec, overwrite=overwrite, clobber=clobber, fix=fix, clobber_option="clobber=True", what="pack_samples"
+    )
+    if claim.complete:
         return PackReport.nothing_to_do(store, started=started, unit="inputs")
     report = _Report()
     state = read_stream_state(store, spec, part.index)
@@ -179,7 +186,7 @@ def pack_samples(
     else:
         report.resumed = True
     totals = merge_when_done(store, spec, empty=f"{store.url}: no input gave a sample (fn returned None for all?)")
-    return report.finish(store, totals, started)
+    return report.finish(store, totals, started, claim.kept)
 
 
 _END = object()
@@ -193,7 +200,9 @@ class _Report:
         self.resumed = False
         self.problems: list[Problem] = []
 
-    def finish(self, store: Store, totals: dict[str, int] | None, started: float) -> PackReport:
+    def finish(
+        self, store: Store, totals: dict[str, int] | None, started: float, kept: tuple[str, ...] = ()
+    ) -> PackReport:
         return PackReport.of(
             store,
             totals,
@@ -205,6 +214,7 @@ class _Report:
             resumed=self.resumed,
             problems=tuple(self.problems),
             unit="inputs",
+            kept=kept,
         )
 
 

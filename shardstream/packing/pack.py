@@ -54,6 +54,7 @@ def pack(
     seed: int = 0,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     overwrite: bool = False,
+    clobber: bool = False,
     s3: S3Config | None = None,
     requests: RequestConfig | None = None,
     fetch: FetchConfig | None = None,
@@ -92,7 +93,13 @@ def pack(
             from ``RANK`` / ``WORLD_SIZE`` (torchrun) or a job array, else the whole input.
         shuffle: spread samples over shards in a random order seeded by ``seed``, through a
             buffer of ``shuffle_buffer`` samples' names (not contents).
-        overwrite: replace a dataset already at ``dest``.
+        overwrite: replace a dataset (or an unfinished pack) already at ``dest``: delete what
+            its index and pack state record (shards, tables, ``index.bin``, ``keys/``, the
+            report, ``.shardstream/``), nothing else; the report lists what was kept.
+        clobber: write over files at ``dest`` that have the names this pack writes (its shards
+            and tables, ``index.bin``, ``keys/``, the report, ``.shardstream/``) though no index
+            or pack state there records them, such as another tool's ``data-000000.tar``;
+            without it such a ``dest`` is refused, naming them. Other files are never touched.
         s3: endpoint and credentials for ``s3://`` sources and destinations.
         requests: timeouts, attempts and connections of requests to remote sources and
             destinations (:class:`~shardstream.config.RequestConfig`; None: its defaults).
@@ -132,7 +139,9 @@ def pack(
         SourceError: with ``labels_from_dirs`` and ``on_error="fail"``, a file in no class
             folder, or a metadata file (or row) that cannot be used.
         DestinationError: ``dest`` cannot be written, lies inside ``source``, holds a dataset
-            and not ``overwrite``, or holds an unfinished pack made with other settings.
+            and not ``overwrite``, holds an unfinished pack made with other settings, or holds
+            files with the names the pack writes that no index or pack state there records
+            (and not ``clobber``).
         BucketNotFoundError, StorageAccessError, StorageConnectionError: S3 problems.
     """
     started = time.perf_counter()
@@ -195,7 +204,8 @@ def pack(
         labels_from_dirs=labels_from_dirs,
         check_images=check_images,
     )
-    if prepare_state(store, spec, overwrite=overwrite):
+    claim = prepare_state(store, spec, overwrite=overwrite, clobber=clobber)
+    if claim.complete:
         return PackReport.nothing_to_do(store, started=started)
     if from_shards:  # a reshard of a labelled dataset keeps its classes
         classes = input_classes(source_url, s3=s3, requests=requests)
@@ -253,6 +263,7 @@ def pack(
         payload_bytes=sum(r.payload_bytes for r in results),
         resumed=any(r.resumed for r in results),
         problems=problems,
+        kept=claim.kept,
     )
 
 

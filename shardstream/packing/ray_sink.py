@@ -27,11 +27,12 @@ from typing import Any
 
 from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError, MissingDependencyError, SourceError
-from ..index import MANIFEST_NAME, TABLE_SUFFIX
+from ..index import KEYS_DIR, MANIFEST_NAME, TABLE_SUFFIX
 from ..storage import Store, is_remote_url
 from .destination import DEFAULT_MAX_SHARD_BYTES, check_destination, check_options, open_destination, wipe
 from .encode import JPEG_QUALITY, encode_sample
 from .journal import SPEC_NAME, STATE_DIR, ManifestColumns
+from .ownership import SINK_RECORDS, foreign_names, recorded_names, refuse_foreign
 from .writer import RotatingTarWriter, ShardLimits
 
 try:
@@ -67,7 +68,9 @@ class ShardDatasink(Datasink):
       shards ``NAME-TTTTTT-SSSSSS.tar`` (``S`` = 0, 1, ... per task), each published
       atomically and closed before a sample would take it past ``max_shard_bytes`` or
       ``max_samples_per_shard``, each with its sample table ``NAME-TTTTTT-SSSSSS.tar.samples``;
-      a task that Ray runs again writes the same names again;
+      a task that Ray runs again writes the same names again; each shard is recorded as the
+      sink's (an empty ``.shardstream/sink/NAME-TTTTTT-SSSSSS.tar``) right after it is
+      published, so a later ``overwrite`` deletes those shards and nothing else;
     - when every task succeeded, ``index.bin`` (on the driver), listing the shards by task,
       then sequence number; :attr:`totals` then holds its totals.
 
@@ -83,7 +86,11 @@ class ShardDatasink(Datasink):
         name: shard name prefix.
         max_shard_bytes: shard size limit in bytes (exceeded only by a single larger sample).
         max_samples_per_shard: sample limit per shard, or None.
-        overwrite: replace what ``dest`` holds (a dataset, an unfinished pack or write).
+        overwrite: replace what ``dest`` holds (a dataset, an unfinished pack or write): only
+            what its index, pack state or the sink's records name.
+        clobber: write over files at ``dest`` with the names this sink writes (its shards and
+            tables, ``index.bin``, ``keys/``, ``.shardstream/sink/``) that nothing there records;
+            without it such a ``dest`` is refused, naming them.
         s3, fetch: endpoint, credentials and multipart settings for ``s3://`` (sent to
             every write task).
         requests: timeouts, attempts and connections of the store's requests
@@ -113,6 +120,7 @@ class ShardDatasink(Datasink):
         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
         max_samples_per_shard: int | None = None,
         overwrite: bool = False,
+        clobber: bool = False,
         s3: S3Config | None = None,
         requests: RequestConfig | None = None,
         fetch: FetchConfig | None = None,
@@ -127,6 +135,7 @@ class ShardDatasink(Datasink):
         self.max_shard_bytes = max_shard_bytes
         self.max_samples_per_shard = max_samples_per_shard
         self.overwrite = overwrite
+        self.clobber = clobber
         self.s3 = s3
         self.requests = requests
         self.fetch = fetch
@@ -166,7 +175,8 @@ class ShardDatasink(Datasink):
         store = self._open()
         old_spec, index = check_destination(store)
         self.totals = None
-        leftovers = [n for n in store.list_names(f"{self.name}-") if self._own.fullmatch(n)]
+        leftovers = store.list_names(SINK_RECORDS)
+        recorded: set[str] = set()
         if not self.overwrite:
             what = None
             if index is not None:
@@ -174,18 +184,31 @@ class ShardDatasink(Datasink):
             elif old_spec is not None:
                 what = f"an unfinished pack ({store.url_of(SPEC_NAME)})"
             elif leftovers:
-                what = f"shards of a ShardDatasink write that failed ({store.url_of(leftovers[0])}, ...)"
+                shard = leftovers[0].removeprefix(SINK_RECORDS)
+                what = f"shards of a ShardDatasink write that failed ({store.url_of(shard)}, ...)"
             if what is not None:
                 raise DestinationError(
                     f"{store.url} already holds {what}; pass ShardDatasink(..., overwrite=True) to replace it, "
                     "or pick another dest"
                 )
         else:
-            wipe(store, old_spec)
-            for leftover in leftovers:
-                store.delete(leftover)
-            store.remove_empty_dirs((STATE_DIR,))
+            recorded = recorded_names(store)
+        if not self.clobber:
+            foreign = foreign_names(store, self._writes, recorded, name=self.name)
+            refuse_foreign(store, foreign, option="ShardDatasink(..., clobber=True)", what="this ShardDatasink")
+        if self.overwrite:
+            wipe(store, old_spec, recorded=recorded)
+            store.remove_empty_dirs((SINK_RECORDS.rstrip("/"), STATE_DIR))
         store.remove_partials(lambda n: self._own.fullmatch(n) is not None or n == MANIFEST_NAME)
+
+    def _writes(self, name: str) -> bool:
+        """Whether this sink writes ``name``: its shards and tables, the index, the key index,
+        its records."""
+        return (
+            self._own.fullmatch(name) is not None
+            or name == MANIFEST_NAME
+            or name.startswith((f"{KEYS_DIR}/", SINK_RECORDS))
+        )
 
     def on_write_complete(self, write_result: Any) -> None:
         """Write ``index.bin`` from every task's shards (on the driver, once all succeeded)
@@ -243,11 +266,17 @@ class ShardDatasink(Datasink):
         """
         task = int(ctx.task_idx)
         written: list[ManifestRow] = []
+        store = open_destination(self.dest, s3=self.s3, fetch=self.fetch, requests=self.requests)
+
+        def record(published: Any) -> None:
+            store.write_bytes(SINK_RECORDS + published.name, b"")  # the sink's own: overwrite may delete it
+            written.append(published.row)
+
         with RotatingTarWriter(
-            open_destination(self.dest, s3=self.s3, fetch=self.fetch, requests=self.requests),
+            store,
             shard_names=lambda seq: self.shard_name(task, seq),
             limits=ShardLimits(self.max_shard_bytes, self.max_samples_per_shard),
-            on_commit=lambda published: written.append(published.row),
+            on_commit=record,
         ) as writer:
             last_key = None
             for block in blocks:

@@ -59,7 +59,10 @@ class ShardWriter:
             each with its own writer, the same options, and ``Part(I, N)``); default the
             whole dataset.
         overwrite: replace what ``dest`` holds (a dataset, or what a writer that did not
-            close left).
+            close left): only what its index and state record, nothing else.
+        clobber: write over files at ``dest`` with the names this writer writes (shards and
+            tables, ``index.bin``, ``keys/``, ``.shardstream/``) that no index or pack state there
+            records; without it such a ``dest`` is refused, naming them.
         s3, fetch: endpoint, credentials and multipart settings for ``s3://``.
         requests: timeouts, attempts and connections of the store's requests
             (:class:`~shardstream.config.RequestConfig`; None: its defaults).
@@ -67,7 +70,8 @@ class ShardWriter:
 
     Raises:
         DestinationError: ``dest`` holds a dataset or an unfinished write, and not
-            ``overwrite``; or it cannot be written.
+            ``overwrite``; files with its names that nothing there records, and not
+            ``clobber``; or it cannot be written.
         ValueError: bad options.
         StorageError: the store failed (names the URL).
     """
@@ -81,6 +85,7 @@ class ShardWriter:
         max_samples_per_shard: int | None = None,
         part: Part | None = None,
         overwrite: bool = False,
+        clobber: bool = False,
         s3: S3Config | None = None,
         requests: RequestConfig | None = None,
         fetch: FetchConfig | None = None,
@@ -102,7 +107,16 @@ class ShardWriter:
         self._part = part
         self._jpeg_quality = jpeg_quality
         store = self._store
-        complete = prepare_state(store, self._spec, overwrite=overwrite, fix="pass overwrite=True to replace it")
+        claim = prepare_state(
+            store,
+            self._spec,
+            overwrite=overwrite,
+            clobber=clobber,
+            fix="pass overwrite=True to replace it",
+            clobber_option="clobber=True",
+            what="this ShardWriter",
+        )
+        complete, self._kept = claim.complete, claim.kept
         state = read_stream_state(store, self._spec, part.index)
         if complete or state.num_shards or state.done is not None:
             what = "a dataset" if complete else f"shards of a ShardWriter (part {part.index}) that did not close"
@@ -177,6 +191,7 @@ class ShardWriter:
             resumed=False,
             problems=(),
             unit="samples",
+            kept=self._kept,
         )
         return self._report
 
