@@ -213,6 +213,7 @@ def _dataset_usage_error(given: str) -> str | None:
     or a remote location, which the store answers for)."""
     from .format import SHARD_SUFFIXES
     from .index import INDEX_NAME, MANIFEST_NAME
+    from .index.status import SPEC_NAME
     from .storage import is_remote_url
 
     instead = "pass a dataset's directory (what shardstream pack wrote) or its index.bin"
@@ -227,8 +228,8 @@ def _dataset_usage_error(given: str) -> str | None:
     if not os.path.exists(path):
         return f"{given}: no such file or directory; {instead}"
     if os.path.isdir(path):
-        if any(os.path.isfile(os.path.join(path, name)) for name in (MANIFEST_NAME, INDEX_NAME)):
-            return None
+        if any(os.path.isfile(os.path.join(path, name)) for name in (MANIFEST_NAME, INDEX_NAME, SPEC_NAME)):
+            return None  # a dataset, or a pack's state: open_index says whether it is unfinished
         shards = any(name.endswith(SHARD_SUFFIXES) for name in os.listdir(path))
         hint = f" (to index the tar shards it holds: shardstream index build {given})" if shards else ""
         return f"{given} holds no index.bin, so it is not a dataset; {instead}{hint}"
@@ -336,7 +337,7 @@ def escape(text: str) -> str:
 def _open_dataset(location: str, args: argparse.Namespace):
     """The :class:`~shardstream.index.DatasetIndex` at ``location``; ValueError (exit 2) with
     one line saying what to pass when it is not a dataset."""
-    from .errors import ShardNotFoundError
+    from .errors import ShardNotFoundError, UnfinishedPackError
     from .index import open_index
 
     problem = _dataset_usage_error(location)
@@ -344,8 +345,27 @@ def _open_dataset(location: str, args: argparse.Namespace):
         raise ValueError(problem)
     try:
         return open_index(location, s3=_s3_config(args), requests=_request_config(args))
+    except UnfinishedPackError:
+        raise
     except ShardNotFoundError as exc:
         raise _no_index(exc) from None
+
+
+def _unfinished_note(index, args: argparse.Namespace) -> str | None:
+    """One line when the dataset ``index`` opened is not a finished pack's whole result: its
+    index says it is partial (``index build --partial``), or the pack state beside it says
+    the pack has not finished (an index built over its shards by an older shardstream)."""
+    from .index import unfinished_pack
+    from .storage import open_store
+
+    if index.manifest.partial:
+        return f"{index.root}: a partial index: it {index.manifest.partial}"
+    if index.manifest.shards_url is not None:
+        return None
+    status = unfinished_pack(
+        open_store(index.root, s3=_s3_config(args), requests=_request_config(args)), index.manifest
+    )
+    return None if status is None else f"{status.describe()}; the index there covers only part of it"
 
 
 def _tables(index, shards: range):
@@ -392,6 +412,9 @@ def _first_shards(index, shards: range, num_samples: int | None) -> range:
 
 def _ls(args: argparse.Namespace, out) -> None:
     index = _open_dataset(args.dataset, args)
+    note = _unfinished_note(index, args)
+    if note is not None:
+        print(f"shardstream: warning: {note}", file=sys.stderr)
     left = args.limit
     shards = _first_shards(index, _shard_range(index, args.shard, args.dataset), left)
     for _, table in _tables(index, shards):
@@ -710,7 +733,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--shuffle", action="store_true", help="spread samples over shards in a seeded random order")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset (or unfinished pack) at DEST")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset (or unfinished pack) at DEST: delete what its index and pack state record "
+        "(shards, tables, index.bin, keys/, the report, .shardstream/) and nothing else; what is kept is listed",
+    )
+    p.add_argument(
+        "--clobber",
+        action="store_true",
+        help="write over files at DEST with the names this pack writes (NAME-NNNNNN.tar, their tables, index.bin, "
+        "keys/, pack-report.jsonl, .shardstream/) that no index or pack state there records; without it such a "
+        "DEST is refused, naming them",
+    )
     p.add_argument(
         "--from-shards",
         action="store_true",
@@ -798,6 +833,9 @@ def build_parser() -> argparse.ArgumentParser:
     x_commands = x.add_subparsers(dest="index_command")
     m = x_commands.add_parser("merge", help="write DEST/index.bin once every part of a split pack is done")
     m.add_argument("dest", metavar="DEST")
+    m.add_argument(
+        "--overwrite", action="store_true", help="replace an index.bin there that is not the one this pack wrote"
+    )
     _add_store_args(m)
     b = x_commands.add_parser(
         "build",
@@ -825,7 +863,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         help="scan the shards in tasks on the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto)",
     )
-    b.add_argument("--overwrite", action="store_true", help="replace an index already there")
+    b.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an index already there, and tables or keys/ there that no index or pack state records",
+    )
+    b.add_argument(
+        "--partial",
+        action="store_true",
+        help="index the shards of a pack that has not finished all the same; the index records that it is "
+        "partial, and the pack, run again, finishes and writes its own",
+    )
     b.add_argument(
         "--output",
         metavar="DIR",
@@ -951,6 +999,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shuffle=args.shuffle,
                 seed=args.seed,
                 overwrite=args.overwrite,
+                clobber=args.clobber,
                 s3=_s3_config(args),
                 progress=not args.no_progress,
                 from_shards=args.from_shards,
@@ -963,6 +1012,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report.summary())
         elif args.command == "info":
             index = _open_dataset(args.source, args)
+            note = _unfinished_note(index, args)
+            if note is not None:
+                print(f"warning: {note}")
             print(_info(args.source, index.manifest, all_classes=args.all_classes))
             if args.members:
                 totals = extension_totals(index, progress=not args.no_progress)
@@ -979,10 +1031,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "get":
             return _get(args, sys.stdout)
         elif args.command == "verify":
-            problem = _dataset_usage_error(args.dest)
-            if problem is not None:
-                raise ValueError(problem)
-            return _verify(args)
+            note = _unfinished_note(_open_dataset(args.dest, args), args)
+            code = _verify(args)
+            if note is not None:
+                print(f"the dataset is not whole: {note}")
+            return code or (1 if note is not None else 0)
         elif args.command == "index" and args.dali:
             from .packing.dali_index import write_dali_index
 
@@ -1006,6 +1059,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     output=args.output,
                     on_shard=lambda _: bar.update(),
                     ray=args.ray,
+                    partial=args.partial,
                 )
             print(
                 f"wrote {manifest.url}: {manifest.num_shards} shards, {manifest.num_samples} samples, "
@@ -1039,12 +1093,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "or --dali DEST"
                 )
             from .index import MANIFEST_NAME
-            from .packing.journal import SPEC_NAME, PackSpec, merge
+            from .packing.destination import merge_pack
             from .storage import open_store
 
             store = open_store(args.dest, s3=_s3_config(args), requests=_request_config(args))
-            spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
-            totals, problems = merge(store, spec)
+            totals, problems = merge_pack(store, overwrite=args.overwrite)
             print(
                 f"wrote {store.url_of(MANIFEST_NAME)}: {totals['num_shards']} shards, "
                 f"{totals['num_samples']} samples, {len(problems)} problems in pack-report.jsonl"
@@ -1108,7 +1161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"shardstream: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("shardstream: interrupted", file=sys.stderr)
+        resume = ""
+        if args.command == "pack":
+            resume = "; run the same command again to resume: the shards published so far are kept"
+        elif args.command == "index" and args.index_command == "build":
+            resume = "; run the same command again with --overwrite (the tables written so far have no index yet)"
+        print(f"shardstream: interrupted{resume}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `shardstream info ... | head`: the reader has gone, which is no error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again

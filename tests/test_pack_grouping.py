@@ -50,9 +50,9 @@ def test_a_key_gathering_an_extra_dot_part_is_packed_as_one_sample_and_reported(
     reason = merged_reason("a", "a.JPEG", "a.b.JPEG", "JPEG", "b.JPEG")
     assert done.stderr == f"warning: {src}/a.JPEG: {reason}\n"
     assert re.fullmatch(
-        rf"packed 3 files \(2 samples, 0\.0 MB\) into 1 shards {SPEED}; 0 skipped, 1 warnings: 1 key gathers files "
+        rf"packed 3 files \(2 samples, 0\.0 MB\) into 1 shard {SPEED}; 0 skipped, 1 warning: 1 key gathers files "
         rf"that differ only by an extra dot part \(see {re.escape(str(dest))}/pack-report\.jsonl\); index "
-        rf"{re.escape(str(dest))}/index\.bin: 1 shards, 2 samples\n",
+        rf"{re.escape(str(dest))}/index\.bin: 1 shard, 2 samples\n",
         done.stdout,
     ), done.stdout
     assert report_lines(dest) == [{"path": f"{src}/a.JPEG", "kind": "merged", "reason": reason, "packed": True}]
@@ -77,9 +77,9 @@ def test_names_that_differ_only_in_case_collide_and_are_reported(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr == f"not packed: {src}/x.jpg: {reason}\n"
     assert re.fullmatch(
-        rf"packed 2 files \(2 samples, 0\.0 MB\) into 1 shards {SPEED}; 1 skipped, 0 warnings: 1 file collides with "
+        rf"packed 2 files \(2 samples, 0\.0 MB\) into 1 shard {SPEED}; 1 skipped, 0 warnings: 1 file collides with "
         rf"another \(same sample and member, e\.g\. names that differ only in case\) \(see "
-        rf"{re.escape(str(dest))}/pack-report\.jsonl\); index {re.escape(str(dest))}/index\.bin: 1 shards, 2 samples\n",
+        rf"{re.escape(str(dest))}/pack-report\.jsonl\); index {re.escape(str(dest))}/index\.bin: 1 shard, 2 samples\n",
         done.stdout,
     ), done.stdout
     assert report_lines(dest) == [{"path": f"{src}/x.jpg", "kind": "collision", "reason": reason, "packed": False}]

@@ -275,7 +275,7 @@ def test_every_bad_input_is_reported_with_skip_and_stops_the_pack_with_fail(tmp_
             ("photo.jpg", "collision"),
         ]
     )
-    assert "; 6 skipped, 1 warnings" in result.stdout
+    assert "; 6 skipped, 1 warning" in result.stdout
     assert read_back(tmp_path / "out") == {"good.txt": b"good", "empty.txt": b"", "photo.JPG": b"upper"}
 
 

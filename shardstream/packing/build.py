@@ -16,6 +16,13 @@ repack them with ``shardstream pack --from-shards``), sparse members, and a samp
 twice. The shards must lie in one directory or S3 prefix; the index is written there, or in
 ``output`` (then it records where the shards are). Rebuilding the index of a labelled dataset
 keeps the class names (and per-class counts, when they still add up) of the index it replaces.
+
+An unfinished pack's shards are refused (:func:`shardstream.index.status.unfinished_pack`): an
+index over them would be taken for the whole dataset. ``partial`` indexes them all the same and
+records in the index what is missing (:attr:`~shardstream.index.Manifest.partial`), which readers
+and ``info`` print; the pack, run again, finishes and writes its own index. Tables, ``index.bin``
+or ``keys/`` already there that no index or pack state records (another tool's, or a
+build that was stopped) are refused unless ``overwrite`` (:mod:`.ownership`).
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ import numpy as np
 from ..config import RequestConfig, S3Config
 from ..errors import CorruptShardError, DestinationError, IndexFormatError, ShardNotFoundError
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
-from ..index import MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool, write_with_keys
+from ..index import KEYS_DIR, MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool, write_with_keys
+from ..index.status import unfinished_pack
 from ..storage import Store, is_remote_url, open_store, pin_urls, split_url, write_pieces
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, compression_of, iter_members_at
+from .ownership import recorded_names, refuse_foreign
 
 __all__ = ["build_index", "shard_urls_of"]
 
@@ -94,6 +103,7 @@ def build_index(
     output: str | None = None,
     on_shard: Callable[[str], None] | None = None,
     ray: str | None = None,
+    partial: bool = False,
 ) -> Manifest:
     """Index existing shards (module doc): write each shard's table beside it, then
     ``index.bin``; or, with ``output``, all of it there, the shards untouched where they are
@@ -106,20 +116,25 @@ def build_index(
             shards' and the output's); default :class:`~shardstream.config.RequestConfig`
             (for S3: the S3Config's own fields).
         workers: shards scanned at once (processes; a scan is CPU-bound parsing).
-        overwrite: replace an index already there.
+        overwrite: replace an index already there, and tables or ``keys/`` there that no
+            index or pack state records.
         output: a local directory or ``s3://`` prefix for the index and tables, which then
             records where the shards are (moving the shards breaks it; moving the index does not).
         on_shard: called with each shard's URL when it is done (a progress bar).
         ray: scan the shards in tasks on the Ray cluster at this address (``"auto"``, or
             ``RAY_ADDRESS``), batches of shards per task (:mod:`shardstream.packing.ray_run`);
             every node must reach the shards and the output by the same URL or path.
+        partial: index the shards of an unfinished pack, recording in the index what is
+            missing (module doc); without it they are refused.
 
     Returns:
         The manifest written.
 
     Raises:
         ValueError: the shards lie in more than one directory or prefix, or a name repeats.
-        DestinationError: an index is already there (and not ``overwrite``).
+        DestinationError: an index is already there, or tables or ``keys/`` that nothing there
+            records (and not ``overwrite``); the shards are an unfinished pack's (and not
+            ``partial``).
         CorruptShardError: a shard is compressed, damaged, or holds a sparse member or a
             sample with one extension twice (named).
         ShardNotFoundError, StorageError: a shard cannot be read.
@@ -144,7 +159,14 @@ def build_index(
         raise DestinationError(
             f"{store.url_of(MANIFEST_NAME)}: an index is already there; pass --overwrite to replace it"
         )
-    classes = _classes_kept(store, open_store(root, s3=s3, requests=requests) if output is not None else None)
+    shards_store = open_store(root, s3=s3, requests=requests) if output is not None else store
+    note = _unfinished_note(shards_store, partial=partial)
+    if not overwrite:
+        writes = {n + TABLE_SUFFIX for n in names} | {MANIFEST_NAME}
+        there = [n for n in store.list_names() if n in writes] + store.list_names(f"{KEYS_DIR}/")
+        recorded = recorded_names(store) if there else set()
+        refuse_foreign(store, sorted(set(there) - recorded), option="--overwrite", what="index build")
+    classes = _classes_kept(store, shards_store if output is not None else None)
     scanned: dict[str, _Scanned] = {}
     if ray is not None:
         from .ray_run import cluster_cpus, connect, map_on_ray
@@ -197,9 +219,34 @@ def build_index(
         shards_url=root if store.url != root else None,
         classes=class_names,
         class_counts=class_counts,
+        partial=note,
     )
     write_with_keys(store, manifest)
     return manifest
+
+
+def _unfinished_note(store: Store, *, partial: bool) -> str | None:
+    """What an index of the shards at ``store`` misses when an unfinished pack wrote them
+    (:func:`~shardstream.index.status.unfinished_pack`), for ``partial``; None when none did.
+
+    Raises:
+        DestinationError: they are an unfinished pack's, and not ``partial``.
+    """
+    manifest = None
+    if store.exists(MANIFEST_NAME):
+        try:
+            manifest = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME))
+        except IndexFormatError:
+            manifest = None
+    status = unfinished_pack(store, manifest)
+    if status is None or status.complete:
+        return None
+    if not partial:
+        raise DestinationError(
+            f"{status.describe()}; an index of its shards now would be taken for the whole dataset: pass "
+            f"--partial to index the {status.progress()} all the same (the index then says it is partial)"
+        )
+    return f"indexes {status.what()}: {status.fix()}"
 
 
 def _classes_kept(*stores: Store | None) -> tuple[list[str], list[int] | None] | None:

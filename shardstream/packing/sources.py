@@ -83,6 +83,9 @@ class ProblemKind(enum.Enum):
     NOT_REGULAR = "not_regular"  # FIFO, socket, device, or a symlink to a directory
     VANISHED = "vanished"  # listed, then gone when read
     CHANGED = "changed"  # its size changed while it was packed
+    # its size changed between the listing and its reading (a bad file fixed before a resume):
+    # packed as it is now, so its shard ends a little past or short of the plan
+    RESIZED = "resized"
     BAD_NAME = "bad_name"  # not UTF-8, a line break, a reserved extension, outside SOURCE
     COLLISION = "collision"  # maps to the same member as another file (e.g. a.JPG / a.jpg)
     EMPTY = "empty"  # zero bytes: packed, but reported as it is usually a broken file
@@ -99,7 +102,7 @@ class ProblemKind(enum.Enum):
     HIDDEN = "hidden"
 
 
-_PACKED_KINDS = frozenset({ProblemKind.EMPTY, ProblemKind.MERGED, ProblemKind.NO_METADATA})
+_PACKED_KINDS = frozenset({ProblemKind.EMPTY, ProblemKind.MERGED, ProblemKind.NO_METADATA, ProblemKind.RESIZED})
 
 
 @dataclass(frozen=True, slots=True)

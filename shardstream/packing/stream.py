@@ -207,10 +207,14 @@ def check_problem(problem: Problem, on_error: OnError) -> None:
     if problem.packed or problem.kind is ProblemKind.HIDDEN or on_error is OnError.SKIP:
         return
     cls = _ERRORS.get(problem.kind, UnreadableFileError)
-    raise cls(
-        f"{problem.path!r}: {problem.reason}; fix it and run the same command again to resume, "
-        "or pass --on-error skip to pack the rest and report it"
-    )
+    if problem.kind is ProblemKind.VANISHED:
+        fix = (
+            "put it back and run the same command again to resume, pass --on-error skip to pack the rest and "
+            "report it, or --overwrite to list SOURCE again (the pack lists it once)"
+        )
+    else:
+        fix = "fix it and run the same command again to resume, or pass --on-error skip to pack the rest and report it"
+    raise cls(f"{problem.path!r}: {problem.reason}; {fix}")
 
 
 class _ShardSample:
@@ -279,10 +283,10 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
     try:
         if source_store is not None:
             data = source_store.read_bytes(file.path[len(source_store.url) + 1 :])
-            expected = file.size
+            expected = len(data)  # one GET: the object as it is now
         else:
             with open(file.path, "rb") as f:
-                expected = os.fstat(f.fileno()).st_size if file.size is None else file.size
+                expected = os.fstat(f.fileno()).st_size
                 data = f.read()
     except (FileNotFoundError, ShardNotFoundError):
         return None, Problem(file.path, ProblemKind.VANISHED, "vanished before it was read")
@@ -296,6 +300,12 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
         )
     if not data:
         return data, Problem(file.path, ProblemKind.EMPTY, "zero bytes (packed)")
+    if file.size is not None and len(data) != file.size:
+        return data, Problem(
+            file.path,
+            ProblemKind.RESIZED,
+            f"changed size since the pack listed SOURCE ({file.size} -> {len(data)} bytes): packed as it is now",
+        )
     return data, None
 
 
