@@ -45,6 +45,7 @@ from .collate import ByteBatch, ByteCollate
 from .dataset import ShardDataset
 from .decode.check import gpu_jpeg_problem
 from .decode.cpu import RandomResizedCrop, to_rgb
+from .decode.reasons import IMAGE_WAYS_OUT, why_undecodable
 from .errors import DecodeError
 from .fields import Fields, FieldSpec, MissingFieldError
 from .reading.batching import parse_label
@@ -267,10 +268,9 @@ class _Encoder:
         try:
             return _Item(None, label, self.crop.augment(data, random, flip_p=self.flip_p), problem, where)
         except Exception as exc:  # Pillow raises many kinds for bad input
-            error = DecodeError(
-                f"{where}: no decoder can read this image ({problem}; Pillow: {exc}); re-encode or remove it, "
-                "or pass ShardDataset(on_error='skip') to skip such samples"
-            )
+            reason = why_undecodable(data, exc)
+            checked = "" if not data else f" (DALI's check: {problem})"
+            error = DecodeError(f"{where}: no decoder can read this image: {reason}{checked}; {IMAGE_WAYS_OUT}")
             if self.on_error == "raise":
                 raise error from exc
             return _Item(None, label, None, str(error), where)

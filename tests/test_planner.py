@@ -8,6 +8,7 @@ import collections
 import contextlib
 import io
 import json
+import re
 import time
 
 import numpy as np
@@ -279,3 +280,122 @@ def test_probe_measures_the_local_store(dataset):
     assert "latency_ms" not in {a["name"] for a in job.assumptions}
     with pytest.raises(ValueError, match="location"):
         plan_counts([10], [1000], probe=True)
+
+
+_SCIENTIFIC = re.compile(r"\d[eE][+-]?\d")
+
+
+def _figure_line(table: str, name: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(f"  {name} "))
+
+
+def test_the_table_gives_every_figure_its_unit_and_no_scientific_notation(dataset):
+    location, _ = dataset
+    table = shardstream.plan(location, nodes=2, price_per_1000_gets=0.0004).table()
+    assert not _SCIENTIFIC.search(table), table
+    for name, shown in (
+        ("bandwidth_per_node", "2.0 GB/s"),
+        ("bandwidth_per_stream", "2.0 GB/s"),
+        ("latency_ms", "100 us"),
+        ("cpu_s_per_sample", "50 us"),
+        ("worker_start_s", "50 ms"),
+        ("client_s", "0 s"),
+        ("request_rate_limit", "none (unlimited)"),
+    ):
+        assert re.search(rf"\s{re.escape(shown)}  \(assumed\)$", _figure_line(table, name)), (name, table)
+    assert re.search(r" \d+ us  \(assumed\)$", _figure_line(table, "open_s"))
+    assert "FetchConfig.max_buffer_bytes = 268.4 MB (268,435,456 bytes)" in table
+    # given figures, large and small, and a tiny cost
+    job = plan_counts(
+        np.full(1000, 10**6),
+        np.full(1000, 10**11),
+        nodes=16,
+        gpus_per_node=8,
+        bandwidth_per_node=1.25e9,
+        request_rate_limit=5500,
+        cpu_s_per_sample=2e-7,
+        latency_ms=30,
+        price_per_1000_gets=1e-9,
+    )
+    table = job.table()
+    assert not _SCIENTIFIC.search(table), table
+    assert _figure_line(table, "bandwidth_per_node").endswith("1.25 GB/s  (given)")
+    assert _figure_line(table, "request_rate_limit").endswith("5,500 GETs/s  (given)")
+    assert _figure_line(table, "cpu_s_per_sample").endswith("200 ns  (given)")
+    assert _figure_line(table, "latency_ms").endswith("30 ms  (given)")
+    assert "1,000,000,000 samples/epoch" in table
+    # --json keeps the numbers
+    assert job.to_dict()["figures"]["bandwidth_per_node"] == {"value": 1.25e9, "source": "given"}
+    assert job.to_dict()["figures"]["cpu_s_per_sample"]["value"] == 2e-7
+
+
+def test_a_job_wider_than_its_data_is_warned_about(tmp_path):
+    location = tmp_path / "small"
+    _write(location, shards=5, per_shard=50)  # 250 samples
+    for drop_last, per_rank, how in ((False, 4, "6 of them repeats"), (True, 3, "58 left out")):
+        job = shardstream.plan(location, nodes=8, gpus_per_node=8, batch_size=256, drop_last=drop_last)
+        assert len(job.warnings) == 2, job.warnings
+        wide = "250 samples are fewer than one global batch (64 ranks x batch_size 256 = 16,384 samples)"
+        assert wide in job.warnings[0]
+        assert f"each rank gets {per_rank} samples an epoch (drop_last={drop_last}" in job.warnings[1]
+        assert how in job.warnings[1] and f"one short batch of {per_rank} samples" in job.warnings[1]
+        assert f"use batch_size <= {per_rank} or fewer ranks, or more data" in job.warnings[1]
+        assert [f"warning: {w}" for w in job.warnings] == job.notes[:2]
+        table = job.table()
+        notes = table[table.index("notes:") :]
+        assert all(w in notes for w in job.warnings)
+        assert json.loads(job.to_json())["warnings"] == job.warnings
+    # fewer samples than ranks with drop_last: every epoch empty, planned and said
+    job = shardstream.plan(location, nodes=64, gpus_per_node=8, batch_size=4, drop_last=True)
+    assert job.samples_per_epoch == 0
+    assert "each rank gets no sample an epoch" in job.warnings[1] and "use at most 250 ranks" in job.warnings[1]
+    # enough data for every rank's batch: no warning; one global batch short only by padding: the first alone
+    assert shardstream.plan(location, nodes=2, batch_size=64).warnings == []
+    (only,) = shardstream.plan(location, gpus_per_node=3, batch_size=84).warnings  # ceil(250 / 3) = 84
+    assert "fewer than one global batch" in only
+
+
+def test_the_plot_leaves_out_panels_with_nothing_to_show(dataset, tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from shardstream.planner.chart import figure
+
+    def curves(ax):  # lines of data (3 points or more here), not the axhline / axvline guides (2 points)
+        return [line for line in ax.get_lines() if isinstance(line, Line2D) and len(line.get_xdata()) > 2]
+
+    location, _ = dataset
+    # one step per rank, one epoch, no cache: the egress bar alone, and a note for the step
+    tiny = shardstream.plan(location, nodes=8, gpus_per_node=8, batch_size=256, epochs=1)
+    assert len(tiny.timings["steps"]) == 1
+    fig = figure(tiny)
+    try:
+        (ax,) = fig.axes
+        assert "egress" in ax.get_title() and len(ax.patches) == 1
+        assert not ax.get_lines()
+        assert any("no step curve" in t.get_text() for t in fig.texts)
+    finally:
+        plt.close(fig)
+    # many steps, 3 epochs, a cache: the step curve, the egress bars and the cache hits
+    full = shardstream.plan(location, batch_size=4, epochs=3, cache_bytes=10**6)
+    fig = figure(full)
+    try:
+        steps, egress, hits = fig.axes
+        assert len(curves(steps)) == 1 and len(curves(steps)[0].get_xdata()) == len(full.timings["steps"]) > 1
+        assert len(egress.patches) == 3 and hits.get_ylabel() == "node cache hits (%)"
+        assert len(curves(hits)) == 1
+        assert not any("no step" in t.get_text() for t in fig.texts)
+    finally:
+        plt.close(fig)
+    # one epoch with a cache: its hit rate as a marker, no line
+    fig = figure(shardstream.plan(location, batch_size=4, epochs=1, cache_bytes=10**6))
+    try:
+        _, _, hits = fig.axes
+        (marker,) = hits.get_lines()
+        assert marker.get_linestyle() == "None" and marker.get_marker() == "o"
+    finally:
+        plt.close(fig)
+    for name in ("a.png", "b.png"):  # twice: the package's plot stays the function
+        png = shardstream.planner.plot(tiny, str(tmp_path / name))
+        assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

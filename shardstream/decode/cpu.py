@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 from ..errors import DecodeError
+from .reasons import IMAGE_WAYS_OUT, MEMBER_WAYS_OUT, why_undecodable
 from .steps import CenterCrop, RandomResizedCrop, Resize, Step, as_steps, to_rgb
 
 __all__ = ["CenterCrop", "CpuDecoder", "ImageFormat", "RandomResizedCrop", "Resize", "to_rgb"]
@@ -36,6 +37,15 @@ INT_EXTENSIONS = frozenset({"cls", "cls2", "index", "label"})
 TEXT_EXTENSIONS = frozenset({"txt", "text"})
 
 Sample = dict[str, Any]
+
+
+class _TooLarge(ValueError):
+    """An image over ``max_image_pixels``: its message carries its own way out."""
+
+
+def _kind(extension: str) -> str:
+    """The last part of a member's extension, lower-cased (``"seg.PNG"`` -> ``"png"``)."""
+    return extension.rsplit(".", 1)[-1].lower()
 
 
 class CpuDecoder:
@@ -66,7 +76,8 @@ class CpuDecoder:
 
     Raises (when called):
         DecodeError: a member cannot be decoded, or an image is larger than
-            ``max_image_pixels``; names the shard, key and extension.
+            ``max_image_pixels``; names the shard, key and extension, says why and the ways
+            out (:meth:`decode_field`).
     """
 
     def __init__(
@@ -119,19 +130,30 @@ class CpuDecoder:
         """``sample[member]`` decoded by its extension (:meth:`decode_member`).
 
         Raises:
-            DecodeError: it cannot be decoded; names the shard, the key and the member.
+            DecodeError: it cannot be decoded; names the shard, the key and the member, says
+                why (empty, not an image format Pillow knows, Pillow's reason: without
+                Pillow's file-object repr, :func:`~.reasons.why_undecodable`) and the ways out
+                (``shardstream verify --decode``, ``ShardDataset(on_error="skip")``, re-packing
+                with ``pack --check-images``).
         """
+        data = sample[member]
         try:
-            return self.decode_member(member, sample[member])
+            return self.decode_member(member, data)
         except Exception as exc:
+            if isinstance(exc, _TooLarge):
+                ways_out = "or skip such samples with ShardDataset(on_error='skip')"
+            elif _kind(member) in IMAGE_EXTENSIONS:
+                ways_out = IMAGE_WAYS_OUT
+            else:
+                ways_out = MEMBER_WAYS_OUT
             raise DecodeError(
-                f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}, member "
-                f"{member!r}: cannot decode ({exc}); re-pack the file or pass decode=None"
+                f"{sample.get('__shard__')}: sample {sample.get('__key__')!r}, member {member!r}: cannot decode: "
+                f"{why_undecodable(data, exc)}; {ways_out}"
             ) from exc
 
     def decode_member(self, extension: str, data: bytes) -> Any:
         """Decode one member's bytes by the last part of its extension, lower-cased."""
-        kind = extension.rsplit(".", 1)[-1].lower()
+        kind = _kind(extension)
         if kind in IMAGE_EXTENSIONS:
             return self._image(data)
         if kind in INT_EXTENSIONS:
@@ -153,7 +175,7 @@ class CpuDecoder:
         if self.max_image_pixels is not None:
             width, height = image.size
             if width * height > self.max_image_pixels:
-                raise ValueError(
+                raise _TooLarge(
                     f"the image is {width}x{height} pixels, more than max_image_pixels={self.max_image_pixels} "
                     "(a decompression bomb?); raise CpuDecoder(max_image_pixels=...) if it is genuine"
                 )

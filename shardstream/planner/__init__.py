@@ -1,7 +1,7 @@
 """``shardstream plan``: a training job's data-loading speed, egress, requests and cost,
 predicted from the dataset's index before the job runs (:mod:`.model`); ``probe=True``
-measures the store from this machine (:mod:`.probe`); :func:`plot` draws a plan
-(matplotlib, imported only there). No torch at import."""
+measures the store from this machine (:mod:`.probe`); :func:`plot` draws a plan (:mod:`.chart`,
+matplotlib, imported only there). No torch at import."""
 
 from .model import BOUNDS, STORE_DEFAULTS, JobPlan, gets, plan, plan_counts
 
@@ -9,8 +9,11 @@ __all__ = ["BOUNDS", "STORE_DEFAULTS", "JobPlan", "gets", "plan", "plan_counts",
 
 
 def plot(job: JobPlan, path: str) -> str:
-    """:func:`.plot.plot`: ``job`` as a PNG at ``path`` (needs matplotlib)."""
-    from .plot import plot as draw
+    """:func:`.chart.plot`: ``job`` as a PNG at ``path`` (needs matplotlib).
+
+    The drawing lives in :mod:`.chart`, not in a submodule named ``plot``: importing that
+    would rebind this package's ``plot`` to the module, so a second call would fail."""
+    from .chart import plot as draw
 
     return draw(job, path)
 

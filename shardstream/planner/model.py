@@ -230,6 +230,10 @@ class JobPlan:
             nothing from the store (``min_cache_note`` says what it means here).
         cost_per_epoch: egress and request prices, per epoch (None without prices).
         recommendations: ``{"setting", "value", "reason"}`` dicts.
+        notes: what the figures assume, and the warnings, in words.
+        warnings: what will go wrong with this job's shape, each with what to do: an epoch
+            of fewer samples than one global batch (``world_size x batch_size``), a rank
+            given fewer samples than one batch an epoch (also in ``notes``).
         timings: ``steps`` (first steps: step, time_s, samples_per_s), ``cache`` (per epoch:
             bytes held per node, mean and max, and the hit rate), ``epochs`` (each epoch's
             time per bound).
@@ -263,6 +267,7 @@ class JobPlan:
     probe: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     compute_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Every attribute, JSON-ready (numbers, strings, lists, dicts)."""
@@ -280,7 +285,7 @@ class JobPlan:
             f"job           {self.inputs['nodes']} nodes x {self.inputs['gpus_per_node']} GPUs x "
             f"{self.inputs['workers']} workers, batch {self.inputs['batch_size']}, "
             f"{self.samples_per_epoch:,} samples/epoch",
-            f"first batch   {self.time_to_first_batch_s:.2f} s",
+            f"first batch   {_duration(self.time_to_first_batch_s)}",
             f"speed         {self.samples_per_s:,.0f} samples/s (whole job), bound by {self.bound_by}"
             + (" (input-bound)" if self.input_bound else " (the GPUs set the pace)"),
             f"job time      {_duration(self.job_time_s)} for {len(self.epoch_time_s)} epochs",
@@ -297,14 +302,17 @@ class JobPlan:
             )
             if self.cost_per_epoch is not None:
                 cost = self.cost_per_epoch[e]
-                row += f"  ${cost:,.2f}" if cost >= 0.01 or cost == 0 else f"  ${cost:.2g}"
+                row += f"  ${cost:,.2f}" if cost >= 0.01 or cost == 0 else f"  ${_sig(cost, 2)}"
             rows.append(row)
         rows += ["", "figures:"]
         for name, fig in self.figures.items():
-            rows.append(f"  {name:<26} {_figure(fig['value']):>14}  ({fig['source']})")
+            rows.append(f"  {name:<26} {_figure(name, fig['value']):>16}  ({fig['source']})")
         if self.recommendations:
             rows += ["", "recommendations:"]
-            rows += [f"  {r['setting']} = {r['value']}: {r['reason']}" for r in self.recommendations]
+            rows += [
+                f"  {r['setting']} = {_setting_value(r['setting'], r['value'])}: {r['reason']}"
+                for r in self.recommendations
+            ]
         if self.notes:
             rows += ["", "notes:"] + [f"  - {n}" for n in self.notes]
         return "\n".join(rows)
@@ -861,7 +869,7 @@ def _lane_progress(ep: _Epoch, counts: np.ndarray) -> np.ndarray:
     k = key[perm]
     c = counts[perm].astype(np.float64)
     cs = np.cumsum(c)
-    first = np.concatenate([[True], k[1:] != k[:-1]])
+    first = np.concatenate([[True], k[1:] != k[:-1]]) if len(k) else np.zeros(0, bool)
     group = np.cumsum(first) - 1
     base = (cs - c)[first]
     totals = np.diff(np.concatenate([base, [cs[-1] if len(cs) else 0.0]]))
@@ -1129,7 +1137,14 @@ def _plan(data: _Data, a: dict[str, Any], probed: dict[str, Any] | None) -> JobP
         probe=probed,
     )
     job.recommendations = _recommend(job, data, a, fetch, lat, bw_stream, bw_node, cpu_s, pace, per_epoch)
-    job.notes = _notes(data, a, job)
+    job.warnings = _batch_warnings(
+        _epoch_total(data, schedule),
+        world,
+        a["batch_size"],
+        drop_last=a["drop_last"],
+        mixture=data.sources is not None,
+    )
+    job.notes = [f"warning: {w}" for w in job.warnings] + _notes(data, a, job)
     job.compute_s = time.perf_counter() - began
     return job
 
@@ -1476,9 +1491,9 @@ def _recommend(
         {
             "setting": "workers",
             "value": need_workers,
-            "reason": f"{want:,.0f} samples/s per rank at {cpu_s * 1e6:,.0f} us of reader CPU a sample, 25% "
+            "reason": f"{want:,.0f} samples/s per rank at {_duration(cpu_s)} of reader CPU a sample, 25% "
             f"spare ({'the consumer pace' if pace else 'what the node link can bring'}); needs that many free "
-            f"cores per GPU ({need_workers * gpn} per node)",
+            f"cores per GPU ({need_workers * gpn:,} per node)",
         }
     )
     # read-ahead: GETs in flight per worker for its share of the node link at this latency
@@ -1492,8 +1507,8 @@ def _recommend(
         {
             "setting": "FetchConfig.max_inflight_requests",
             "value": max(fetch.max_inflight_requests, in_flight),
-            "reason": f"{per_worker / 1e6:,.0f} MB/s per worker at {lat * 1e3:.0f} ms latency and "
-            f"{bw_stream / 1e6:,.0f} MB/s a stream needs {in_flight} GETs of {_size(part)} in flight",
+            "reason": f"{_rate(per_worker)} per worker at {_duration(lat)} latency and "
+            f"{_rate(bw_stream)} a stream needs {in_flight:,} GETs of {_size(part)} in flight",
         }
     )
     out.append(
@@ -1521,7 +1536,7 @@ def _recommend(
                 {
                     "setting": "FetchConfig.part_bytes",
                     "value": 1 << math.ceil(math.log2(want_part)),
-                    "reason": f"{egress_rate / 1e9:,.1f} GB/s in GETs of {_size(part)} is over 80% of the store's "
+                    "reason": f"{_rate(egress_rate)} in GETs of {_size(part)} is over 80% of the store's "
                     f"{limit:,.0f} GETs/s",
                 }
             )
@@ -1538,7 +1553,7 @@ def _recommend(
             f"now {_size(mean)}: "
             + ("within" if fine else "outside")
             + f" the range: >= 4 x part_bytes ({_size(part)}) per shard keeps tables and ramps small; <= dataset "
-            f"/ ({world} ranks x {workers} workers x 4 shards x {lanes} lanes) gives each lane several shards"
+            f"/ ({world:,} ranks x {workers} workers x 4 shards x {lanes} lanes) gives each lane several shards"
         )
     else:
         value = _size(small)
@@ -1561,6 +1576,41 @@ def _recommend(
                 f"~{_size(total / a['nodes'])}, to read nothing after the first epoch"
             )
         out.append({"setting": "cache_bytes (per node)", "value": need, "reason": reason})
+    return out
+
+
+def _batch_warnings(total: int, world: int, batch: int, *, drop_last: bool, mixture: bool) -> list[str]:
+    """Warnings for a job too wide for its data: ``total`` samples an epoch under one global
+    batch (``world x batch``), and a rank's share of an epoch under one batch, with what that
+    does under ``drop_last`` (``ShardDataset``'s: floor or ceil of ``total / world`` per rank)
+    and what to do."""
+    out = []
+    what = "a mixture epoch's" if mixture else "the dataset's"
+    if total < world * batch:
+        out.append(
+            f"{what} {total:,} samples are fewer than one global batch ({world:,} ranks x batch_size {batch:,} = "
+            f"{world * batch:,} samples): no step of the job sees a full batch; use a smaller batch_size or fewer "
+            "ranks (nodes x gpus_per_node), or more data"
+        )
+    share = rank_share(total, world, drop_last=drop_last)
+    if share == 0:
+        out.append(
+            f"each rank gets no sample an epoch (drop_last=True: {total:,} samples // {world:,} ranks = 0): every "
+            f"rank's epoch is empty, with no batch; use at most {total:,} ranks, drop_last=False (every rank gets "
+            "one sample, repeats filling in), or more data"
+        )
+    elif share < batch:
+        how = (
+            f"drop_last=True: {total:,} samples // {world:,} ranks, {total - share * world:,} left out"
+            if drop_last
+            else f"drop_last=False: {total:,} samples / {world:,} ranks rounded up, "
+            f"{share * world - total:,} of them repeats"
+        )
+        out.append(
+            f"each rank gets {share:,} samples an epoch ({how}), fewer than one batch of {batch:,}: every rank's "
+            f"epoch is one short batch of {share:,} samples"
+            + f"; use batch_size <= {share:,} or fewer ranks, or more data"
+        )
     return out
 
 
@@ -1622,6 +1672,7 @@ def _echo(value: Any) -> Any:
 
 
 def _size(n: float) -> str:
+    """Bytes at a human scale: ``"512 B"``, ``"16.8 MB"``, ``"1.0 PB"`` (powers of 1,000)."""
     n = float(n)
     for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
         if abs(n) < 1000 or unit == "PB":
@@ -1630,17 +1681,83 @@ def _size(n: float) -> str:
     return f"{n:.1f} PB"
 
 
+_SIZE_UNITS = ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1.0, "B"))
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"))
+
+
+def _sig(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits in plain notation, never scientific, with
+    thousands separators and at least one decimal under 10: ``"2.0"``, ``"1.25"``, ``"50"``,
+    ``"1,500"``, ``"0.000012"`` (two digits)."""
+    if x == 0 or not math.isfinite(x):
+        return "0" if x == 0 else str(x)
+    x = float(f"{x:.{digits}g}")
+    places = max(0, min(15, digits - 1 - math.floor(math.log10(abs(x)))))
+    text = f"{x:,.{places}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text + ".0" if abs(x) < 10 and "." not in text else text
+
+
+def _scaled(x: float, units: tuple[tuple[float, str], ...], one: str) -> str:
+    """``x`` in the largest of ``units`` (``(factor, name)``, largest first) it reaches, to 3
+    significant digits; 0 in the unit ``one``."""
+    if x == 0:
+        return f"0 {one}"
+    x = float(f"{x:.3g}")
+    factor, name = next((unit for unit in units if abs(x) >= unit[0]), units[-1])
+    return f"{_sig(x / factor)} {name}"
+
+
+def _rate(bytes_per_s: float) -> str:
+    """Bytes/s at a human scale: ``"2.0 GB/s"``, ``"100 MB/s"``."""
+    return _scaled(bytes_per_s, _SIZE_UNITS, "B") + "/s"
+
+
 def _duration(s: float) -> str:
+    """Seconds at a human scale: ``"50 us"``, ``"100 ms"``, ``"5.55 s"``, ``"12.2 min"``, ``"16.6 h"``."""
     if s < 120:
-        return f"{s:.1f} s"
+        return _scaled(s, _TIME_UNITS, "s")
     if s < 7200:
         return f"{s / 60:.1f} min"
     return f"{s / 3600:.1f} h"
 
 
-def _figure(value: float | None) -> str:
+def _count(n: float) -> str:
+    """A count with thousands separators (``"5,500"``); a fraction to 3 significant digits."""
+    return f"{n:,.0f}" if float(n).is_integer() else _sig(n)
+
+
+# What a figure of None means, where it means more than "none".
+_NONE_MEANS = {"request_rate_limit": "none (unlimited)", "cores_per_node": "1 per worker"}
+
+
+def _figure(name: str, value: float | None) -> str:
+    """A figure of the table with its unit, read from its name (``latency_ms``, ``*_s``,
+    ``*_s_per_sample``, ``*_s_per_byte``, ``bandwidth_*``, ``*_bytes``), at a human scale:
+    ``"2.0 GB/s"``, ``"50 us"``, ``"5,500 GETs/s"``; never scientific notation."""
     if value is None:
-        return "none"
-    if value >= 1e5:
-        return f"{value:,.3g}"
-    return f"{value:g}"
+        return _NONE_MEANS.get(name, "none")
+    if name.endswith("_ms"):
+        return _duration(value / 1e3)
+    if "bandwidth" in name:
+        return _rate(value)
+    if name.endswith("_s_per_byte"):
+        return _duration(value * 1e6) + "/MB"
+    if "_s_per_sample" in name or name.endswith("_s"):
+        return _duration(value)
+    if name == "request_rate_limit":
+        return f"{_count(value)} GETs/s"
+    if name.endswith("_bytes"):
+        return _size(value)
+    return _count(value)
+
+
+def _setting_value(setting: str, value: Any) -> str:
+    """A recommendation's value for the table: bytes at a human scale with the exact count
+    (``"268.4 MB (268,435,456 bytes)"``), counts with thousands separators, text as it is."""
+    if isinstance(value, str) or isinstance(value, bool):
+        return str(value)
+    if "bytes" in setting:
+        return f"{_size(value)} ({value:,} bytes)"
+    return _count(value)
