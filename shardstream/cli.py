@@ -24,6 +24,10 @@ __all__ = ["escape", "extension_totals", "main", "parse_size", "unsafe_path"]
 _UNITS = {
     "": 1,
     "b": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
     "kb": 10**3,
     "mb": 10**6,
     "gb": 10**9,
@@ -37,33 +41,56 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str) -> int:
-    """``"256MiB"`` -> 268435456, ``"1GB"`` -> 10**9, ``"4096"`` -> 4096 (bytes).
+    """``"256MiB"`` -> 268435456, ``"1GB"`` and ``"1G"`` -> 10**9, ``"4096"`` -> 4096 (bytes): the
+    one rule of every option that takes a size. A number without a unit counts bytes; K, M, G,
+    T are KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB powers of 1024; any case.
 
     Raises:
-        ValueError: not a number with one of the units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB.
+        ValueError: not a number with one of the units B, K, KB, KiB, M, MB, MiB, G, GB, GiB, T,
+            TB, TiB.
     """
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; write bytes like 4096, 256MiB or 1GB")
+        raise ValueError(f"{text!r} is not a size; write bytes like 4096, 256MiB or 1GB (256M is 256MB)")
     size = int(float(match.group(1)) * _UNITS[unit])
     if size <= 0:
         raise ValueError(f"{text!r} must be more than 0 bytes")
     return size
 
 
-def _size_arg(text: str) -> int:
+class _Size(int):
+    """A size in bytes that remembers how it was written (for :func:`_shard_size_note`)."""
+
+    text: str
+
+
+def _size_arg(text: str) -> _Size:
     try:
-        return parse_size(text)
+        size = _Size(parse_size(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    size.text = text
+    return size
 
 
 def _plan_size(text: str) -> int:
-    """A size or rate for ``shardstream plan``: :func:`parse_size`'s, and K, M, G, T for KB, MB, GB, TB
-    (``200G``, ``1.25G``)."""
-    short = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT])\s*", text)
-    return _size_arg(f"{short.group(1)}{short.group(2)}B" if short else text)
+    """A size or rate for ``shardstream plan``: :func:`parse_size`'s (``200G``, ``1.25GB``)."""
+    return _size_arg(text)
+
+
+SMALL_SHARD_BYTES = 1 << 20  # a --shard-size without a unit below this is warned about
+
+
+def _shard_size_note(text: str, size: int) -> str | None:
+    """A warning for ``--shard-size`` given as a small number without a unit (``256``: bytes)."""
+    match = _SIZE.match(text)
+    if match is not None and not match.group(2) and size < SMALL_SHARD_BYTES:
+        return (
+            f"--shard-size {text.strip()} is {size} bytes (a number without a unit counts bytes): nearly every "
+            f"sample gets a shard of its own; for megabytes write {text.strip()}MiB or {text.strip()}MB"
+        )
+    return None
 
 
 def _positive_number(text: str, *, unit: str = "") -> float:
@@ -147,6 +174,14 @@ def _add_store_args(parser: argparse.ArgumentParser) -> None:
     _add_request_args(parser)
 
 
+def _class_list(text: str) -> list[str]:
+    """``--classes cat,dog`` -> ``["cat", "dog"]``."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct, non-empty class names separated by commas")
+    return names
+
+
 def _part_arg(text: str):
     from .packing.parts import Part
 
@@ -162,9 +197,11 @@ CLASSES_SHOWN = 10  # `shardstream info` lists the first and last this many clas
 def _info(source: str, manifest, *, all_classes: bool = False) -> str:
     import numpy as np
 
+    from .packing.destination import counted
+
     lines = [
-        f"{source}: {manifest.num_shards} shards, {manifest.num_samples} samples, {manifest.num_members} "
-        f"members, {manifest.total_bytes / 1e6:.1f} MB"
+        f"{source}: {counted(manifest.num_shards, 'shard')}, {counted(manifest.num_samples, 'sample')}, "
+        f"{counted(manifest.num_members, 'member')}, {manifest.total_bytes / 1e6:.1f} MB"
     ]
     for what, column in (("shard bytes", manifest.shard_bytes), ("samples per shard", manifest.shard_samples)):
         if len(column):
@@ -417,6 +454,8 @@ def _ls(args: argparse.Namespace, out) -> None:
         print(f"shardstream: warning: {note}", file=sys.stderr)
     left = args.limit
     shards = _first_shards(index, _shard_range(index, args.shard, args.dataset), left)
+    if args.long:
+        out.write("# key\tmembers: extension and size in bytes (B), one a column\n")
     for _, table in _tables(index, shards):
         if left is not None and left <= 0:
             return
@@ -427,7 +466,7 @@ def _ls(args: argparse.Namespace, out) -> None:
             exts = table.member_extensions
             sizes = table.sizes.tolist()
             lines = [
-                "\t".join([escape(key)] + [f"{escape(exts[j])} {sizes[j]}" for j in range(starts[i], starts[i + 1])])
+                "\t".join([escape(key)] + [f"{escape(exts[j])} {sizes[j]} B" for j in range(starts[i], starts[i + 1])])
                 for i, key in enumerate(keys)
             ]
         else:
@@ -470,7 +509,7 @@ def _locations(access, index, *, keys: Sequence[str], indices: Sequence[int], da
     for key in keys:
         where = access.find(key)
         if where is None:
-            raise _Lookup(f"no sample with key {key!r} in {dataset} (shardstream ls {dataset} lists the keys)")
+            raise _Lookup(f"no sample with key {key!r} in {dataset}{_key_hint(access, key, dataset)}")
         found.append(where)
     for i in indices:
         if not 0 <= i < index.num_samples:
@@ -480,6 +519,27 @@ def _locations(access, index, *, keys: Sequence[str], indices: Sequence[int], da
             )
         found.append(access.locate(i))
     return found
+
+
+def _key_hint(access, key: str, dataset: str) -> str:
+    """What to say after "no sample with key KEY": the key and member meant when ``key`` is a
+    file's path (``cat/1.jpg``: key ``cat/1``, member ``jpg``; a labelled pack's keys escape the
+    file name's dots, ``a.b.jpg``: key ``a%2Eb``), else where the keys are listed."""
+    folder, _, name = key.rpartition("/")
+    stem, dot, ext = name.rpartition(".")
+    if dot and stem:
+        escaped = stem.replace("%", "%25").replace(".", "%2E")
+        for candidate in dict.fromkeys([f"{folder}/{s}" if folder else s for s in (stem, escaped)]):
+            if access.find(candidate) is not None:
+                return (
+                    f"; did you mean key {candidate!r} with --member {ext}? (a key has no file suffix: the suffix "
+                    "names the member)"
+                )
+        first = name.split(".", 1)[0]
+        candidate = f"{folder}/{first}" if folder else first
+        if access.find(candidate) is not None:
+            return f"; did you mean key {candidate!r} with --member {name.split('.', 1)[1]}?"
+    return f" (shardstream ls {dataset} lists the keys)"
 
 
 def _members(sample: dict) -> list[tuple[str, bytes]]:
@@ -671,7 +731,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_size_arg,
         default="256MiB",
         metavar="SIZE",
-        help="max bytes per shard, e.g. 256MiB, 1GB (default: 256MiB)",
+        help="max bytes per shard, e.g. 256MiB, 256MB or 256M (M = MB); a number without a unit counts bytes "
+        "(default: 256MiB)",
     )
     p.add_argument(
         "--max-samples-per-shard",
@@ -724,6 +785,26 @@ def build_parser() -> argparse.ArgumentParser:
         "sample with a cls member holding its class index (the sorted folder names directly under SOURCE), "
         "and a json member from a metadata.jsonl or metadata.csv row (Hugging Face imagefolder's file_name "
         "column); the index records the class names and counts",
+    )
+    p.add_argument(
+        "--labels-from",
+        metavar="FILE",
+        help="label the files of SOURCE (a flat folder, or any tree) from FILE, a CSV with a header or JSON Lines: "
+        "a file_name (or filename) column naming each file relative to SOURCE and a label column, as Hugging "
+        "Face's metadata.csv; each file becomes its own sample with a cls member, as --labels-from-dirs makes",
+    )
+    p.add_argument(
+        "--classes",
+        type=_class_list,
+        metavar="A,B,...",
+        help="with --labels-from-dirs or --labels-from: the class list, in class-index order (default: the sorted "
+        "folder names or labels); a folder or label not in it is named and left out (or stops the pack)",
+    )
+    p.add_argument(
+        "--classes-from",
+        metavar="DATASET",
+        help="the same, with the class list of DATASET's index (the training set's, so that a validation set "
+        "missing a class keeps its indices)",
     )
     p.add_argument(
         "--check-images",
@@ -986,11 +1067,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "pack":
             from .packing.pack import pack
 
+            note = _shard_size_note(args.shard_size.text, args.shard_size)
+            if note is not None:
+                print(f"shardstream: warning: {note}", file=sys.stderr)
+
             report = pack(
                 args.source,
                 args.dest,
                 name=args.name,
-                max_shard_bytes=args.shard_size,
+                max_shard_bytes=int(args.shard_size),
                 max_samples_per_shard=args.max_samples_per_shard,
                 files_from=args.files_from,
                 on_error=OnError.SKIP if args.skip_unreadable else OnError(args.on_error),
@@ -1007,6 +1092,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 requests=_request_config(args),
                 labels_from_dirs=args.labels_from_dirs,
                 check_images=args.check_images,
+                labels_from=args.labels_from,
+                classes=args.classes,
+                classes_from=args.classes_from,
             )
             _print_problems(report)
             print(report.summary())

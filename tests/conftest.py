@@ -150,6 +150,12 @@ def stdlib_tree(tmp_path_factory) -> Path:
     return root
 
 
+def packed_files(root: Path) -> dict[str, bytes]:
+    """The files a plain ``pack`` of ``root`` packs: every regular file but hidden ones (a file
+    name starting with a dot, such as ``.DS_Store``), which it leaves out and reports."""
+    return {name: data for name, data in all_files(root).items() if not name.rsplit("/", 1)[-1].startswith(".")}
+
+
 def all_files(root: Path) -> dict[str, bytes]:
     """Every regular file under ``root`` by its relative POSIX path."""
     return {

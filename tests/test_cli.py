@@ -44,7 +44,7 @@ def test_pack_and_info(stdlib_tree, tmp_path):
     assert result.stdout.startswith("packed ") and "files/s" in result.stdout and "MB/s" in result.stdout
     assert "packing" in result.stderr  # the tqdm bar
     info = run("info", str(tmp_path / "out"))
-    assert info.returncode == 0 and " shards, " in info.stdout
+    assert info.returncode == 0 and ": 1 shard, 5 samples, 5 members, " in info.stdout  # singular where 1
 
 
 def test_missing_source_is_one_line_and_exit_1(tmp_path):

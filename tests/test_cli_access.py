@@ -98,16 +98,20 @@ def test_ls_lists_every_key_in_index_order_escaped(workdir):
     assert "\x1b" not in done.stdout
 
 
+LS_LONG_HEADER = "# key\tmembers: extension and size in bytes (B), one a column"
+
+
 def test_ls_long_shard_and_limit(workdir):
     done = run("ls", "ds", "--long", cwd=workdir)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "../escape\ttxt 10",
-        "a/000\tjpg 9\tcls 1",
-        "a/001\tjpg 7\tcls 1\tseg.PNG 6",
-        "b/002\tjpg 1000",
-        "esc\\x1b[31mred\ttxt 10",
-        "evil\\nkey\ttxt 11",
+        LS_LONG_HEADER,
+        "../escape\ttxt 10 B",
+        "a/000\tjpg 9 B\tcls 1 B",
+        "a/001\tjpg 7 B\tcls 1 B\tseg.PNG 6 B",
+        "b/002\tjpg 1000 B",
+        "esc\\x1b[31mred\ttxt 10 B",
+        "evil\\nkey\ttxt 11 B",
     ]
     assert run("ls", "ds", "--shard", "1", cwd=workdir).stdout == "b/002\nesc\\x1b[31mred\nevil\\nkey\n"
     assert run("ls", "ds", "--limit", "4", cwd=workdir).stdout == "../escape\na/000\na/001\nb/002\n"
@@ -120,9 +124,9 @@ def test_ls_long_shard_and_limit(workdir):
 def test_ls_sizes_match_the_shards(workdir):
     expected: dict[str, list[str]] = {}
     for key, ext, data in shard_members(workdir / "ds"):
-        expected.setdefault(escape(key), []).append(f"{ext} {len(data)}")
+        expected.setdefault(escape(key), []).append(f"{ext} {len(data)} B")
     lines = run("ls", "ds", "--long", cwd=workdir).stdout.splitlines()
-    assert lines == ["\t".join([key, *members]) for key, members in expected.items()]
+    assert lines == [LS_LONG_HEADER, *("\t".join([key, *members]) for key, members in expected.items())]
 
 
 def test_ls_cut_short_by_its_reader_ends_quietly(workdir):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
-from conftest import all_files
+from conftest import all_files, packed_files
 from webdataset.tariterators import base_plus_ext
 
 from shardstream import Index, ShardDataset, open_index, pack
@@ -41,11 +41,16 @@ def read_index(dest: Path) -> Index:
 
 def test_every_file_comes_back_through_shard_dataset(stdlib_tree, packed):
     dest, report = packed
-    expected = all_files(stdlib_tree)
+    expected = packed_files(stdlib_tree)
     assert report.num_files == len(expected)
     empty = sorted(str(stdlib_tree / n) for n, data in expected.items() if not data)
-    assert sorted(p.path for p in report.problems) == empty  # reported, and packed
-    assert all(p.kind.value == "empty" and p.packed for p in report.problems)
+    hidden = sorted(str(stdlib_tree / n) for n in all_files(stdlib_tree).keys() - expected.keys())
+    no_suffix = sorted(str(stdlib_tree / n) for n in expected if "." not in n.rsplit("/", 1)[-1])
+    assert hidden == [str(stdlib_tree / "extra/.config.json"), str(stdlib_tree / "extra/.hidden")]
+    kinds = {"empty": empty, "hidden": hidden, "no_suffix": no_suffix}
+    assert {k: sorted(p.path for p in report.problems if p.kind.value == k) for k in kinds} == kinds
+    assert len(report.problems) == len(empty) + len(hidden) + len(no_suffix)
+    assert all(p.packed == (p.kind.value != "hidden") for p in report.problems)  # reported; hidden ones left out
     got = {}
     for sample in ShardDataset(dest, shuffle=False):
         for ext, payload in sample.items():
@@ -61,12 +66,12 @@ def test_every_file_comes_back_through_gnu_tar(stdlib_tree, packed, tmp_path):
     dest, _ = packed
     for shard in sorted(dest.glob("*.tar")):
         subprocess.run(["tar", "-xf", str(shard), "-C", str(tmp_path)], check=True)
-    assert all_files(tmp_path) == all_files(stdlib_tree)
+    assert all_files(tmp_path) == packed_files(stdlib_tree)
 
 
 def test_webdataset_reads_the_shards(stdlib_tree, packed):
     dest, _ = packed
-    expected = all_files(stdlib_tree)
+    expected = packed_files(stdlib_tree)
     urls = [str(p) for p in sorted(dest.glob("*.tar"))]
     seen = 0
     for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
@@ -88,7 +93,7 @@ def test_index_describes_the_shards_exactly(stdlib_tree, packed):
     for i in range(opened.num_shards):
         table = opened.table(i)
         assert b"".join(table.pieces()) == (dest / (table.shard + ".samples")).read_bytes()
-    files = all_files(stdlib_tree)
+    files = packed_files(stdlib_tree)
     assert sorted(p.name for p in dest.glob("*.tar")) == [s.name for s in index.shards]
     assert [s.name for s in index.shards] == [f"data-{i:06d}.tar" for i in range(index.num_shards)]
     assert (index.num_members, index.num_shards) == (len(files), report.num_shards)

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 import torch
-from conftest import all_files
+from conftest import all_files, packed_files
 
 from shardstream import S3Config, ShardDataset, pack
 from shardstream.errors import (
@@ -34,7 +34,7 @@ def test_pack_to_s3_and_read_back_byte_for_byte(stdlib_tree, s3_bucket, s3_confi
     url = f"s3://{s3_bucket}/stdlib"
     report = pack(stdlib_tree, url, max_shard_bytes=256 << 10, s3=s3_config, progress=False)
     assert report.index_url == f"{url}/index.bin" and report.num_shards > 4
-    expected = all_files(stdlib_tree)
+    expected = packed_files(stdlib_tree)
 
     dataset = ShardDataset(url, s3=s3_config, shuffle=False)
     assert all(u.startswith(url + "/data-") for u in dataset.shard_urls)

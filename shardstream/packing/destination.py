@@ -175,6 +175,9 @@ _NOTES = (
     ),
     (ProblemKind.UNDECODABLE, "image does not decode", "images do not decode"),
     (ProblemKind.HIDDEN, "hidden file (.DS_Store ...) left out", "hidden files (.DS_Store ...) left out"),
+    (ProblemKind.NOT_A_SAMPLE, "metadata file left out", "metadata files left out"),
+    (ProblemKind.NO_SUFFIX, "file without a suffix", "files without a suffix"),
+    (ProblemKind.UNKNOWN_CLASS, "label not among the classes given", "labels not among the classes given"),
 )
 
 

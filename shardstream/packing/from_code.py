@@ -24,7 +24,7 @@ import pickle
 import sys
 import time
 import traceback
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -42,6 +42,7 @@ from .destination import (
 )
 from .encode import JPEG_QUALITY, encode_sample
 from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
+from .labels import write_classes
 from .parts import Part, part_from_env
 from .sources import Problem, ProblemKind
 from .stream import OnError, die_with_parent
@@ -76,6 +77,7 @@ def pack_samples(
     progress: bool = True,
     inputs_per_task: int | None = None,
     jpeg_quality: int = JPEG_QUALITY,
+    classes: Sequence[str] | None = None,
 ) -> PackReport:
     """Call ``fn(input)`` for each of ``inputs`` and pack the samples it returns into tar
     shards and an index at ``dest`` (a dataset like ``pack``'s: module doc of
@@ -119,6 +121,9 @@ def pack_samples(
             many as ``fn`` gets through in about 50 ms (so a few slow inputs, such as
             Parquet row groups, spread over the workers, and fast ones go in batches).
         jpeg_quality: quality of PIL images saved as JPEG.
+        classes: the class names, in class-index order, recorded in the index
+            (``ShardDataset(dest).classes``, ``shardstream info``, without per-class counts);
+            ``fn``'s samples then hold their class index as ``cls``.
 
     Returns:
         A :class:`PackReport` (``num_files`` counts inputs).
@@ -159,6 +164,11 @@ def pack_samples(
     )
     if claim.complete:
         return PackReport.nothing_to_do(store, started=started, unit="inputs")
+    if classes is not None:
+        names = [str(c) for c in classes]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"classes must be distinct names; got {names[:5]}")
+        write_classes(store, names, None)
     report = _Report()
     state = read_stream_state(store, spec, part.index)
     if state.done is None:

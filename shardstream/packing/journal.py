@@ -79,6 +79,9 @@ class PackSpec:
     listed: bool = False  # the source is listed once and planned into shards (packing.listing)
     labels_from_dirs: bool = False  # each file a sample, labelled by its class folder (packing.labels)
     check_images: bool = False  # every image member decoded while packing; one that fails is a problem
+    labels_from: str | None = None  # a labels file (packing.label_file): each file a sample, labelled by its row
+    labels_sha1: str | None = None  # of that file's bytes: a resume with another labels file is refused
+    classes: tuple[str, ...] | None = None  # the class list pinned by --classes / --classes-from
 
     @property
     def num_streams(self) -> int:
@@ -134,8 +137,16 @@ class PackSpec:
     def to_json(self) -> bytes:
         doc = asdict(self)
         # flags as before they existed: earlier unfinished packs still resume
-        for flag in ("from_shards", "listed", "labels_from_dirs", "check_images"):
-            if not doc[flag]:
+        for flag in (
+            "from_shards",
+            "listed",
+            "labels_from_dirs",
+            "check_images",
+            "labels_from",
+            "labels_sha1",
+            "classes",
+        ):
+            if doc[flag] is None or doc[flag] is False:
                 del doc[flag]
         return json.dumps({"version": 1, **doc}, sort_keys=True).encode()
 
@@ -157,6 +168,8 @@ class PackSpec:
         try:
             doc = json.loads(data)
             doc.pop("version")
+            if doc.get("classes") is not None:
+                doc["classes"] = tuple(doc["classes"])
             return cls(**doc)
         except (ValueError, TypeError, KeyError) as exc:
             raise IndexFormatError(f"{url}: unreadable pack state ({exc!r}); pack again with --overwrite") from exc

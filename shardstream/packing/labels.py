@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import IndexFormatError
 from ..format import RESERVED_FIELDS
 from ..storage import Store, is_remote_url, open_store
+from .label_file import LabelFile, sorted_labels
 from .metadata import METADATA_NAMES, MetadataScopes
 from .sources import ListDir, OnProblem, Problem, ProblemKind, Sample, SourceFile, lister_of, name_problem, ordered_walk
 
@@ -81,11 +82,26 @@ def _split_suffix(name: str) -> tuple[str, str]:
 
 
 def walk_labelled(
-    source: str, *, on_problem: OnProblem, classes: ClassCounts, s3=None, requests=None, threads: int | None = None
+    source: str,
+    *,
+    on_problem: OnProblem,
+    classes: ClassCounts,
+    s3=None,
+    requests=None,
+    threads: int | None = None,
+    labels: LabelFile | None = None,
+    pinned: Sequence[str] | None = None,
 ) -> Iterator[Sample]:
-    """The labelled samples of the class tree ``source`` (an absolute local directory or a
-    store URL) in walk order; ``classes`` is filled as the walk goes (names once the root is
-    listed, counts as samples are yielded).
+    """The labelled samples of ``source`` (an absolute local directory or a store URL) in walk
+    order; ``classes`` is filled as the walk goes (names once known, counts as samples are
+    yielded).
+
+    Args:
+        labels: take each file's label from this labels file (:mod:`.label_file`) instead of
+            its class folder; files may then lie anywhere under ``source``.
+        pinned: the class list to use (another dataset's, ``--classes-from``), instead of the
+            folders' names or the labels' values; a label not in it is a problem
+            (``UNKNOWN_CLASS``).
 
     Raises:
         what ``on_problem`` raises (``on_error="fail"``).
@@ -101,16 +117,51 @@ def walk_labelled(
 
     scopes = MetadataScopes(on_problem, read)
     index: dict[str, int] = {}
+    if pinned is not None or labels is not None:
+        names = list(pinned) if pinned is not None else sorted_labels([label for _, label in labels.rows.values()])
+        classes.names, classes.counts = names, [0] * len(names)
+        index = {name: i for i, name in enumerate(names)}
+    given = "given (--classes or --classes-from)" if pinned is not None else ""
+
+    def class_of(rel: str, file: SourceFile) -> tuple[int | None, Problem | None]:
+        """The class index of a file, or the problem that leaves it out."""
+        if labels is not None:
+            label = labels.take(file.member_name)
+            if label is None:
+                reason = f"has no row in the labels file {labels.path}; add one, or move the file out of SOURCE"
+                return None, Problem(file.path, ProblemKind.UNLABELLED, reason)
+            what = f"its label {label!r} (in {labels.path})"
+        elif not rel:
+            return None, Problem(
+                file.path,
+                ProblemKind.UNLABELLED,
+                "a file directly under SOURCE is in no class folder (--labels-from-dirs takes the folders "
+                "directly under SOURCE as the classes); move it into one",
+            )
+        else:
+            label = rel.split("/", 1)[0]
+            what = f"its class folder {label!r}"
+        cls = index.get(label)
+        if cls is None and given:
+            reason = f"{what} is not among the {len(index)} classes {given}"
+            return None, Problem(file.path, ProblemKind.UNKNOWN_CLASS, reason)
+        return cls, None
+
+    skip = {labels.path} if labels is not None else set()
     for rel, files, subdirs, problems in ordered_walk(_class_folders_checked(lister, source), threads=threads):
         for problem in problems:
             on_problem(problem)
-        if rel == "":
+        if rel == "" and not index:
             classes.names = sorted(d.rstrip("/") for d in subdirs)
             classes.counts = [0] * len(classes.names)
             index = {name: i for i, name in enumerate(classes.names)}
         scopes.enter(rel, files)
-        yield from _label_folder(rel, files, index, classes, scopes, on_problem)
+        files = [f for f in files if f.path not in skip]
+        option = "--labels-from" if labels is not None else "--labels-from-dirs"
+        yield from _label_folder(rel, files, class_of, classes, scopes, on_problem, option)
     scopes.close()
+    if labels is not None:
+        labels.unused(on_problem)
 
 
 def _class_folders_checked(list_dir: ListDir, source: str) -> ListDir:
@@ -149,13 +200,15 @@ def _is_utf8(text: str) -> bool:
 def _label_folder(
     rel: str,
     files: list[SourceFile],
-    index: dict[str, int],
+    class_of: Callable[[str, SourceFile], tuple[int | None, Problem | None]],
     classes: ClassCounts,
     scopes: MetadataScopes,
     on_problem: OnProblem,
+    option: str = "--labels-from-dirs",
 ) -> list[Sample]:
-    """The samples of one folder's files (module doc), sorted by key."""
-    by_key: dict[str, list[tuple[SourceFile, str, bytes | None]]] = {}
+    """The samples of one folder's files (module doc), sorted by key; ``option`` is how
+    messages name the way the pack labels files."""
+    by_key: dict[str, list[tuple[SourceFile, str, bytes | None, int]]] = {}
     for file in files:
         name = file.member_name[len(rel) :]
         if name in METADATA_NAMES:
@@ -164,15 +217,9 @@ def _label_folder(
             on_problem(Problem(file.path, ProblemKind.HIDDEN, "a hidden file (such as .DS_Store): not packed"))
             continue
         row = scopes.take(file.member_name, file.path)
-        if not rel:
-            on_problem(
-                Problem(
-                    file.path,
-                    ProblemKind.UNLABELLED,
-                    "a file directly under SOURCE is in no class folder (--labels-from-dirs takes the folders "
-                    "directly under SOURCE as the classes); move it into one",
-                )
-            )
+        cls, problem = class_of(rel, file)
+        if problem is not None:
+            on_problem(problem)
             continue
         problem = name_problem(file.member_name, file.path)
         stem, suffix = _split_suffix(name)
@@ -186,31 +233,30 @@ def _label_folder(
             problem = Problem(
                 file.path,
                 ProblemKind.BAD_NAME,
-                f"suffix {suffix!r} names the member pack writes for {made} (--labels-from-dirs); rename the file",
+                f"suffix {suffix!r} names the member pack writes for {made} ({option}); rename the file",
             )
         if problem is not None:
             on_problem(problem)
             continue
-        by_key.setdefault(label_key(rel + stem), []).append((file, ext, row))
-    cls = index.get(rel.split("/", 1)[0])
+        if cls is None:  # a class folder left out of the walk's root listing cannot be walked into
+            continue
+        by_key.setdefault(label_key(rel + stem), []).append((file, ext, row, cls))
     samples = []
     for key in sorted(by_key):
         entries = by_key[key]
         if len(entries) > 1:
-            for file, _, _ in entries:
-                others = " and ".join(repr(other.path) for other, _, _ in entries if other is not file)
+            for file, _, _, _ in entries:
+                others = " and ".join(repr(other.path) for other, _, _, _ in entries if other is not file)
                 on_problem(
                     Problem(
                         file.path,
                         ProblemKind.COLLISION,
-                        f"same sample key {key!r} as {others} (--labels-from-dirs keys a file by its path "
+                        f"same sample key {key!r} as {others} ({option} keys a file by its path "
                         "without the last suffix); neither is packed: rename one",
                     )
                 )
             continue
-        if cls is None:  # a class folder left out of the walk's root listing cannot be walked into
-            continue
-        file, ext, row = entries[0]
+        file, ext, row, cls = entries[0]
         member = f"{key}.{ext}"
         members = [
             SourceFile(member, file.path, file.size, rel=None if member == file.member_name else file.member_name),

@@ -53,10 +53,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..errors import DestinationError, IndexFormatError
+from ..errors import DestinationError, IndexFormatError, SourceNotFoundError
 from ..format import member_header, padded_size, split_key
 from ..shuffle import shuffle_buffer
-from ..storage import Store, is_remote_url
+from ..storage import Store, is_remote_url, open_store, split_url
+from .label_file import LabelFile, parse_label_file
 from .labels import ClassCounts, walk_labelled, write_classes
 from .sources import OnProblem, Problem, ProblemKind, Sample, SourceFile, iter_source_samples
 from .writer import ShardLimits
@@ -72,7 +73,7 @@ HEARTBEAT_S = 15.0
 STALE_LOCK_S = 120.0
 WAIT_POLL_S = 0.5
 WARNINGS_LISTED = 1000  # per kind of warning that may come with every sample (module doc)
-_CAPPED_KINDS = (ProblemKind.MERGED, ProblemKind.NO_METADATA, ProblemKind.HIDDEN)
+_CAPPED_KINDS = (ProblemKind.MERGED, ProblemKind.NO_METADATA, ProblemKind.HIDDEN, ProblemKind.NO_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -355,11 +356,21 @@ def ensure_listing(
         problems.append(problem)
 
     cap = _WarningCap(collect, spec.source)
-    classes = ClassCounts() if spec.labels_from_dirs else None
+    labelled = spec.labels_from_dirs or spec.labels_from is not None
+    classes = ClassCounts() if labelled else None
     try:
         with _Heartbeat(store):
             if classes is not None:
-                samples = walk_labelled(spec.source, on_problem=cap, classes=classes, s3=s3, requests=requests)
+                labels = None if spec.labels_from is None else read_label_file(spec, cap, s3=s3, requests=requests)
+                samples = walk_labelled(
+                    spec.source,
+                    on_problem=cap,
+                    classes=classes,
+                    s3=s3,
+                    requests=requests,
+                    labels=labels,
+                    pinned=spec.classes,
+                )
             else:
                 samples = iter_source_samples(
                     spec.source, list_path=list_path, on_problem=cap, s3=s3, requests=requests
@@ -407,6 +418,29 @@ class _WarningCap:
                         count=more,
                     )
                 )
+
+
+def read_label_file(spec, on_problem: OnProblem, *, s3=None, requests=None) -> LabelFile:
+    """The labels file of a ``--labels-from`` pack, parsed (:mod:`.label_file`).
+
+    Raises:
+        SourceNotFoundError: it is gone; DestinationError: it changed since the pack started.
+    """
+    path = spec.labels_from
+    try:
+        if is_remote_url(path):
+            root, name = split_url(path)
+            data = open_store(root, s3=s3, requests=requests).read_bytes(name)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except FileNotFoundError:
+        raise SourceNotFoundError(f"{path}: no such labels file (check --labels-from)") from None
+    if spec.labels_sha1 is not None and hashlib.sha1(data).hexdigest() != spec.labels_sha1:
+        raise DestinationError(
+            f"{path}: the labels file changed since this pack started; restore it, or pack again with --overwrite"
+        )
+    return parse_label_file(path, data, on_problem)
 
 
 def _sha1_of(path: str) -> str:

@@ -35,11 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sources import OnProblem, Problem, ProblemKind, SourceFile
+from .sources import METADATA_NAMES, OnProblem, Problem, ProblemKind, SourceFile
 
 __all__ = ["METADATA_NAMES", "MetadataScopes", "parse_metadata"]
 
-METADATA_NAMES = ("metadata.jsonl", "metadata.csv")
 _INT = re.compile(r"[+-]?\d+")
 _BOOLS = {"true": True, "false": False}
 

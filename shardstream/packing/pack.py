@@ -3,6 +3,7 @@ resumable after a crash, and split across machines (see :mod:`shardstream.packin
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
 import os
 import queue
@@ -10,13 +11,15 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tqdm import tqdm
 
 from ..config import FetchConfig, RequestConfig, S3Config
-from ..errors import ShardstreamError
-from ..storage import Store, is_remote_url
+from ..errors import ShardstreamError, SourceError, SourceNotFoundError
+from ..index import open_index
+from ..storage import Store, is_remote_url, open_store, split_url
 from .destination import (
     DEFAULT_MAX_SHARD_BYTES,
     PackReport,
@@ -63,6 +66,9 @@ def pack(
     ray: str | None = None,
     labels_from_dirs: bool = False,
     check_images: bool = False,
+    labels_from: str | os.PathLike[str] | None = None,
+    classes: Sequence[str] | None = None,
+    classes_from: str | os.PathLike[str] | None = None,
 ) -> PackReport:
     """Pack every file of ``source`` into tar shards and an index at ``dest``.
 
@@ -125,6 +131,19 @@ def pack(
             ``imagefolder`` convention); the index records the class names and per-class counts
             (:mod:`shardstream.packing.labels`). Not with ``files_from`` or ``from_shards`` (a
             reshard keeps its input's classes by itself).
+        labels_from: a labels file (CSV with a header, or JSON Lines): each row names a file
+            (relative to ``source``; column ``file_name`` or ``filename``) and its label
+            (column ``label``), as Hugging Face's ``metadata.csv`` does
+            (:mod:`shardstream.packing.label_file`). Each file is a sample labelled as
+            ``labels_from_dirs`` labels it (``cls`` member, classes in the index), but from its
+            row, so the files may lie in one flat folder (an ImageNet-style validation set). A
+            file without a row, and a row without a file, are problems under ``on_error``.
+        classes: the class list, in class-index order, for ``labels_from_dirs`` or
+            ``labels_from`` (default: the sorted folder names, or the sorted labels): a
+            validation set missing a class keeps the training set's indices; a folder or label
+            not in the list is a problem under ``on_error`` (``UNKNOWN_CLASS``), named.
+        classes_from: take ``classes`` from the index of this dataset (a directory or URL, e.g.
+            the training set's).
         check_images: decode every image member (by extension: jpg, png, webp, ...) with Pillow
             while packing; one that does not decode is a problem under ``on_error`` (its sample
             is left out under ``"skip"``). Costs a decode per image, on the reading threads.
@@ -136,8 +155,9 @@ def pack(
         SourceNotFoundError, SourceError: ``source`` is missing, not a directory, or holds no file.
         UnreadableFileError, MemberNameError: a bad input file with ``on_error="fail"``.
         DecodeError: with ``check_images`` and ``on_error="fail"``, an image that does not decode.
-        SourceError: with ``labels_from_dirs`` and ``on_error="fail"``, a file in no class
-            folder, or a metadata file (or row) that cannot be used.
+        SourceError: with ``labels_from_dirs`` or ``labels_from`` and ``on_error="fail"``, a file
+            in no class folder (or without a row), a label not among ``classes``, or a metadata
+            or labels file (or row) that cannot be used; ``classes_from`` records no classes.
         DestinationError: ``dest`` cannot be written, lies inside ``source``, holds a dataset
             and not ``overwrite``, holds an unfinished pack made with other settings, or holds
             files with the names the pack writes that no index or pack state there records
@@ -170,6 +190,13 @@ def pack(
             "--labels-from-dirs labels the files of a tree of class folders; --from-shards repacks shards and "
             "keeps the classes their index records: give one of them"
         )
+    labels_path, labels_sha1, pinned = _labels_options(
+        labels_from, classes, classes_from, labels_from_dirs=labels_from_dirs, s3=s3, requests=requests
+    )
+    if labels_path is not None and from_shards:
+        raise ValueError("--labels-from and --classes label files; --from-shards keeps the classes of its input")
+    if labels_path is not None and files_from is not None:
+        raise ValueError("--labels-from takes its files from a walk of SOURCE; it does not take --files-from")
     if labels_from_dirs and files_from is not None:
         raise ValueError(
             "--labels-from-dirs takes its classes from a walk of SOURCE's folders; it does not take --files-from "
@@ -203,6 +230,9 @@ def pack(
         listed=not from_shards,
         labels_from_dirs=labels_from_dirs,
         check_images=check_images,
+        labels_from=labels_path,
+        labels_sha1=labels_sha1,
+        classes=pinned,
     )
     claim = prepare_state(store, spec, overwrite=overwrite, clobber=clobber)
     if claim.complete:
@@ -265,6 +295,59 @@ def pack(
         problems=problems,
         kept=claim.kept,
     )
+
+
+def _labels_options(
+    labels_from: str | os.PathLike[str] | None,
+    classes: Sequence[str] | None,
+    classes_from: str | os.PathLike[str] | None,
+    *,
+    labels_from_dirs: bool,
+    s3: S3Config | None,
+    requests: RequestConfig | None,
+) -> tuple[str | None, str | None, tuple[str, ...] | None]:
+    """The labels file (absolute path or URL) and its SHA-1, and the pinned class list, of
+    :func:`pack`'s options, checked.
+
+    Raises:
+        ValueError: options that do not go together, or a bad class list.
+        SourceNotFoundError: no labels file there.
+        SourceError: ``classes_from`` records no classes.
+    """
+    if labels_from is not None and labels_from_dirs:
+        raise ValueError("give --labels-from-dirs (labels from class folders) or --labels-from FILE, not both")
+    if classes is not None and classes_from is not None:
+        raise ValueError("give --classes or --classes-from, not both")
+    if (classes is not None or classes_from is not None) and labels_from is None and not labels_from_dirs:
+        raise ValueError("--classes and --classes-from pin the class list of --labels-from-dirs or --labels-from")
+    path = sha1 = None
+    if labels_from is not None:
+        text = os.fspath(labels_from)
+        path = text if is_remote_url(text) else os.path.abspath(text)
+        try:
+            if is_remote_url(path):
+                root, name = split_url(path)
+                data = open_store(root, s3=s3, requests=requests).read_bytes(name)
+            else:
+                with open(path, "rb") as f:
+                    data = f.read()
+        except FileNotFoundError:
+            raise SourceNotFoundError(f"{path}: no such labels file (check --labels-from)") from None
+        sha1 = hashlib.sha1(data).hexdigest()
+    if classes_from is not None:
+        text = os.fspath(classes_from)
+        index = open_index(text if is_remote_url(text) else os.path.abspath(text), s3=s3, requests=requests)
+        if index.manifest.classes is None:
+            raise SourceError(
+                f"{index.manifest.url} records no classes (not a labelled dataset); give the training set packed "
+                "with --labels-from-dirs or --labels-from, or --classes"
+            )
+        classes = index.manifest.classes
+    if classes is not None:
+        classes = tuple(str(c) for c in classes)
+        if not classes or len(set(classes)) != len(classes) or any(not c or "\n" in c for c in classes):
+            raise ValueError(f"classes must be distinct, non-empty names without line breaks; got {list(classes)[:5]}")
+    return path, sha1, classes
 
 
 def list_once(
@@ -379,6 +462,8 @@ def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None 
             process.join()
         return [results[job.stream] for job in jobs]
     finally:
+        if sys.exc_info()[0] is None:  # done: the total was the listing's estimate (skipped files never count)
+            bar.total = bar.n
         bar.close()
 
 

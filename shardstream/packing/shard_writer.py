@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import FetchConfig, RequestConfig, S3Config
@@ -19,6 +19,7 @@ from .destination import (
 )
 from .encode import JPEG_QUALITY, encode_sample
 from .journal import JournaledWriter, PackSpec, read_stream_state, remove_stream_partials
+from .labels import write_classes
 from .parts import Part
 
 __all__ = ["ShardWriter"]
@@ -67,6 +68,11 @@ class ShardWriter:
         requests: timeouts, attempts and connections of the store's requests
             (:class:`~shardstream.config.RequestConfig`; None: its defaults).
         jpeg_quality: quality of PIL images saved as JPEG (1-95).
+        classes: the class names, in class-index order, recorded in the index
+            (``ShardDataset(dest).classes``, ``shardstream info``). A sample's ``cls`` is then
+            its class index (an ``int`` in ``range(len(classes))``) or its class name (written
+            as its index); a single-part writer whose every sample has a ``cls`` also records
+            the samples of each class.
 
     Raises:
         DestinationError: ``dest`` holds a dataset or an unfinished write, and not
@@ -90,6 +96,7 @@ class ShardWriter:
         requests: RequestConfig | None = None,
         fetch: FetchConfig | None = None,
         jpeg_quality: int = JPEG_QUALITY,
+        classes: Sequence[str] | None = None,
     ) -> None:
         part = part or Part(0, 1)
         check_options(name, max_shard_bytes, max_samples_per_shard, jpeg_quality=jpeg_quality)
@@ -123,6 +130,12 @@ class ShardWriter:
             fix = "pass overwrite=True to replace it" if part.count == 1 else "empty it and run every part again"
             raise DestinationError(f"{store.url} already holds {what}; {fix}, or pick another DEST")
         remove_stream_partials(store, self._spec, part.index)
+        self._classes = None if classes is None else [str(c) for c in classes]
+        self._class_counts = None if self._classes is None else [0] * len(self._classes)
+        if self._classes is not None:
+            if not self._classes or len(set(self._classes)) != len(self._classes):
+                raise ValueError(f"classes must be distinct names; got {self._classes[:5]}")
+            write_classes(store, self._classes, None)
         self._journal = JournaledWriter(store, self._spec, part.index, state)
         self._num_samples = 0
         self._payload_bytes = 0
@@ -151,6 +164,8 @@ class ShardWriter:
         """
         if self._closed:
             raise ValueError(f"this ShardWriter of {self.url} is closed")
+        if self._classes is not None:
+            sample = self._labelled(sample)
         key, members = encode_sample(sample, jpeg_quality=self._jpeg_quality)
         journal = self._journal
         if key == journal.last_key:
@@ -162,6 +177,30 @@ class ShardWriter:
         journal.input_done()
         self._num_samples += 1
         self._payload_bytes += sum(len(payload) for _, payload in members)
+
+    def _labelled(self, sample: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``sample`` with its ``cls`` as a class index of :attr:`_classes` (counted).
+
+        Raises:
+            ValueError: ``cls`` is neither a class index nor a class name (names the key).
+        """
+        assert self._classes is not None  # internal: only called with classes given
+        if "cls" not in sample:
+            self._class_counts = None  # not every sample has a class: no counts
+            return sample
+        value = sample["cls"]
+        if isinstance(value, str) and value in self._classes:
+            index = self._classes.index(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(self._classes):
+            index = value
+        else:
+            raise ValueError(
+                f"sample {sample.get('__key__')!r}: cls {value!r} is neither a class index (0 to "
+                f"{len(self._classes) - 1}) nor one of the {len(self._classes)} class names given (classes=)"
+            )
+        if self._class_counts is not None:
+            self._class_counts[index] += 1
+        return {**sample, "cls": index}
 
     def close(self) -> PackReport:
         """Publish the shard in progress, record this part as done and, once every part is,
@@ -176,6 +215,8 @@ class ShardWriter:
         if self._closed:
             raise ValueError(f"this ShardWriter of {self.url} was aborted; nothing more is written")
         self._closed = True
+        if self._classes is not None and self._class_counts is not None and self._part.count == 1:
+            write_classes(self._store, self._classes, self._class_counts)
         self._journal.finish()
         totals = merge_when_done(
             self._store, self._spec, empty=f"{self.url}: no sample was written; nothing is left there"

@@ -100,9 +100,22 @@ class ProblemKind(enum.Enum):
     # --labels-from-dirs: a hidden file (.DS_Store, macOS's ._x, .gitkeep): not packed, reported, and
     # no reason to stop a pack under on_error="fail" (._x.jpg is macOS's metadata, not an image)
     HIDDEN = "hidden"
+    # a labelled pack with a pinned class list (--classes, --classes-from): a label or class
+    # folder not in it; the file is left out
+    UNKNOWN_CLASS = "unknown_class"
+    # plain pack: a file without a suffix (README): packed as a member without an extension
+    NO_SUFFIX = "no_suffix"
+    # plain pack: a Hugging Face metadata.csv / metadata.jsonl, which is no sample: left out,
+    # reported, never a reason to stop (--labels-from-dirs uses it)
+    NOT_A_SAMPLE = "not_a_sample"
 
 
-_PACKED_KINDS = frozenset({ProblemKind.EMPTY, ProblemKind.MERGED, ProblemKind.NO_METADATA, ProblemKind.RESIZED})
+_PACKED_KINDS = frozenset(
+    {ProblemKind.EMPTY, ProblemKind.MERGED, ProblemKind.NO_METADATA, ProblemKind.RESIZED, ProblemKind.NO_SUFFIX}
+)
+# left out and reported, but never a reason to stop a pack under on_error="fail"
+NEVER_STOPS = frozenset({ProblemKind.HIDDEN, ProblemKind.NOT_A_SAMPLE})
+METADATA_NAMES = ("metadata.jsonl", "metadata.csv")  # Hugging Face imagefolder's (packing.metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +226,15 @@ def group_samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sa
             )
             continue
         members[ext.lower()] = file
+        if not ext:
+            on_problem(
+                Problem(
+                    file.path,
+                    ProblemKind.NO_SUFFIX,
+                    "has no suffix (such as .jpg): packed as a member without an extension (sample['']); rename it, "
+                    "or leave it out of SOURCE",
+                )
+            )
     samples = []
     for key in sorted(by_key):
         sample = Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name)))
@@ -408,7 +430,29 @@ def iter_source_samples(
     for _, files, _, problems in ordered_walk(lister, threads=threads):
         for problem in problems:
             on_problem(problem)
-        yield from group_samples(files, on_problem)
+        yield from group_samples(_not_samples_left_out(files, on_problem), on_problem)
+
+
+def _not_samples_left_out(files: list[SourceFile], on_problem: OnProblem) -> list[SourceFile]:
+    """A walked folder's files less those that are no sample, each reported (never a reason to
+    stop): hidden files (``.DS_Store``, macOS's ``._x.jpg``) and Hugging Face metadata files."""
+    kept = []
+    for file in files:
+        name = file.member_name.rsplit("/", 1)[-1]
+        if name.startswith("."):
+            on_problem(Problem(file.path, ProblemKind.HIDDEN, "a hidden file (such as .DS_Store): not packed"))
+        elif name in METADATA_NAMES:
+            on_problem(
+                Problem(
+                    file.path,
+                    ProblemKind.NOT_A_SAMPLE,
+                    "a Hugging Face metadata file, not a sample: not packed (pack --labels-from-dirs adds its rows "
+                    "to the samples as json members; --labels-from FILE takes labels from such a file)",
+                )
+            )
+        else:
+            kept.append(file)
+    return kept
 
 
 def lister_of(source: str, *, s3=None, requests=None, threads: int | None = None) -> tuple[ListDir, int]:

@@ -44,7 +44,7 @@ from .journal import (
     remove_stream_partials,
 )
 from .listing import Listing
-from .sources import Problem, ProblemKind, Sample, SourceFile
+from .sources import NEVER_STOPS, Problem, ProblemKind, Sample, SourceFile
 
 __all__ = ["OnError", "StreamJob", "StreamResult", "check_problem", "die_with_parent", "run_stream"]
 
@@ -196,6 +196,7 @@ _ERRORS = {
     ProblemKind.UNDECODABLE: DecodeError,
     ProblemKind.UNLABELLED: SourceError,
     ProblemKind.METADATA: SourceError,
+    ProblemKind.UNKNOWN_CLASS: SourceError,
 }
 
 
@@ -204,7 +205,7 @@ def check_problem(problem: Problem, on_error: OnError) -> None:
     name (or two names that collide), DecodeError for an image that does not decode, SourceError
     for a tree that does not fit ``--labels-from-dirs`` (a file in no class folder, metadata that
     cannot be used), else UnreadableFileError."""
-    if problem.packed or problem.kind is ProblemKind.HIDDEN or on_error is OnError.SKIP:
+    if problem.packed or problem.kind in NEVER_STOPS or on_error is OnError.SKIP:
         return
     cls = _ERRORS.get(problem.kind, UnreadableFileError)
     if problem.kind is ProblemKind.VANISHED:
