@@ -114,7 +114,10 @@ def test_ctrl_c_stops_a_pack_and_its_workers_with_130_and_the_same_command_finis
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert process.returncode == 130, err
-    assert err == "shardstream: interrupted\n" and out == ""
+    assert err == (
+        "shardstream: interrupted; run the same command again to resume: the shards published so far are kept\n"
+    )
+    assert out == ""
     deadline = time.monotonic() + 30
     while True:  # the workers exit too, each in its own time
         try:
