@@ -143,7 +143,8 @@ def top_level_names(store: Store) -> list[str]:
         except FileNotFoundError:
             return []
         names = [e.name + ("/" if e.is_dir() else "") for e in entries]
-    else:
+    else:  # an object store may keep a "folder" whose objects are gone: only those holding one count
         list_dir = getattr(store, "list_dir", None)
         names = [] if list_dir is None else [n + ("/" if d and not n.endswith("/") else "") for n, _, d in list_dir("")]
+        names = [n for n in names if not n.endswith("/") or store.list_names(n)]
     return sorted(n for n in names if n.rstrip("/") != STATE_DIR)
