@@ -26,7 +26,17 @@ def error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("4096", 4096), ("256MiB", 256 << 20), ("1GB", 10**9), ("1.5 KiB", 1536), ("2gib", 2 << 30), ("10kb", 10_000)],
+    [
+        ("4096", 4096),
+        ("256MiB", 256 << 20),
+        ("1GB", 10**9),
+        ("1.5 KiB", 1536),
+        ("2gib", 2 << 30),
+        ("10kb", 10_000),
+        ("256M", 256 * 10**6),  # one rule for every option: K, M, G, T are KB, MB, GB, TB
+        ("256MB", 256 * 10**6),
+        ("1.25G", 1_250_000_000),
+    ],
 )
 def test_parse_size(text, size):
     assert parse_size(text) == size
@@ -52,6 +62,22 @@ def test_missing_source_is_one_line_and_exit_1(tmp_path):
     assert result.returncode == 1
     assert error_line(result) == f"shardstream: error: {tmp_path / 'nope'}: no such directory (check SOURCE)"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_small_shard_size_without_a_unit_is_named(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.txt").write_text("x" * 100)
+    done = run("pack", str(src), str(tmp_path / "out"), "--shard-size", "256", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        "shardstream: warning: --shard-size 256 is 256 bytes (a number without a unit counts bytes): nearly every "
+        "sample gets a shard of its own; for megabytes write 256MiB or 256MB\n"
+    )
+    for size in ("1MiB", "1M", "4096000"):  # a unit, or a number of bytes large enough to be meant
+        quiet = run("pack", str(src), str(tmp_path / size), "--shard-size", size, "--no-progress")
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
 def test_bad_size_is_a_usage_error(tmp_path):

@@ -216,6 +216,29 @@ def test_an_absent_key_is_exit_1_naming_key_and_dataset(workdir, command):
     assert not (workdir / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("a/001.jpg", "key 'a/001' with --member jpg"), ("a/001.seg.PNG", "key 'a/001' with --member seg.PNG")],
+)
+@pytest.mark.parametrize("command", ["cat", "get"])
+def test_a_key_typed_with_its_file_suffix_gets_the_key_and_member_meant(workdir, command, typed, meant):
+    done = run(command, "ds", typed, *(["-o", "out"] if command == "get" else []), cwd=workdir)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith(f"shardstream: error: no sample with key {typed!r} in ds; did you mean {meant}?")
+
+
+def test_a_file_path_of_a_labelled_pack_finds_its_escaped_key(tmp_path):
+    src = tmp_path / "src"
+    (src / "n01484850").mkdir(parents=True)
+    (src / "n01484850" / "猫 2.b.JPEG").write_bytes(b"\xff\xd8 not decoded here")
+    assert run("pack", str(src), str(tmp_path / "ds"), "--labels-from-dirs", "--no-progress").returncode == 0
+    done = run("cat", str(tmp_path / "ds"), "n01484850/猫 2.b.JPEG")
+    assert done.returncode == 1
+    assert "did you mean key 'n01484850/猫 2%2Eb' with --member JPEG?" in done.stderr
+    got = run("cat", str(tmp_path / "ds"), "n01484850/猫 2%2Eb", "--member", "jpeg", text=False)
+    assert got.stdout == b"\xff\xd8 not decoded here"
+
+
 @pytest.mark.parametrize("command", [["cat", "ds", "--index", "6"], ["get", "ds", "--index", "6", "-o", "out"]])
 def test_an_index_out_of_range_is_exit_1(workdir, command):
     done = run(*command, cwd=workdir)

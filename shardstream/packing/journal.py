@@ -80,7 +80,6 @@ class PackSpec:
     labels_from_dirs: bool = False  # each file a sample, labelled by its class folder (packing.labels)
     check_images: bool = False  # every image member decoded while packing; one that fails is a problem
     labels_from: str | None = None  # a labels file (packing.label_file): each file a sample, labelled by its row
-    labels_sha1: str | None = None  # of that file's bytes: a resume with another labels file is refused
     classes: tuple[str, ...] | None = None  # the class list pinned by --classes / --classes-from
 
     @property
@@ -143,7 +142,6 @@ class PackSpec:
             "labels_from_dirs",
             "check_images",
             "labels_from",
-            "labels_sha1",
             "classes",
         ):
             if doc[flag] is None or doc[flag] is False:

@@ -67,7 +67,7 @@ def sorted_labels(labels: list[str]) -> list[str]:
     else as text (``sorted()``, torchvision's order for folder names)."""
     distinct = set(labels)
     if distinct and all(_INT.fullmatch(label) for label in distinct):
-        return sorted(distinct, key=int)
+        return sorted(distinct, key=lambda label: (int(label), label))  # "7" before "07": one order
     return sorted(distinct)
 
 

@@ -57,7 +57,7 @@ from ..errors import DestinationError, IndexFormatError, SourceNotFoundError
 from ..format import member_header, padded_size, split_key
 from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store, split_url
-from .label_file import LabelFile, parse_label_file
+from .label_file import parse_label_file
 from .labels import ClassCounts, walk_labelled, write_classes
 from .sources import OnProblem, Problem, ProblemKind, Sample, SourceFile, iter_source_samples
 from .writer import ShardLimits
@@ -88,6 +88,7 @@ class Listing:
     payload_bytes: int
     files: tuple[tuple[int, int, int], ...]
     files_from_sha1: str | None = None  # of the --files-from list that was listed
+    labels_sha1: str | None = None  # of the --labels-from file that was listed
 
     def shard_range(self, stream: int, num_streams: int) -> tuple[int, int]:
         """The shards ``[first, end)`` stream ``stream`` of ``num_streams`` writes."""
@@ -113,6 +114,7 @@ class Listing:
                 "payload_bytes": self.payload_bytes,
                 "files": [list(f) for f in self.files],
                 "files_from_sha1": self.files_from_sha1,
+                **({"labels_sha1": self.labels_sha1} if self.labels_sha1 else {}),
             }
         ).encode()
 
@@ -134,6 +136,7 @@ class Listing:
                 payload_bytes=int(doc["payload_bytes"]),
                 files=tuple((int(a), int(n), int(f)) for a, n, f in doc["files"]),
                 files_from_sha1=doc.get("files_from_sha1"),
+                labels_sha1=doc.get("labels_sha1"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise IndexFormatError(f"{url}: damaged pack listing ({exc!r}); pack again with --overwrite") from exc
@@ -226,6 +229,7 @@ def write_listing(
     shuffle_samples: int,
     files_from_sha1: str | None = None,
     classes: ClassCounts | None = None,
+    labels_sha1: str | None = None,
 ) -> Listing:
     """Plan ``samples`` into shards and write the listing files, then ``problems.jsonl``, the
     ``classes`` of a labelled pack (filled by the time ``samples`` ends) and ``list-done.json``
@@ -274,6 +278,7 @@ def write_listing(
         payload_bytes=totals["bytes"],
         files=tuple(files_meta),
         files_from_sha1=files_from_sha1,
+        labels_sha1=labels_sha1,
     )
     store.write_bytes(LISTING_DONE, listing.to_json())
     return listing
@@ -340,6 +345,13 @@ def ensure_listing(
                     f"{store.url}: the --files-from list changed since this pack listed it; restore it, "
                     "or pack again with --overwrite"
                 )
+            if spec.labels_from is not None:
+                labels_sha1 = hashlib.sha1(read_label_bytes(spec.labels_from, s3=s3, requests=requests)).hexdigest()
+                if listing.labels_sha1 not in (None, labels_sha1):
+                    raise DestinationError(
+                        f"{spec.labels_from}: the labels file changed since this pack listed SOURCE with it (its "
+                        "shards are planned); restore it, or pack again with --overwrite"
+                    )
             return listing
         if store.create_exclusive(LISTING_LOCK, _lock_doc()) or _stale(store, stale_lock_s):
             store.write_bytes(LISTING_LOCK, _lock_doc())
@@ -360,8 +372,11 @@ def ensure_listing(
     classes = ClassCounts() if labelled else None
     try:
         with _Heartbeat(store):
+            labels = labels_sha1 = None
+            if spec.labels_from is not None:  # read when listed: a fix after a failed listing is taken up
+                data = read_label_bytes(spec.labels_from, s3=s3, requests=requests)
+                labels, labels_sha1 = parse_label_file(spec.labels_from, data, cap), hashlib.sha1(data).hexdigest()
             if classes is not None:
-                labels = None if spec.labels_from is None else read_label_file(spec, cap, s3=s3, requests=requests)
                 samples = walk_labelled(
                     spec.source,
                     on_problem=cap,
@@ -383,6 +398,7 @@ def ensure_listing(
                 shuffle_samples=shuffle_samples,
                 files_from_sha1=list_sha1,
                 classes=classes,
+                labels_sha1=labels_sha1,
             )
     finally:  # a rerun (after a fix, on_error="fail") lists again at once
         with contextlib.suppress(FileNotFoundError):
@@ -420,27 +436,20 @@ class _WarningCap:
                 )
 
 
-def read_label_file(spec, on_problem: OnProblem, *, s3=None, requests=None) -> LabelFile:
-    """The labels file of a ``--labels-from`` pack, parsed (:mod:`.label_file`).
+def read_label_bytes(path: str, *, s3=None, requests=None) -> bytes:
+    """The bytes of a ``--labels-from`` file (a local path or a store URL).
 
     Raises:
-        SourceNotFoundError: it is gone; DestinationError: it changed since the pack started.
+        SourceNotFoundError: there is none.
     """
-    path = spec.labels_from
     try:
         if is_remote_url(path):
             root, name = split_url(path)
-            data = open_store(root, s3=s3, requests=requests).read_bytes(name)
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
+            return open_store(root, s3=s3, requests=requests).read_bytes(name)
+        with open(path, "rb") as f:
+            return f.read()
     except FileNotFoundError:
         raise SourceNotFoundError(f"{path}: no such labels file (check --labels-from)") from None
-    if spec.labels_sha1 is not None and hashlib.sha1(data).hexdigest() != spec.labels_sha1:
-        raise DestinationError(
-            f"{path}: the labels file changed since this pack started; restore it, or pack again with --overwrite"
-        )
-    return parse_label_file(path, data, on_problem)
 
 
 def _sha1_of(path: str) -> str:

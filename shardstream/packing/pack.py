@@ -3,7 +3,6 @@ resumable after a crash, and split across machines (see :mod:`shardstream.packin
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import os
 import queue
@@ -17,9 +16,9 @@ from typing import Any
 from tqdm import tqdm
 
 from ..config import FetchConfig, RequestConfig, S3Config
-from ..errors import ShardstreamError, SourceError, SourceNotFoundError
+from ..errors import ShardstreamError, SourceError
 from ..index import open_index
-from ..storage import Store, is_remote_url, open_store, split_url
+from ..storage import Store, is_remote_url
 from .destination import (
     DEFAULT_MAX_SHARD_BYTES,
     PackReport,
@@ -32,7 +31,7 @@ from .destination import (
 from .destination import wipe as wipe  # its old home, for older imports (as the names above)
 from .journal import PackSpec
 from .labels import input_classes, write_classes
-from .listing import Listing, ensure_listing
+from .listing import Listing, ensure_listing, read_label_bytes
 from .parts import Part, part_from_env
 from .sources import Problem, check_source
 from .stream import OnError, StreamJob, StreamResult, check_problem, die_with_parent, run_stream
@@ -190,7 +189,7 @@ def pack(
             "--labels-from-dirs labels the files of a tree of class folders; --from-shards repacks shards and "
             "keeps the classes their index records: give one of them"
         )
-    labels_path, labels_sha1, pinned = _labels_options(
+    labels_path, pinned = _labels_options(
         labels_from, classes, classes_from, labels_from_dirs=labels_from_dirs, s3=s3, requests=requests
     )
     if labels_path is not None and from_shards:
@@ -231,7 +230,6 @@ def pack(
         labels_from_dirs=labels_from_dirs,
         check_images=check_images,
         labels_from=labels_path,
-        labels_sha1=labels_sha1,
         classes=pinned,
     )
     claim = prepare_state(store, spec, overwrite=overwrite, clobber=clobber)
@@ -305,8 +303,8 @@ def _labels_options(
     labels_from_dirs: bool,
     s3: S3Config | None,
     requests: RequestConfig | None,
-) -> tuple[str | None, str | None, tuple[str, ...] | None]:
-    """The labels file (absolute path or URL) and its SHA-1, and the pinned class list, of
+) -> tuple[str | None, tuple[str, ...] | None]:
+    """The labels file (absolute path or URL) and the pinned class list of
     :func:`pack`'s options, checked.
 
     Raises:
@@ -320,20 +318,11 @@ def _labels_options(
         raise ValueError("give --classes or --classes-from, not both")
     if (classes is not None or classes_from is not None) and labels_from is None and not labels_from_dirs:
         raise ValueError("--classes and --classes-from pin the class list of --labels-from-dirs or --labels-from")
-    path = sha1 = None
+    path = None
     if labels_from is not None:
         text = os.fspath(labels_from)
         path = text if is_remote_url(text) else os.path.abspath(text)
-        try:
-            if is_remote_url(path):
-                root, name = split_url(path)
-                data = open_store(root, s3=s3, requests=requests).read_bytes(name)
-            else:
-                with open(path, "rb") as f:
-                    data = f.read()
-        except FileNotFoundError:
-            raise SourceNotFoundError(f"{path}: no such labels file (check --labels-from)") from None
-        sha1 = hashlib.sha1(data).hexdigest()
+        read_label_bytes(path, s3=s3, requests=requests)  # there, or SourceNotFoundError naming it
     if classes_from is not None:
         text = os.fspath(classes_from)
         index = open_index(text if is_remote_url(text) else os.path.abspath(text), s3=s3, requests=requests)
@@ -347,7 +336,7 @@ def _labels_options(
         classes = tuple(str(c) for c in classes)
         if not classes or len(set(classes)) != len(classes) or any(not c or "\n" in c for c in classes):
             raise ValueError(f"classes must be distinct, non-empty names without line breaks; got {list(classes)[:5]}")
-    return path, sha1, classes
+    return path, classes
 
 
 def list_once(

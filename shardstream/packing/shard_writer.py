@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -132,6 +133,7 @@ class ShardWriter:
         remove_stream_partials(store, self._spec, part.index)
         self._classes = None if classes is None else [str(c) for c in classes]
         self._class_counts = None if self._classes is None else [0] * len(self._classes)
+        self._class_index = {name: i for i, name in enumerate(self._classes or ())}
         if self._classes is not None:
             if not self._classes or len(set(self._classes)) != len(self._classes):
                 raise ValueError(f"classes must be distinct names; got {self._classes[:5]}")
@@ -164,8 +166,9 @@ class ShardWriter:
         """
         if self._closed:
             raise ValueError(f"this ShardWriter of {self.url} is closed")
+        cls = None
         if self._classes is not None:
-            sample = self._labelled(sample)
+            sample, cls = self._labelled(sample)
         key, members = encode_sample(sample, jpeg_quality=self._jpeg_quality)
         journal = self._journal
         if key == journal.last_key:
@@ -177,30 +180,34 @@ class ShardWriter:
         journal.input_done()
         self._num_samples += 1
         self._payload_bytes += sum(len(payload) for _, payload in members)
+        if self._class_counts is not None:  # counted once written: a refused sample is not
+            if cls is None:
+                self._class_counts = None  # not every sample has a class: no counts
+            else:
+                self._class_counts[cls] += 1
 
-    def _labelled(self, sample: Mapping[str, Any]) -> Mapping[str, Any]:
-        """``sample`` with its ``cls`` as a class index of :attr:`_classes` (counted).
+    def _labelled(self, sample: Mapping[str, Any]) -> tuple[Mapping[str, Any], int | None]:
+        """``sample`` with its ``cls`` as a class index of the classes given, and that index
+        (None: the sample has no ``cls``).
 
         Raises:
             ValueError: ``cls`` is neither a class index nor a class name (names the key).
         """
         assert self._classes is not None  # internal: only called with classes given
         if "cls" not in sample:
-            self._class_counts = None  # not every sample has a class: no counts
-            return sample
+            return sample, None
         value = sample["cls"]
-        if isinstance(value, str) and value in self._classes:
-            index = self._classes.index(value)
-        elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(self._classes):
-            index = value
-        else:
+        index: int | None = None
+        if isinstance(value, str):
+            index = self._class_index.get(value)
+        elif isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < len(self._classes):
+            index = int(value)  # numpy integers too
+        if index is None:
             raise ValueError(
                 f"sample {sample.get('__key__')!r}: cls {value!r} is neither a class index (0 to "
                 f"{len(self._classes) - 1}) nor one of the {len(self._classes)} class names given (classes=)"
             )
-        if self._class_counts is not None:
-            self._class_counts[index] += 1
-        return {**sample, "cls": index}
+        return {**sample, "cls": index}, index
 
     def close(self) -> PackReport:
         """Publish the shard in progress, record this part as done and, once every part is,
