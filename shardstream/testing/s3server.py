@@ -3,6 +3,15 @@
 ``shardstream s3-server --bucket NAME`` (or ``python -m shardstream.testing``) starts one,
 creates the buckets, prints the ``export AWS_...`` lines for it and runs until Ctrl-C: see
 :func:`main`.
+
+The server goes with the process that started it (see :mod:`.process`): if that process dies
+without stopping it (SIGKILL, the OOM killer), a lifeline stops ``weed`` within seconds and
+removes its temporary data directory and socket files. A temporary data directory whose owners
+are all gone anyway (the whole process group was SIGKILLed, lifeline included) is removed at
+the next start of a :class:`SeaweedS3Server` on this machine: each holds an owner record,
+:data:`OWNER_RECORD`, naming the starting process and ``weed`` by pid and, on Linux, start time
+(so a reused pid is not taken for a live owner). A ``data_dir`` (``s3-server --dir``) has no
+such record and is never removed.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from .process import (
     find_program,
     free_ports,
     log_tail,
+    process_is_alive,
+    process_start_ticks,
     sleep_until_interrupted,
     spawn,
     startup_timeout,
@@ -44,7 +55,12 @@ from .process import (
 if TYPE_CHECKING:
     from ..config import S3Config
 
-__all__ = ["S3ServerError", "S3ServerInfo", "SeaweedS3Server", "add_arguments", "main", "run"]
+__all__ = ["OWNER_RECORD", "S3ServerError", "S3ServerInfo", "SeaweedS3Server", "add_arguments", "main", "run"]
+
+#: The owner record in a temporary data directory: ``{"temporary": true, "processes": [{"pid":
+#: PID, "start_ticks": TICKS or null}, ...]}`` (start ticks: ``/proc/PID/stat`` field 22, Linux).
+OWNER_RECORD = "shardstream-owner.json"
+_TEMP_PREFIX = "shardstream-s3-"
 
 # Port flags of `weed mini`; the gRPC ones also name /tmp/seaweedfs-<component>-grpc-<port>.sock.
 _PORT_FLAGS = (
@@ -124,7 +140,9 @@ class SeaweedS3Server(ServerContext):
     """Context manager running ``weed mini`` on 127.0.0.1 as a SigV4-authenticated S3 server.
 
     Every start picks free ports and random access/secret keys. Without ``data_dir`` a fresh
-    temporary directory is used and removed again by :meth:`stop`.
+    temporary directory is used and removed again by :meth:`stop`, or, when this process dies
+    without stopping the server, by its lifeline (module docstring); every start first removes
+    the temporary directories of servers whose owners are all gone.
 
     Args:
         data_dir: Directory for SeaweedFS data; created if missing and never removed. Default: a
@@ -194,12 +212,16 @@ class SeaweedS3Server(ServerContext):
 
     def _launch(self, weed: str) -> tuple[str, str, str]:
         """Prepares the data directory and spawns weed; returns (endpoint, key id, secret)."""
-        if self._data_dir_arg is None:
-            self._tmp_dir = data_dir = Path(tempfile.mkdtemp(prefix="shardstream-s3-"))
-        else:
-            data_dir = self._data_dir_arg.resolve()
+        kept = None
+        if self._data_dir_arg is not None:
+            kept = data_dir = self._data_dir_arg.resolve()
             data_dir.mkdir(parents=True, exist_ok=True)
             (data_dir / "mini.options").unlink(missing_ok=True)  # weed reloads stale options
+            (data_dir / OWNER_RECORD).unlink(missing_ok=True)  # a kept directory now, never removed
+        _remove_stale_data_dirs(Path(tempfile.gettempdir()), keep=kept)
+        if kept is None:
+            self._tmp_dir = data_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
+            _write_owner_record(data_dir, [os.getpid()])
         key_id, secret = "SS" + secrets.token_hex(9).upper(), secrets.token_urlsafe(30)
         identity = {
             "name": "shardstream",
@@ -232,7 +254,14 @@ class SeaweedS3Server(ServerContext):
             f"-filer.localSocket={data_dir / 'filer.sock'}",
         ]
         self._log_path = self._log_path_arg or data_dir / "weed.log"
-        self._proc = spawn(args, log_path=self._log_path, cwd=data_dir, error=S3ServerError)
+        # weed leaves some of its gRPC sockets behind, even after a SIGTERM
+        sockets = [_grpc_socket(flag, port) for flag, port in zip(_PORT_FLAGS, self._ports) if flag.endswith(".grpc")]
+        remove = [*sockets, *([] if self._tmp_dir is None else [self._tmp_dir])]
+        self._proc = spawn(
+            args, log_path=self._log_path, cwd=data_dir, error=S3ServerError, remove_on_parent_death=remove
+        )
+        if self._tmp_dir is not None:
+            _write_owner_record(self._tmp_dir, [os.getpid(), self._proc.pid])
         return f"http://{HOST}:{self._ports[0]}", key_id, secret
 
     def _wait_ready(self, endpoint: str) -> None:
@@ -308,6 +337,43 @@ class SeaweedS3Server(ServerContext):
             return
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # asyncio.run needs its own thread
             pool.submit(asyncio.run, create()).result()
+
+
+def _grpc_socket(flag: str, port: int) -> Path:
+    """The unix socket weed makes for the gRPC port flag ``flag`` (``s3.port.grpc``, say):
+    ``<tmp>/seaweedfs-s3-grpc-<port>.sock``."""
+    return Path(tempfile.gettempdir()) / f"seaweedfs-{flag.partition('.')[0]}-grpc-{port}.sock"
+
+
+def _write_owner_record(data_dir: Path, pids: list[int]) -> None:
+    """Writes (atomically) :data:`OWNER_RECORD` into the temporary ``data_dir``: ``pids`` and
+    their start times, the processes whose life keeps the directory."""
+    processes = [{"pid": pid, "start_ticks": process_start_ticks(pid)} for pid in pids]
+    tmp = data_dir / f".{OWNER_RECORD}.tmp"
+    tmp.write_text(json.dumps({"temporary": True, "processes": processes}))
+    os.replace(tmp, data_dir / OWNER_RECORD)
+
+
+def _remove_stale_data_dirs(root: Path, *, keep: Path | None = None) -> list[Path]:
+    """Removes the temporary data directories (``root/shardstream-s3-*``, this user's) whose
+    :data:`OWNER_RECORD` names only processes that are gone (pid and, where known, start time);
+    returns them. A directory without a readable record (being created, or not one of ours) is
+    left alone, and so is ``keep``."""
+    removed = []
+    for path in root.glob(f"{_TEMP_PREFIX}*"):
+        try:
+            if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid() or path.resolve() == keep:
+                continue
+            record = json.loads((path / OWNER_RECORD).read_text())
+            owners = [(int(p["pid"]), p.get("start_ticks")) for p in record["processes"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if record.get("temporary") is not True or not owners:
+            continue
+        if not any(process_is_alive(pid, None if ticks is None else int(ticks)) for pid, ticks in owners):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")

@@ -4,7 +4,9 @@ Both are context managers in the style of :class:`~shardstream.testing.s3server.
 a free port on 127.0.0.1, a bounded wait for the server to answer, a clear error with the tail
 of its log when it does not, and a clean stop (SIGTERM, a grace period, then SIGKILL of its
 process group). Nothing is left behind: the GCS emulator keeps its data in memory, Azurite in
-a temporary directory removed at the stop.
+a temporary directory removed at the stop; when the process that started them dies without
+stopping them (SIGKILL), the lifeline :func:`~shardstream.testing.process.spawn` starts beside
+each stops it and removes that directory within seconds.
 
 - :class:`GcsEmulator` runs ``python -m gcp_storage_emulator start --in-memory`` (PyPI
   ``gcp-storage-emulator``, pure Python). It speaks the JSON API only, is single-threaded,
@@ -95,7 +97,13 @@ class _Server(ServerContext):
             self._port = free_port()
             command = self._command(self._port, self._tmp_dir)
             self._log_path = self._log_path_arg or self._tmp_dir / f"{self.name}.log"
-            self._proc = spawn(command, log_path=self._log_path, cwd=self._tmp_dir, error=EmulatorError)
+            self._proc = spawn(
+                command,
+                log_path=self._log_path,
+                cwd=self._tmp_dir,
+                error=EmulatorError,
+                remove_on_parent_death=[self._tmp_dir],
+            )
             wait_until(
                 self._ready,
                 proc=self._proc,

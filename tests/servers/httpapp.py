@@ -10,7 +10,9 @@
 The Python servers run as subprocesses (``python -m servers.faultserver|servers.hub``, with
 ``PYTHONPATH`` naming ``tests/``), never as threads of the test process, so DataLoader workers
 forked from the tests do not inherit a running event loop; they exit by themselves (and remove
-their temp dirs) when the process that started them dies.
+their temp dirs) when the process that started them dies, and so does nginx: the lifeline
+:func:`~shardstream.testing.process.spawn` starts beside each stops it and removes its temp dir,
+even when that process was SIGKILLed.
 
 They honour ``Range`` (``206`` with ``Content-Range``; ``416`` with ``Content-Range: bytes
 */size`` when the first byte is past the end), ``ETag``, ``If-Match`` (``412`` when no listed
@@ -194,6 +196,7 @@ class _ManagedProcess(ServerContext):
             env=env,
             error=WebServerError,
             context=f" for the {self._label}",
+            remove_on_parent_death=[self._tmp_dir],  # the lifeline's: when the test process dies first
         )
         self._owner_pid = os.getpid()
 

@@ -3,7 +3,9 @@
 :class:`NginxServer` runs the system ``nginx`` serving a directory read-only, over http or https
 (a throwaway CA; point clients at it with ``SSL_CERT_FILE``), started with a bounded wait and
 stopped on exit (``with``, :meth:`~NginxServer.stop`, or an ``atexit`` fallback in the process
-that started it). A test process killed with SIGKILL leaves nginx running.
+that started it). When that process dies without stopping it (SIGKILL), the lifeline
+:func:`~shardstream.testing.process.spawn` starts beside nginx stops nginx and removes its
+temporary directory within seconds.
 
 nginx honours ``Range`` (``206`` with ``Content-Range``; ``416`` with ``Content-Range: bytes
 */size`` when the first byte is past the end), multi-range requests (``multipart/byteranges``),
@@ -37,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from servers.httpapp import WebServerError, _ManagedProcess
-from shardstream.testing.process import HOST, exit_on_stop_signals, free_port, sleep_until_interrupted
+from shardstream.testing.process import (
+    HOST,
+    exit_on_stop_signals,
+    free_port,
+    sleep_until_interrupted,
+    stop_process_group,
+)
 
 __all__ = ["NginxServer", "main"]
 
@@ -319,6 +327,7 @@ class NginxServer(_ManagedProcess):
             if proc.returncode is None:  # timed out, nginx still running
                 raise
             self._proc = None  # nginx exited
+            stop_process_group(proc)  # reaps it, stands its lifeline down
             if may_retry and "Address already in use" in self._log_tail():
                 return False
             raise

@@ -7,6 +7,10 @@ its own, every daemon it starts (GCS, raylet, agents, workers) stays in that ses
 :meth:`LocalRayCluster.stop` signals exactly the processes of those sessions, in the order
 ``ray stop`` uses (raylets, then the rest, then the GCS), SIGKILLing what outlives the grace;
 :meth:`LocalRayCluster.processes` lists them, so a test that kills a Ray worker picks it there.
+When the process that started the cluster dies without stopping it (SIGKILL, the OOM killer), a
+lifeline (:class:`shardstream.testing.process.Lifeline`, started before the first ``ray start``
+and told each session as it starts) stops those sessions' processes within seconds and removes
+the cluster's temporary directory.
 
 Nor does the cluster share Ray's per-user state with the user's own Ray. Ray 2.60 keeps a token
 in ``$HOME/.ray/auth_token`` (written by any ``ray.init()`` that starts a cluster) and turns
@@ -35,7 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from shardstream.testing.process import HOST, find_program, free_ports, log_tail, startup_timeout
+from shardstream.testing.lifeline import session_processes as _session_processes  # pid -> (comm, state)
+from shardstream.testing.process import HOST, Lifeline, find_program, free_ports, log_tail, startup_timeout
 
 __all__ = ["LocalRayCluster", "RayClusterError"]
 
@@ -73,25 +78,6 @@ def _find_ray(ray_path: str | None) -> str:
         missing="the `ray` CLI was not found",
         hint="pip install 'shardstream[ray]'",
     )
-
-
-def _session_processes(sids: set[int]) -> dict[int, tuple[str, str]]:
-    """``pid -> (comm, state)`` of the live processes whose session id is in ``sids``."""
-    found: dict[int, tuple[str, str]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read().decode("utf-8", "replace")
-        except OSError:  # exited meanwhile
-            continue
-        head, _, rest = stat.rpartition(")")
-        fields = rest.split()
-        # after "pid (comm)": state ppid pgrp session ...
-        if len(fields) >= 4 and int(fields[3]) in sids and fields[0] not in ("Z", "X"):
-            found[int(entry.name)] = (head.partition("(")[2], fields[0])
-    return found
 
 
 class LocalRayCluster:
@@ -136,6 +122,7 @@ class LocalRayCluster:
         self._sids: set[int] = set()  # one session per `ray start`: the pid of that command
         self._port: int | None = None
         self._temp_dir: Path | None = None
+        self._lifeline: Lifeline | None = None  # stops the sessions if this process dies first
         self.startup_s: float | None = None  # seconds start() took, nodes registered included
 
     # ------------------------------------------------------------------------------ public
@@ -180,6 +167,12 @@ class LocalRayCluster:
         atexit.register(self.stop)  # Ray's daemons outlive this process otherwise
         self._temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # /tmp/rayXXXXXXXX: short
         try:
+            try:
+                self._lifeline = Lifeline(remove=[self._temp_dir], grace_s=STOP_GRACE_S)
+            except OSError as exc:
+                raise RayClusterError(
+                    f"could not start the Ray cluster's lifeline with {sys.executable}: {exc}"
+                ) from exc
             self.home.mkdir()
             port, dashboard_port, client_port = free_ports(3)
             self._port = port
@@ -282,6 +275,9 @@ class LocalRayCluster:
             if self._temp_dir is not None:
                 shutil.rmtree(self._temp_dir, ignore_errors=True)
                 self._temp_dir = None
+            if self._lifeline is not None:
+                self._lifeline.stand_down()
+                self._lifeline = None
 
     def __enter__(self) -> LocalRayCluster:  # noqa: PYI034 (typing.Self needs 3.11)
         return self.start() if self._port is None else self
@@ -321,6 +317,13 @@ class LocalRayCluster:
             except OSError as exc:
                 raise RayClusterError(f"could not run {ray} start ({what}): {exc}") from exc
         self._sids.add(proc.pid)
+        assert self._lifeline is not None
+        try:
+            self._lifeline.add_session(proc.pid)
+        except OSError as exc:
+            raise RayClusterError(
+                f"the Ray cluster's lifeline (pid {self._lifeline.pid}) exited before the {what} started: {exc}"
+            ) from exc
         try:
             code = proc.wait(timeout=self.startup_timeout_s)
         except subprocess.TimeoutExpired:
