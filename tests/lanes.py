@@ -65,6 +65,7 @@ _unmarked: list[pytest.Item] = []  # the test running now, while it is not marke
 # near the end). Refresh with `pytest --durations=0`; a file left out keeps its place after these.
 LONGEST_FIRST = (
     "test_examples.py",
+    "test_readme.py",
     "test_torchrun.py",
     "test_frameworks.py",
     "test_ray.py",
@@ -77,6 +78,8 @@ LONGEST_FIRST = (
     "test_s3_server_command.py",
     "test_dali_fields.py",
     "test_pack_scale.py",
+    "test_unfinished_pack.py",
+    "test_server_lifeline.py",
     "test_cli.py",
     "test_dali_odd.py",
 )

@@ -192,10 +192,12 @@ def test_examples_import_only_the_public_testing_names():
 
 def test_the_installed_testing_package_stays_small():
     """shardstream.testing ships in the wheel: the S3 server, synthetic images, what they need;
-    the test servers stay in tests/servers (issue 38: at most 1000 lines)."""
+    the test servers stay in tests/servers (issue 38: at most 1000 lines; issue 51 added the
+    lifeline every server needs to go with its parent, SIGKILL included, with the clean-up of
+    what a killed one left: at most 1500)."""
     package = Path(__file__).parents[1] / "shardstream" / "testing"
     lines = {path.name: path.read_bytes().count(b"\n") for path in sorted(package.glob("*.py"))}
-    assert sum(lines.values()) <= 1000, lines
+    assert sum(lines.values()) <= 1500, lines
 
 
 def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
