@@ -99,6 +99,8 @@ result(
     after_bad=outcome(sys.argv[3], rows),
     after_bad_overwrite=outcome(sys.argv[3], rows, overwrite=True),
     dotted=outcome(sys.argv[4], [{"__key__": "a.b", "bin": b"x"}]),
+    foreign=outcome(sys.argv[5], rows),
+    clobbered=outcome(sys.argv[5], rows, clobber=True),
 )
 """
 
@@ -260,7 +262,11 @@ def test_a_dataset_is_refused_without_overwrite_and_bad_rows_name_key_and_field(
         for i in range(10):
             writer.write({"__key__": f"old{i:03d}", "bin": b"old"})
     before = {p.name: p.read_bytes() for p in held.iterdir() if p.is_file()}
-    dests = [str(tmp_path / name) for name in ("empty", "bad", "dotted")]
+    dests = [str(tmp_path / name) for name in ("empty", "bad", "dotted", "users")]
+    users = {"data-000000-000000.tar": b"a user's own tar", "notes.txt": b"mine"}
+    Path(dests[3]).mkdir()
+    for name, data in users.items():
+        (Path(dests[3]) / name).write_bytes(data)
 
     out = run_driver(ray_cluster, WRITE_ERRORS, str(held), *dests)
 
@@ -294,6 +300,12 @@ def test_a_dataset_is_refused_without_overwrite_and_bad_rows_name_key_and_field(
     assert len(shard_names(Path(dests[1]))) == out["after_bad_overwrite"]["totals"]["num_shards"]  # none left over
     dotted = out["dotted"]
     assert "ValueError" in dotted["error"] and "sample key 'a.b'" in dotted["message"], dotted
+    foreign = out["foreign"]  # a user's file with a name the sink writes: refused, naming it
+    assert "DestinationError" in foreign["error"], foreign
+    assert "records: data-000000-000000.tar; move it away" in foreign["message"], foreign
+    assert "ShardDatasink(..., clobber=True)" in foreign["message"], foreign
+    assert out["clobbered"]["totals"]["num_samples"] == 20  # clobber=True writes over it, and over nothing else
+    assert (Path(dests[3]) / "notes.txt").read_bytes() == users["notes.txt"]
 
 
 def require_ray() -> None:

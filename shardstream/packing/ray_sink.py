@@ -70,7 +70,8 @@ class ShardDatasink(Datasink):
       ``max_samples_per_shard``, each with its sample table ``NAME-TTTTTT-SSSSSS.tar.samples``;
       a task that Ray runs again writes the same names again; each shard is recorded as the
       sink's (an empty ``.shardstream/sink/NAME-TTTTTT-SSSSSS.tar``) right after it is
-      published, so a later ``overwrite`` deletes those shards and nothing else;
+      published, so a later ``overwrite`` deletes those shards and nothing else (the records
+      are removed once ``index.bin``, which records the shards, is written);
     - when every task succeeded, ``index.bin`` (on the driver), listing the shards by task,
       then sequence number; :attr:`totals` then holds its totals.
 
@@ -233,6 +234,9 @@ class ShardDatasink(Datasink):
         for row in rows:
             columns.add(row, url=store.url)
         self.totals = columns.write(store)
+        for record in store.list_names(SINK_RECORDS):  # the index records the shards now
+            store.delete(record)
+        store.remove_empty_dirs((SINK_RECORDS.rstrip("/"), STATE_DIR))
 
     def on_write_failed(self, error: Exception) -> None:
         """Say what a failed write left (whole shards, no index)."""
