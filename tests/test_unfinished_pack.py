@@ -184,6 +184,10 @@ def test_an_index_an_older_shardstream_built_over_an_unfinished_pack_is_named_an
     with pytest.raises(ValueError, match="does not decode"):
         pack(src, dest, **options)
     assert cli("index", "build", str(dest), "--partial", "--no-progress").returncode == 0
+    with caplog.at_level(logging.WARNING, logger="shardstream"):  # a reader of a partial index says so
+        assert len(list(ShardDataset(dest, shuffle=False))) == open_index(dest).num_samples
+    assert f"{dest}/index.bin: a partial index, read as it is: it indexes an unfinished pack of {src}" in caplog.text
+    caplog.clear()
     old = Manifest.parse((dest / "index.bin").read_bytes(), url="index.bin")
     old.partial = None  # what an older index build wrote
     write_with_keys(open_store(dest), old)

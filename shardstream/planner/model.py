@@ -1607,8 +1607,8 @@ def _batch_warnings(total: int, world: int, batch: int, *, drop_last: bool, mixt
             f"{share * world - total:,} of them repeats"
         )
         out.append(
-            f"each rank gets {share:,} samples an epoch ({how}), fewer than one batch of {batch:,}: every rank's "
-            f"epoch is one short batch of {share:,} samples"
+            f"each rank gets {share:,} sample{'' if share == 1 else 's'} an epoch ({how}), fewer than one batch of "
+            f"{batch:,}: every rank's epoch is one short batch of {share:,} sample{'' if share == 1 else 's'}"
             + f"; use batch_size <= {share:,} or fewer ranks, or more data"
         )
     return out
