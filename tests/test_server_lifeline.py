@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_s3_server_command import Running
 
 from shardstream.testing import SeaweedS3Server
 from shardstream.testing.lifeline import process_is_alive, process_start_ticks
@@ -82,21 +82,11 @@ def kill_all(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-class Parent:
+class Parent(Running):
     """A parent process in a session of its own; its stdout lines come through a queue."""
 
     def __init__(self, args: list[str], **kwargs: Any) -> None:
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kwargs
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
+        super().__init__(args, start_new_session=True, **kwargs)
 
     def read_until(self, done: Callable[[str], bool]) -> list[str]:
         """Its stdout lines up to the first for which ``done`` holds (within :data:`STARTUP_S`)."""
