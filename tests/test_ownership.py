@@ -109,6 +109,16 @@ def test_overwrite_deletes_only_what_the_old_dataset_recorded(tmp_path, where):
     assert not any(n.startswith("data-00000") and n != "data-000007.tar" for n in everything(dest, s3))
 
 
+def test_a_reshard_refuses_a_users_file_too(tmp_path):
+    src = make_tree(tmp_path / "src", classes=2, per_class=10)
+    pack(src, tmp_path / "ds", max_samples_per_shard=5, progress=False)
+    dest = tmp_path / "re"
+    put(str(dest), USERS)
+    with pytest.raises(DestinationError, match="records: data-000000.tar; move it away .* pass --clobber"):
+        pack(tmp_path / "ds", dest, from_shards=True, progress=False)
+    assert everything(str(dest)) == USERS
+
+
 def test_index_build_output_refuses_tables_and_keys_it_did_not_write(tmp_path):
     src = make_tree(tmp_path / "src", classes=2, per_class=10)
     pack(src, tmp_path / "ds", max_samples_per_shard=5, progress=False)

@@ -91,9 +91,10 @@ def pack(
             NUL-separated; ``"-"`` reads standard input); the list's order is kept.
         on_error: ``"fail"`` stops at the first bad input file, naming it; ``"skip"`` packs
             the rest and lists each skipped file in ``dest/pack-report.jsonl``.
-        workers: processes writing shards in parallel (None: the CPU count), started with
-            ``spawn``: a script calling ``pack(workers > 1)`` needs the usual
-            ``if __name__ == "__main__":`` guard. All parts of one pack must use the same number.
+        workers: processes writing shards in parallel (None: the CPU count, the CLI's default;
+            the default here, 1, writes in this process), started with ``spawn``: a script
+            calling ``pack(workers > 1)`` needs the usual ``if __name__ == "__main__":`` guard.
+            All parts of one pack must use the same number.
         part: pack only this part of the input (another machine packs the others); default
             from ``RANK`` / ``WORLD_SIZE`` (torchrun) or a job array, else the whole input.
         shuffle: spread samples over shards in a random order seeded by ``seed``, through a
