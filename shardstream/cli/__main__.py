@@ -1,0 +1,7 @@
+"""``python -m shardstream.cli``: the ``shardstream`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

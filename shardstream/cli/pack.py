@@ -1,0 +1,193 @@
+"""``shardstream pack``: files, a file list, an object-store prefix or shards -> shards plus an index."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..packing.stream import OnError
+from .options import _SIZE, add_store_args, class_list, part_arg, positive_int, request_config, s3_config, size_arg
+
+SMALL_SHARD_BYTES = 1 << 20  # a --shard-size without a unit below this is warned about
+
+
+def shard_size_note(text: str, size: int) -> str | None:
+    """A warning for ``--shard-size`` given as a small number without a unit (``256``: bytes)."""
+    match = _SIZE.match(text)
+    if match is not None and not match.group(2) and size < SMALL_SHARD_BYTES:
+        return (
+            f"--shard-size {text.strip()} is {size} bytes (a number without a unit counts bytes): nearly every "
+            f"sample gets a shard of its own; for megabytes write {text.strip()}MiB or {text.strip()}MB"
+        )
+    return None
+
+
+PROBLEMS_SHOWN = 20  # problems `shardstream pack` prints on stderr; pack-report.jsonl lists every one
+
+
+def print_problems(report) -> None:
+    """The pack's problems on stderr, as the report lists them: ``not packed: PATH: REASON``, or
+    ``warning: PATH: REASON`` for what was packed all the same; the first :data:`PROBLEMS_SHOWN`."""
+    for problem in report.problems[:PROBLEMS_SHOWN]:
+        print(f"{'warning' if problem.packed else 'not packed'}: {problem.path}: {problem.reason}", file=sys.stderr)
+    more = len(report.problems) - PROBLEMS_SHOWN
+    if more > 0:
+        print(f"... and {more} more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
+
+
+def add_parsers(commands) -> None:
+    """Add ``pack``."""
+    p = commands.add_parser("pack", help="pack files into tar shards plus an index (resumable: run it again)")
+    p.add_argument(
+        "source", metavar="SOURCE", help="local directory, or a prefix of files: s3://, gs://, az://, hf://datasets/..."
+    )
+    p.add_argument("dest", metavar="DEST", help="local directory or a writable prefix: s3://, gs://, az://")
+    p.add_argument("--name", default="data", help="shard name prefix: NAME-000000.tar ... (default: data)")
+    p.add_argument(
+        "--shard-size",
+        type=size_arg,
+        default="256MiB",
+        metavar="SIZE",
+        help="max bytes per shard, e.g. 256MiB, 256MB or 256M (M = MB); a number without a unit counts bytes "
+        "(default: 256MiB)",
+    )
+    p.add_argument(
+        "--max-samples-per-shard",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="also start a new shard after N samples (default: no limit, only --shard-size)",
+    )
+    p.add_argument(
+        "--files-from",
+        metavar="LIST",
+        help="pack only the paths in LIST (relative to SOURCE; newline- or NUL-separated; - for stdin)",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=[e.value for e in OnError],
+        default=OnError.FAIL.value,
+        help="on a bad input file: fail naming it (default), or skip it and list it in DEST/pack-report.jsonl",
+    )
+    p.add_argument("--skip-unreadable", action="store_true", help="the same as --on-error skip")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"processes writing shards (default: the CPU count, {os.cpu_count()}; with --ray, "
+        "Ray tasks, default the cluster's CPU count)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="run the pack as tasks on the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto, the "
+        "cluster started on this machine); SOURCE and DEST must be reachable from every node",
+    )
+    p.add_argument(
+        "--part",
+        type=part_arg,
+        default=None,
+        metavar="I/N",
+        help="pack part I of N of the input (default: RANK/WORLD_SIZE or a job array's index, "
+        "else all); the last part to finish writes the index",
+    )
+    p.add_argument(
+        "--labels-from-dirs",
+        action="store_true",
+        help="SOURCE is a tree of class folders (torchvision's ImageFolder layout): each file becomes its own "
+        "sample with a cls member holding its class index (the sorted folder names directly under SOURCE), "
+        "and a json member from a metadata.jsonl or metadata.csv row (Hugging Face imagefolder's file_name "
+        "column); the index records the class names and counts",
+    )
+    p.add_argument(
+        "--labels-from",
+        metavar="FILE",
+        help="label the files of SOURCE (a flat folder, or any tree) from FILE, a CSV with a header or JSON Lines: "
+        "a file_name (or filename) column naming each file relative to SOURCE and a label column, as Hugging "
+        "Face's metadata.csv; each file becomes its own sample with a cls member, as --labels-from-dirs makes",
+    )
+    p.add_argument(
+        "--classes",
+        type=class_list,
+        metavar="A,B,...",
+        help="with --labels-from-dirs or --labels-from: the class list, in class-index order (default: the sorted "
+        "folder names or labels); a folder or label not in it is named and left out (or stops the pack)",
+    )
+    p.add_argument(
+        "--classes-from",
+        metavar="DATASET",
+        help="the same, with the class list of DATASET's index (the training set's, so that a validation set "
+        "missing a class keeps its indices)",
+    )
+    p.add_argument(
+        "--check-images",
+        action="store_true",
+        help="decode every image member (jpg, png, webp, ...) while packing; one that does not decode follows "
+        "--on-error (costs a decode per image)",
+    )
+    p.add_argument("--shuffle", action="store_true", help="spread samples over shards in a seeded random order")
+    p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset (or unfinished pack) at DEST: delete what its index and pack state record "
+        "(shards, tables, index.bin, keys/, the report, .shardstream/) and nothing else; what is kept is listed",
+    )
+    p.add_argument(
+        "--clobber",
+        action="store_true",
+        help="write over files at DEST with the names this pack writes (NAME-NNNNNN.tar, their tables, index.bin, "
+        "keys/, pack-report.jsonl, .shardstream/) that no index or pack state there records; without it such a "
+        "DEST is refused, naming them",
+    )
+    p.add_argument(
+        "--from-shards",
+        action="store_true",
+        help="SOURCE is tar shards (a directory or prefix of .tar/.tar.gz/.tar.zst, or a brace pattern): "
+        "repack their samples (resharding)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_store_args(p)
+    p.set_defaults(run=run, resume_hint="; run the same command again to resume: the shards published so far are kept")
+
+
+def run(args: argparse.Namespace) -> int | None:
+    """``shardstream pack``: the summary on stdout, the first problems on stderr."""
+    from ..packing.pack import pack
+
+    note = shard_size_note(args.shard_size.text, args.shard_size)
+    if note is not None:
+        print(f"shardstream: warning: {note}", file=sys.stderr)
+
+    report = pack(
+        args.source,
+        args.dest,
+        name=args.name,
+        max_shard_bytes=int(args.shard_size),
+        max_samples_per_shard=args.max_samples_per_shard,
+        files_from=args.files_from,
+        on_error=OnError.SKIP if args.skip_unreadable else OnError(args.on_error),
+        workers=args.workers or (None if args.ray else os.cpu_count() or 1),
+        part=args.part,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        clobber=args.clobber,
+        s3=s3_config(args),
+        progress=not args.no_progress,
+        from_shards=args.from_shards,
+        ray=args.ray,
+        requests=request_config(args),
+        labels_from_dirs=args.labels_from_dirs,
+        check_images=args.check_images,
+        labels_from=args.labels_from,
+        classes=args.classes,
+        classes_from=args.classes_from,
+    )
+    print_problems(report)
+    print(report.summary())
