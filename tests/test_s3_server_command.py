@@ -88,7 +88,8 @@ def kill_leftovers(s3_port: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-async def put_and_get(env: dict[str, str], bucket: str, key: str, body: bytes) -> bytes:
+async def put_and_get(env: dict[str, str], bucket: str, key: str, body: bytes | None) -> bytes:
+    """PUTs ``body`` (unless None) as ``bucket/key`` and GETs it back, through ``env``'s server."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
 
@@ -100,7 +101,8 @@ async def put_and_get(env: dict[str, str], bucket: str, key: str, body: bytes) -
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         config=AioConfig(s3={"addressing_style": "path"}, connect_timeout=10, read_timeout=10),
     ) as client:
-        await client.put_object(Bucket=bucket, Key=key, Body=body)
+        if body is not None:
+            await client.put_object(Bucket=bucket, Key=key, Body=body)
         response = await client.get_object(Bucket=bucket, Key=key)
         async with response["Body"] as stream:
             return await stream.read()

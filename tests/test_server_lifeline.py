@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_s3_server_command import Running
+from test_s3_server_command import Running, put_and_get
 
 from shardstream.testing import SeaweedS3Server
 from shardstream.testing.lifeline import process_is_alive, process_start_ticks
@@ -148,26 +148,6 @@ def weed_pids(port: int) -> list[int]:
     return pids
 
 
-async def s3_roundtrip(env: dict[str, str], *, put: bytes | None) -> bytes:
-    """PUTs ``put`` (unless None) as ``kept/object`` and GETs it back, through ``env``'s server."""
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
-
-    async with get_session().create_client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        config=AioConfig(s3={"addressing_style": "path"}, connect_timeout=10, read_timeout=10),
-    ) as client:
-        if put is not None:
-            await client.put_object(Bucket="kept", Key="object", Body=put)
-        response = await client.get_object(Bucket="kept", Key="object")
-        async with response["Body"] as stream:
-            return await stream.read()
-
-
 @pytest.mark.skipif(not LINUX, reason="finds the processes in /proc")
 @pytest.mark.timeout(180)
 def test_sigkill_of_s3_server_stops_weed_and_removes_its_temporary_directory():
@@ -201,13 +181,13 @@ def test_sigkill_of_s3_server_with_dir_stops_weed_and_keeps_the_dir_and_its_data
     parent, port, printed_dir, env = s3_server_command("--dir", str(data_dir))
     try:
         assert printed_dir == data_dir and not (data_dir / OWNER_RECORD).exists()
-        assert asyncio.run(s3_roundtrip(env, put=b"kept across a SIGKILL")) == b"kept across a SIGKILL"
+        assert asyncio.run(put_and_get(env, "kept", "object", b"kept across a SIGKILL")) == b"kept across a SIGKILL"
         parent.sigkill()
         wait_for(lambda: not weed_pids(port), timeout_s=GONE_S, what=f"weed on port {port} after the parent's SIGKILL")
         wait_for(lambda: not processes_naming(data_dir), timeout_s=GONE_S, what=f"the processes naming {data_dir}")
         assert not accepts(port) and data_dir.is_dir() and (data_dir / "s3.json").is_file()
         with SeaweedS3Server(data_dir=data_dir) as server:  # the data is still there
-            assert asyncio.run(s3_roundtrip(server.info.env(), put=None)) == b"kept across a SIGKILL"
+            assert asyncio.run(put_and_get(server.info.env(), "kept", "object", None)) == b"kept across a SIGKILL"
         assert data_dir.is_dir()
     finally:
         parent.close()
