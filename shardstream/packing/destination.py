@@ -9,7 +9,6 @@ published by :class:`shardstream.packing.writer.RotatingTarWriter`, for all of t
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import time
@@ -21,9 +20,19 @@ from typing import Any
 from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import DestinationError, SourceError
 from ..index import INDEX_NAME, KEYS_DIR, MANIFEST_NAME, Manifest
-from ..index.status import MERGED_NAME, read_json, unfinished_pack
+from ..index.status import MERGED_NAME, unfinished_pack
 from ..storage import LocalStore, Store, is_remote_url, open_store
-from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec, merge, merged_manifest, unfinished_streams
+from .journal import (
+    REPORT_NAME,
+    SPEC_NAME,
+    STATE_DIR,
+    PackSpec,
+    merge,
+    merged_here,
+    merged_manifest,
+    record_merged,
+    unfinished_streams,
+)
 from .ownership import NAMES_SHOWN, foreign_names, pack_writes, recorded_names, refuse_foreign, top_level_names
 from .sources import Problem, ProblemKind
 from .writer import ShardLimits
@@ -335,8 +344,7 @@ def merge_pack(store: Store, *, overwrite: bool = False) -> tuple[dict[str, int]
     spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url=store.url_of(SPEC_NAME))
     if not overwrite and store.exists(MANIFEST_NAME):
         manifest = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME))
-        merged = read_json(store, MERGED_NAME)
-        own = merged is not None and merged.get("index") == manifest.content_digest()
+        own = merged_here(store, spec, manifest)
         if not own and unfinished_streams(store, spec):
             merge(store, spec)  # raises, naming the parts that have not finished
         if not own and merged_manifest(store, spec)[0].content_digest() != manifest.content_digest():
@@ -357,8 +365,7 @@ def _own_index(store: Store, spec: PackSpec, index: str) -> bool:
     if index != MANIFEST_NAME:  # a version 1 dataset: its pack finished before any of this
         return True
     manifest = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME))
-    merged = read_json(store, MERGED_NAME)
-    if merged is not None and merged.get("spec") == spec.digest and merged.get("index") == manifest.content_digest():
+    if merged_here(store, spec, manifest):
         return True
     found = f"{store.url_of(MANIFEST_NAME)} ({manifest.num_shards} shards, {manifest.num_samples} samples)"
     status = unfinished_pack(store, manifest)
@@ -371,7 +378,7 @@ def _own_index(store: Store, spec: PackSpec, index: str) -> bool:
         return False
     built, _ = merged_manifest(store, spec)
     if built.content_digest() == manifest.content_digest():
-        store.write_bytes(MERGED_NAME, json.dumps({"spec": spec.digest, "index": built.content_digest()}).encode())
+        record_merged(store, spec, built)
         return True
     log.warning(
         "%s is not the index this pack's records make (%d shards, %d samples): it is written again from them",

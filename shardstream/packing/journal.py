@@ -52,8 +52,10 @@ __all__ = [
     "StreamState",
     "load_rows",
     "merge",
+    "merged_here",
     "merged_manifest",
     "read_stream_state",
+    "record_merged",
     "remove_stream_partials",
 ]
 
@@ -514,8 +516,22 @@ def merge(store: Store, spec: PackSpec) -> tuple[dict[str, int], list[Problem]]:
     manifest, problems = merged_manifest(store, spec)
     store.write_bytes(REPORT_NAME, b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems))
     write_with_keys(store, manifest)
-    store.write_bytes(MERGED_NAME, json.dumps({"spec": spec.digest, "index": manifest.content_digest()}).encode())
+    record_merged(store, spec, manifest)
     return manifest.totals(), problems
+
+
+def record_merged(store: Store, spec: PackSpec, manifest: Manifest) -> None:
+    """Write ``merged.json``: ``manifest`` (the index just written) is the pack ``spec``'s own."""
+    store.write_bytes(MERGED_NAME, json.dumps({"spec": spec.digest, "index": manifest.content_digest()}).encode())
+
+
+def merged_here(store: Store, spec: PackSpec, manifest: Manifest) -> bool:
+    """Whether ``merged.json`` says ``manifest`` (the index there) is the pack ``spec``'s own."""
+    try:
+        doc = json.loads(store.read_bytes(MERGED_NAME))
+    except (FileNotFoundError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("spec") == spec.digest and doc.get("index") == manifest.content_digest()
 
 
 def merged_manifest(store: Store, spec: PackSpec) -> tuple[Manifest, list[Problem]]:
