@@ -13,9 +13,44 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["FetchConfig", "HttpConfig", "RequestConfig", "S3Config"]
+__all__ = [
+    "Affinity",
+    "FetchConfig",
+    "HttpConfig",
+    "LastBatch",
+    "MixMode",
+    "OnError",
+    "OrderSettings",
+    "RequestConfig",
+    "S3Config",
+    "StoreSettings",
+    "on_error_of",
+]
 
 AddressingStyle = Literal["auto", "path", "virtual"]
+OnError = Literal["raise", "skip"]
+"""What a reader or a writer does with bad input: ``"raise"`` (stop, naming it) or ``"skip"``
+(go on without it, counted and logged). Writers accept their former word ``"fail"`` for ``"raise"``."""
+MixMode = Literal["stratified", "random"]
+"""How a mixture interleaves its sources: in every batch by their shares, or at random."""
+Affinity = Literal["node"]
+"""``shard_affinity``: each node keeps the same share of the shards in every epoch."""
+LastBatch = Literal["keep", "drop", "pad"]
+"""What a batched loader does with an epoch's short last batch."""
+
+
+def on_error_of(value: object, *, where: str, old: tuple[str, ...] = ("fail",)) -> OnError:
+    """``value`` as one word of :data:`OnError`: ``"raise"`` or ``"skip"``, with a former word
+    (``old``: writers' ``"fail"``) taken for ``"raise"``.
+
+    Raises:
+        ValueError: another value, naming ``where`` it was given.
+    """
+    if value in ("raise", "skip"):
+        return value  # type: ignore[return-value]  # narrowed by the test
+    if value in old:
+        return "raise"
+    raise ValueError(f"{where}: on_error={value!r} must be 'raise' or 'skip'")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,3 +232,74 @@ class FetchConfig:
                 f"FetchConfig.max_buffer_bytes={self.max_buffer_bytes!r} must be an int >= part_bytes "
                 f"({self.part_bytes})"
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrderSettings:
+    """The settings that fix an epoch's order, made once from a dataset's keyword arguments
+    and passed whole (to the schedule, the planner, checkpoints).
+
+    Attributes:
+        seed: seed of shard order and sample shuffle.
+        shuffle: permute shards, interleave lanes, shuffle samples; False keeps index order.
+        shuffle_buffer: samples in each reader's shuffle buffer (>= 0).
+        max_open_shards: lanes (shards read at once) per reader (>= 1).
+        drop_last: drop the fewest samples instead of repeating some to even out ranks.
+        batch_size: the DataLoader's batch size readers' pieces are cut by; None: evenly.
+
+    Raises:
+        ValueError: a bad value, named.
+    """
+
+    seed: int = 0
+    shuffle: bool = True
+    shuffle_buffer: int = 1000
+    max_open_shards: int = 4
+    drop_last: bool = False
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r} must be an int")
+        if not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer={self.shuffle_buffer!r} must be an int >= 0 (samples)")
+        if not isinstance(self.max_open_shards, int) or self.max_open_shards < 1:
+            raise ValueError(f"max_open_shards={self.max_open_shards!r} must be an int >= 1")
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+            raise ValueError(f"batch_size={self.batch_size!r} must be an int >= 1 (the DataLoader's) or None")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreSettings:
+    """How shards are reached, made once from a dataset's keyword arguments and passed whole
+    (to the reading engines, random access, index resolution, the planner).
+
+    Attributes:
+        s3: S3 endpoint and credentials; None: the standard AWS environment.
+        requests: timeouts, attempts and connections of remote requests; None: the defaults.
+        fetch: read-ahead bounds (bytes, requests, shards); None: the defaults.
+        cache_dir: a node-local directory caching remote shards; None: no cache.
+        cache_limit_bytes: the cache's size bound in bytes (required with ``cache_dir``).
+
+    Raises:
+        ValueError: ``cache_dir`` without a positive ``cache_limit_bytes``.
+    """
+
+    s3: S3Config | None = None
+    requests: RequestConfig | None = None
+    fetch: FetchConfig | None = None
+    cache_dir: str | None = None
+    cache_limit_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+            if not isinstance(self.cache_limit_bytes, int) or self.cache_limit_bytes < 1:
+                raise ValueError(
+                    f"cache_limit_bytes={self.cache_limit_bytes!r} must be an int >= 1 (bytes) when cache_dir is set"
+                )
+
+    @property
+    def fetch_or_default(self) -> FetchConfig:
+        """:attr:`fetch`, or the default :class:`FetchConfig`."""
+        return self.fetch or FetchConfig()

@@ -39,10 +39,20 @@ from .table import MAGIC as TABLE_MAGIC
 from .table import ShardTable
 from .v1 import INDEX_NAME, Index, MemberEntry, SampleEntry, ShardEntry
 
-__all__ = ["DatasetIndex", "ShardTables", "ShardUrls", "open_index", "resolve_source", "upgrade", "warn_if_partial"]
+__all__ = [
+    "TABLES_KEPT",
+    "DatasetIndex",
+    "ShardTables",
+    "ShardUrls",
+    "open_index",
+    "resolve_source",
+    "upgrade",
+    "warn_if_partial",
+]
 
 log = logging.getLogger("shardstream")
-_TABLES_KEPT = 64  # per-shard tables a process keeps (a reader needs one or two at a time)
+TABLES_KEPT = 64  # per-shard tables a process keeps (a reader needs one or two at a time)
+_TABLES_KEPT = TABLES_KEPT
 
 
 class DatasetIndex:

@@ -61,7 +61,7 @@ from .shards import ShardSet
 from .slicer import FileRun, RunSlices, iter_sliced_batches
 from .stats import ReaderStats
 
-__all__ = ["ReadingEngine", "read_mixed", "repeat_over_skips", "share_buffer", "shuffled"]
+__all__ = ["ReadingEngine", "lane_fetch", "read_mixed", "repeat_over_skips", "share_buffer", "shuffled", "source_fetch"]
 
 log = logging.getLogger("shardstream")
 _OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
@@ -119,12 +119,7 @@ class ReadingEngine:
         labels: Iterator[np.ndarray] = plan.labels()
         lane_runs = [plan.lane_runs(lane) for lane in range(plan.lanes)]
         if plan.lanes > 1:  # each lane gets its share of the reader's read-ahead bounds
-            fetch = share_read_ahead(
-                fetch,
-                Fraction(1, plan.lanes),
-                requests=max(1, fetch.max_inflight_requests // plan.lanes),
-                shards=max(1, fetch.max_inflight_shards // plan.lanes),
-            )
+            fetch = lane_fetch(fetch, plan.lanes)
         if plan.lanes == 1 and (plan.capacity <= 1 or plan.count <= 1):  # arrival order, one lane
             if plan.skip:
                 lane_runs[0] = without(lane_runs[0], np.arange(plan.skip, dtype=np.int64))
@@ -330,10 +325,8 @@ def read_mixed(
     total = max(1, sum(plan.count for plan in plans))
     sources = []
     for engine, plan, name in zip(engines, plans, names):
-        share = plan.count / total
-        requests = max(1, round(fetch.max_inflight_requests * share))
-        source_fetch = share_read_ahead(fetch, share, requests=requests)
-        sources.append(_SourceQueue(engine.read_plan(plan, fetch=source_fetch, stats=stats), pulled, name))
+        source = source_fetch(fetch, plan.count / total)
+        sources.append(_SourceQueue(engine.read_plan(plan, fetch=source, stats=stats), pulled, name))
     left = mix.skip
     out: list[Any] = []
     counts = np.zeros(len(engines), np.int64)
@@ -452,6 +445,25 @@ def repeat_over_skips(
         raise CorruptShardError(
             f"on_error='skip': all {repeater.owed} samples of this reader were skipped; nothing to repeat"
         )
+
+
+def lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
+    """``fetch`` for one of a reader's ``lanes`` (:meth:`ReadingEngine.read_plan`): an equal
+    part of its bytes, requests and shards in flight (each at least 1)."""
+    if lanes <= 1:
+        return fetch
+    return share_read_ahead(
+        fetch,
+        Fraction(1, lanes),
+        requests=max(1, fetch.max_inflight_requests // lanes),
+        shards=max(1, fetch.max_inflight_shards // lanes),
+    )
+
+
+def source_fetch(fetch: FetchConfig, share: float) -> FetchConfig:
+    """``fetch`` for a mixture's source that holds ``share`` of a worker's samples
+    (:func:`read_mixed`): that part of its bytes and requests in flight (at least 1)."""
+    return share_read_ahead(fetch, share, requests=max(1, round(fetch.max_inflight_requests * share)))
 
 
 def share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
