@@ -1,51 +1,39 @@
-"""The reader: one pass of one reader, from its epoch and slot to the samples or batches it
+"""The reader: one pass of one reader, from its epoch and slot to the items or batches it
 hands out. No torch: :class:`shardstream.ShardDataset` is the torch glue around it.
 
-A :class:`Reader` composes the stages every dataset goes through, whatever it reads:
+A :class:`Reader` is a schedule, its engines and a list of stages (:mod:`.stages`), composed
+as data by :meth:`Reader.open`: a mode (exact epochs, resampling, bare shard URLs), the item
+unit's stages, delivery (decoding, skips, counts, log lines) and batching. A new kind of item
+or step is a new stage in the list, not code here.
 
-1. **mode**: exact epochs (an index or a mixture: the schedule's plan, one worker's piece of
-   it, read by the engines, :meth:`~.schedule.Schedule.read_worker`), resampling (shards drawn
-   with replacement), or bare shard URLs (every ``readers``-th shard of the epoch's order,
-   through a shuffle buffer);
-2. **delivery**: samples decoded, or skipped and replaced by repeats (``on_error="skip"``,
-   :func:`~.engine.repeat_over_skips`), counted into the reader's stats a batch at a time,
-   with a periodic log line;
-3. **batching** (with a :class:`~.batching.Batcher`): whole batches of ``batch_size``
-   samples, read straight from the shard files where the batcher can
-   (:func:`~.batching.reads_runs`).
-
-One dataset and a mixture are read alike: what differs is the schedule's
-(:class:`~.schedule.EpochSchedule`, :class:`~.schedule.MixtureSchedule`), and ``replication``
-makes each model-parallel group of ranks one reader of the data (:meth:`Reader.group`).
+One dataset and a mixture are read alike: a dataset is a mixture of one source
+(:func:`open_reader` resolves both through one path, :func:`~.schedule.schedule_for` picks
+the plan), and ``replication`` makes each model-parallel group of ranks one reader of the
+data (:meth:`Reader.group`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import logging
-import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import FetchConfig, RequestConfig, S3Config
+from ..config import FetchConfig, OnError, OrderSettings, StoreSettings, on_error_of
 from ..index import DatasetIndex, resolve_source
-from ..tarstream import Batch
 from .assign import NodeAffinity, WorkerSlot
-from .batching import Batcher, RunPiece, as_batcher, batches, reads_runs
-from .engine import ReadingEngine, repeat_over_skips, shuffled
+from .batching import Batcher, as_batcher
+from .engine import ReadingEngine
 from .epochs import PassState
-from .mixture import sources_of
-from .schedule import EpochSchedule, MixtureSchedule, Schedule
+from .mixture import Source, sources_of
+from .schedule import Schedule, refused, schedule_for
 from .shards import ChainedUrls, IndexedShards, url_shards
-from .slicer import FileRun
+from .stages import SAMPLES, ItemUnit, PassContext, PassProgress, Stage, default_stages, failing
 from .stats import ReaderStats
 
-log = logging.getLogger("shardstream")
-_UNBATCHED = 2  # EpochBoard.once flag: warned that workers' pieces are not cut into whole batches
+__all__ = ["ReadOptions", "Reader", "ReaderPass", "failing", "loader_batch_size", "open_reader", "read_options"]
 
-__all__ = ["ReadOptions", "Reader", "ReaderPass", "failing", "loader_batch_size", "open_reader"]
+ReaderPass = PassProgress  # its former name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +41,7 @@ class ReadOptions:
     """How a reader delivers what it reads.
 
     Attributes:
-        decode: the per-sample stage: a callable taking a sample (a dict of the members) and
+        decode: the per-item stage: a callable taking a sample (a dict of the members) and
             returning what is handed on (``make_decoder`` composes it once from ``decode`` and
             ``fields``), or None (members as bytes).
         on_error: ``"raise"`` or ``"skip"`` (undecodable samples and corrupt runs replaced by
@@ -61,47 +49,64 @@ class ReadOptions:
         log_every_s: seconds between log lines of reader 0 (None: no logging).
         resampled: draw shards with replacement, endlessly, instead of epochs.
         replication: ranks per model-parallel group (they read the same samples).
-        batcher: make batches of ``batch_size`` samples; None: hand out samples.
-        batch_size: samples a batch (with ``batcher``).
+        batcher: make batches of ``batch_size`` items; None: hand out items.
+        batch_size: items a batch (with ``batcher``).
+        unit: what an item is (:class:`~.stages.ItemUnit`; a sample by default).
 
-    Made by :func:`open_reader`, which checks every value first.
+    Made by :func:`read_options`, which checks every value first.
     """
 
     decode: Callable[[dict[str, Any]], Any] | None = None
-    on_error: str = "raise"
+    on_error: OnError = "raise"
     log_every_s: float | None = None
     resampled: bool = False
     replication: int = 1
     batcher: Batcher | None = None
     batch_size: int | None = None
-
-
-class ReaderPass:
-    """Where one pass stands, for checkpoints: samples delivered, and ``position``: ``(segment
-    index, samples skipped as read before a resume)`` of its piece of an exact epoch (None
-    otherwise)."""
-
-    def __init__(self, position: tuple[int, int] | None = None) -> None:
-        self.delivered = 0
-        self.position = position
+    unit: ItemUnit = SAMPLES
 
 
 class Reader:
     """Reads passes of a dataset or mixture (module doc). Picklable: DataLoader workers get a copy.
 
     Args:
-        schedule: the epoch schedule (which samples each rank and worker reads).
+        schedule: the epoch schedule (which items each rank and worker reads).
         engines: one :class:`~.engine.ReadingEngine` per source (one for a dataset).
-        options: how samples are delivered (:class:`ReadOptions`).
+        options: how items are delivered (:class:`ReadOptions`).
+        stages: the pass's stages in order (:mod:`.stages`); None: the built-in list for
+            ``options`` (:func:`~.stages.default_stages`).
     """
 
-    def __init__(self, schedule: Schedule, engines: Sequence[ReadingEngine], options: ReadOptions) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        engines: Sequence[ReadingEngine],
+        options: ReadOptions,
+        stages: Sequence[Stage] | None = None,
+    ) -> None:
         self.schedule = schedule
         self.engines = list(engines)
         self.options = options
+        if stages is None:
+            stages = default_stages(
+                exact=self.exact,
+                resampled=options.resampled,
+                unit=options.unit,
+                decode=options.decode,
+                on_error=options.on_error,
+                log_every_s=options.log_every_s,
+                batcher=options.batcher,
+                batch_size=options.batch_size,
+            )
+        self.stages: tuple[Stage, ...] = tuple(stages)
 
     def __repr__(self) -> str:
         return f"Reader({self.schedule.num_shards} shards, {len(self.engines)} source(s), {self.options!r})"
+
+    @property
+    def engine(self) -> ReadingEngine:
+        """The first source's engine: its store settings are every engine's."""
+        return self.engines[0]
 
     @property
     def classes(self) -> list[str] | None:
@@ -113,7 +118,7 @@ class Reader:
 
     @property
     def exact(self) -> bool:
-        """Epochs planned from sample counts (an index, or a mixture), not resampled."""
+        """Epochs planned from item counts (an index, or a mixture), not resampled."""
         return self.schedule.num_samples is not None and not self.options.resampled
 
     def check_exact(self, what: str) -> None:
@@ -154,9 +159,10 @@ class Reader:
         log_line: Callable[[], None] | None = None,
         on_end: Callable[[], None] | None = None,
         once: Callable[[int], bool] = lambda flag: True,
-    ) -> tuple[ReaderPass, Iterator[Any]]:
+    ) -> tuple[PassProgress, Iterator[Any]]:
         """One pass of ``slot`` (a group, :meth:`group`) in the epoch of ``state``: its
-        :class:`ReaderPass` (set now, before the first sample) and what it hands out.
+        :class:`~.stages.PassProgress` (set now, before the first item) and what its last
+        stage hands out, each stage opened on the one before (:class:`~.stages.PassContext`).
 
         Args:
             state: the pass's epoch and the checkpoint it resumes.
@@ -164,144 +170,51 @@ class Reader:
             fetch: this reader's share of the read-ahead budget.
             stats: this reader's counters.
             log_line: called every ``log_every_s`` seconds while reading (None: never).
-            on_end: called once every sample was delivered (before a last short batch).
+            on_end: called once every item was delivered (before a last short batch).
             once: whether a warning (a flag) is due: true once per dataset
                 (:meth:`~.epochs.EpochBoard.once`), so workers do not each warn.
 
         What it hands out raises, at its first ``next``, a ValueError where the checkpoint
         cannot be split for this slot.
         """
-        options, schedule = self.options, self.schedule
-        if self.exact:
-            plan = schedule.plan(state, slot)
-            try:
-                mine, seg = schedule.worker_plan(plan, slot)
-            except Exception as exc:  # noqa: BLE001 - handed to the consumer, raised there
-                return ReaderPass(), failing(exc)
-            if options.batch_size is None and slot.num_workers > 1 and once(_UNBATCHED):
-                log.warning(
-                    "ShardDataset read by %d DataLoader workers without ShardDataset(batch_size=...): if the "
-                    "DataLoader batches, each worker ends with a short batch, so it may yield up to "
-                    "num_workers - 1 = %d batches more than len(loader), which loops that stop at len(loader) "
-                    "(Lightning, Hugging Face's Trainer) never train on. Pass the DataLoader's batch_size to "
-                    "ShardDataset.",
-                    slot.num_workers,
-                    slot.num_workers - 1,
-                )
-            progress = ReaderPass((seg, mine.skip))
-            file_runs = reads_runs(options.batcher, decode=options.decode, on_error=options.on_error)
-            read: Iterator[Batch | FileRun] = schedule.read_worker(
-                mine, state.epoch, self.engines, fetch=fetch, stats=stats, file_runs=file_runs
-            )
-        else:
-            progress = ReaderPass()
-            engine = self.engines[0]
-            if options.resampled:
-                read = engine.read_resampled(
-                    seed=schedule.seed, epoch=state.epoch, reader=slot.index, fetch=fetch, stats=stats
-                )
-            else:
-                read = engine.read_shards(schedule.shard_ids(slot, state.epoch), fetch=fetch, stats=stats)
-            if schedule.shuffle and schedule.shuffle_buffer > 1:
-                read = shuffled(
-                    read, capacity_samples=schedule.shuffle_buffer, seed=(schedule.seed, state.epoch, slot.index)
-                )
-        out = self._delivered(read, progress, stats, log_line, on_end)
-        if options.batcher is not None and options.batch_size is not None:
-            out = batches(out, options.batcher, options.batch_size, lambda pieces: _count(pieces, progress, stats))
-        return progress, out
-
-    def _delivered(
-        self,
-        read: Iterator[Batch | FileRun],
-        progress: ReaderPass,
-        stats: ReaderStats,
-        log_line: Callable[[], None] | None,
-        on_end: Callable[[], None] | None,
-    ) -> Iterator[Any]:
-        """The pass's samples, decoded, counted (a batch at a time) and logged; file runs are
-        handed on unread (the batching stage reads and counts them)."""
-        decode = self.options.decode
-        every_s = self.options.log_every_s or 0.0
-        next_log = time.monotonic() + every_s if every_s and log_line is not None else float("inf")
-        if self.options.on_error == "skip":  # no file runs then (reads_runs)
-            read = repeat_over_skips(read, decode, stats)
-            decode = None
-        for batch in read:
-            if log_line is not None and time.monotonic() >= next_log:
-                log_line()
-                next_log = time.monotonic() + every_s
-            if isinstance(batch, FileRun):
-                yield batch
-                continue
-            stats.samples(len(batch), batch.nbytes)
-            if decode is None:
-                for sample in batch:
-                    progress.delivered += 1
-                    yield sample
-            else:
-                for sample in batch:
-                    progress.delivered += 1
-                    yield decode(sample)
-        if on_end is not None:
-            on_end()
+        ctx = PassContext(
+            state=state,
+            slot=slot,
+            engines=self.engines,
+            schedule=self.schedule,
+            fetch=fetch,
+            stats=stats,
+            log_line=log_line,
+            on_end=on_end,
+            once=once,
+        )
+        out: Iterator[Any] | None = None
+        for stage in self.stages:
+            out = stage.open(out, ctx)
+        assert out is not None  # internal invariant: at least a mode
+        return ctx.progress, out
 
 
-def failing(exc: BaseException) -> Iterator[Any]:
-    """An iterator that raises ``exc`` at its first ``next`` (errors of a pass's set-up reach
-    the consumer there, as a DataLoader worker hands them on)."""
-    raise exc
-    yield
-
-
-def _count(pieces: Sequence[RunPiece], progress: ReaderPass, stats: ReaderStats) -> None:
-    """File-run ``pieces`` delivered: their samples and every member's bytes, as a sliced read counts."""
-    count = sum(j - i for _, i, j in pieces)
-    stats.samples(count, sum(sum(run.kept_sizes(i, j)) for run, i, j in pieces))
-    progress.delivered += count
-
-
-def open_reader(
-    source: Any,
+def read_options(
     *,
-    shuffle: bool,
-    shuffle_buffer: int,
-    seed: int,
     decode: Any,
-    s3: S3Config | None,
-    requests: RequestConfig | None,
-    cache_dir: str | os.PathLike[str] | None,
-    cache_limit_bytes: int | None,
-    log_every_s: float | None,
-    drop_last: bool,
-    max_open_shards: int,
-    batch_size: int | None,
-    resampled: bool,
+    fields: Any,
     on_error: str,
-    verify_checksums: bool,
-    epoch_samples: int | None,
-    mix: str,
+    log_every_s: float | None,
+    resampled: bool,
     replication: int,
     collate: Any,
-    fields: Any = None,
-    shard_affinity: Any = None,
+    batch_size: int | None,
+    unit: ItemUnit | None,
     make_decoder: Callable[..., Callable[[dict[str, Any]], Any] | None],
-) -> tuple[Reader, Sequence[str], DatasetIndex | None]:
-    """The reader of :class:`shardstream.ShardDataset`'s arguments (their meaning is there
-    and in docs/reading.md; ``make_decoder(decode, fields=fields)`` makes the per-sample stage,
-    :attr:`ReadOptions.decode`): one dataset, or a mixture of the ``Source`` s in ``source``;
-    with its shard URLs (O(sources) for a mixture: never listed) and its index (None for a
-    mixture or shard URLs). Shard URLs with their sample tables beside them read in exact
-    epochs (:func:`~.shards.url_shards`: their tables' headers are read here, O(shards)).
+) -> ReadOptions:
+    """:class:`ReadOptions` of :class:`shardstream.ShardDataset`'s arguments (their meaning is
+    there), each checked; ``make_decoder(decode, fields=fields)`` makes the per-item stage.
 
     Raises:
-        ValueError: a bad argument (named with its value), ``epoch_samples`` without a
-            mixture, ``resampled`` with one, or a bad mixture (naming the source).
-        TypeError: a list mixing ``Source`` s and shard URLs.
-        ShardNotFoundError, IndexFormatError: as :func:`~shardstream.index.resolve_source`.
+        ValueError: a bad argument, named with its value.
     """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"{on_error=} must be 'raise' or 'skip'")
+    on_error = on_error_of(on_error, where="ShardDataset", old=())
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"{batch_size=} must be an int >= 1 (the DataLoader's) or None")
     if collate is not None and batch_size is None:
@@ -309,67 +222,81 @@ def open_reader(
             "collate= makes the dataset hand out batches of batch_size samples: pass batch_size=... too (and "
             "read it with DataLoader(dataset, batch_size=None))"
         )
-    batcher = None if collate is None else as_batcher(collate)
-    if not isinstance(max_open_shards, int) or max_open_shards < 1:
-        raise ValueError(f"{max_open_shards=} must be an int >= 1")
-    if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
-        raise ValueError(f"{cache_limit_bytes=} must be an int >= 1 (bytes) when cache_dir is set")
     if log_every_s is not None and not log_every_s > 0:
         raise ValueError(f"{log_every_s=} must be > 0 (seconds) or None")
-    if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-        raise ValueError(f"{shuffle_buffer=} must be an int >= 0 (samples)")
-    if not isinstance(seed, int):
-        raise ValueError(f"{seed=} must be an int")
     if not isinstance(replication, int) or isinstance(replication, bool) or replication < 1:
         raise ValueError(f"{replication=} must be an int >= 1 (ranks per model-parallel group)")
-    options = ReadOptions(
+    if unit is not None and not isinstance(unit, ItemUnit):
+        raise ValueError(f"unit={unit!r} is not an ItemUnit (a name, items_of(shards) and stages())")
+    return ReadOptions(
         decode=make_decoder(decode, fields=fields),
         on_error=on_error,
         log_every_s=log_every_s,
         resampled=resampled,
         replication=replication,
-        batcher=batcher,
+        batcher=None if collate is None else as_batcher(collate),
         batch_size=batch_size,
+        unit=unit or SAMPLES,
     )
-    affinity = NodeAffinity.of(shard_affinity, replication=replication)
-    order = dict(seed=seed, shuffle=shuffle, shuffle_buffer=shuffle_buffer, max_open_shards=max_open_shards)
-    order.update(drop_last=drop_last, batch_size=batch_size)
-    engine = dict(s3=s3, requests=requests, on_error=on_error, verify_checksums=verify_checksums)
-    engine.update(
-        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None, cache_limit_bytes=cache_limit_bytes
-    )
-    sources = sources_of(source)
-    if sources is not None and len(sources) == 1 and sources[0].rule() == {"repeat": 1.0} and epoch_samples is None:
-        source, sources = sources[0].location, None  # one whole source: a plain dataset
-    if sources is None:
-        if epoch_samples is not None:
-            raise ValueError(
-                f"{epoch_samples=} sets the size of a mixture's epoch; pass a list of Source(...) to mix datasets"
-            )
-        urls, index = resolve_source(source, s3=s3, requests=requests)
-        shards = IndexedShards(index) if index is not None else url_shards(urls, s3=s3, requests=requests)
-        if affinity is not None and (resampled or shards.sample_counts is None):
-            raise ValueError(
-                "shard_affinity='node' splits exact epochs by node: it needs an index (not bare shard URLs) "
-                "and resampled=False"
-            )
-        schedule: Schedule = EpochSchedule(shards, **order, shard_affinity=affinity)
-        return Reader(schedule, [ReadingEngine(shards, **engine)], options), urls, index
-    if resampled:
-        raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
-    if affinity is not None:
-        raise ValueError(
-            "shard_affinity='node' is not supported for a mixture yet: each source would need its own node "
-            "shares; read the mixture without it (its node cache then holds what each epoch brings)"
-        )
+
+
+def open_reader(
+    source: Any,
+    *,
+    order: OrderSettings,
+    store: StoreSettings,
+    options: ReadOptions,
+    verify_checksums: bool = False,
+    epoch_samples: int | None = None,
+    mix: str = "stratified",
+    shard_affinity: Any = None,
+) -> tuple[Reader, Sequence[str], DatasetIndex | None]:
+    """The reader of a dataset or a mixture (:class:`shardstream.ShardDataset`'s arguments as
+    values; docs/reading.md): ``source`` is a list of ``Source`` s, or one location, which is
+    read as a mixture of one source. Returns the reader, its shard URLs (a mixture's laid end
+    to end: O(sources), never listed) and the index of one dataset (None for a mixture or
+    shard URLs). Shard URLs with their sample tables beside them read in exact epochs
+    (:func:`~.shards.url_shards`: their tables' headers are read here, O(shards)).
+
+    Raises:
+        ValueError: a bad argument (named with its value), a combination the schedule refuses
+            (:func:`~.schedule.schedule_for`), or a bad mixture (naming the source).
+        TypeError: a list mixing ``Source`` s and shard URLs.
+        ShardNotFoundError, IndexFormatError: as :func:`~shardstream.index.resolve_source`.
+    """
+    affinity = NodeAffinity.of(shard_affinity, replication=options.replication)
+    given = sources_of(source)
+    refused(given, epoch_samples=epoch_samples, resampled=options.resampled, shard_affinity=affinity)
+    sources = given if given is not None else [Source(source)]
+    s3, requests = store.s3, store.requests
     with concurrent.futures.ThreadPoolExecutor(min(16, len(sources))) as pool:  # their indexes' GETs at once
         resolved = list(pool.map(lambda src: resolve_source(src.location, s3=s3, requests=requests), sources))
     sets = [
-        IndexedShards(index) if index is not None else url_shards(urls, s3=s3, requests=requests)
+        options.unit.items_of(IndexedShards(index) if index is not None else url_shards(urls, s3=s3, requests=requests))
         for urls, index in resolved
     ]
-    schedule = MixtureSchedule(sources, sets, epoch_samples=epoch_samples, mix=mix, **order)
+    schedule = schedule_for(
+        sources if given is not None else None,
+        sets,
+        order,
+        epoch_samples=epoch_samples,
+        mix=mix,
+        shard_affinity=affinity,
+        resampled=options.resampled,
+        unit=options.unit.name,
+    )
+    engine = dict(
+        s3=s3,
+        requests=requests,
+        on_error=options.on_error,
+        verify_checksums=verify_checksums,
+        cache_dir=store.cache_dir,
+        cache_limit_bytes=store.cache_limit_bytes,
+    )
     engines = [ReadingEngine(shards, **engine) for shards in sets]
+    if len(resolved) == 1 and schedule.sources is None:
+        urls, index = resolved[0]
+        return Reader(schedule, engines, options), urls, index
     return Reader(schedule, engines, options), ChainedUrls([urls for urls, _ in resolved]), None
 
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..config import OrderSettings
 from ..tarstream import Batch
 from .assign import NodeAffinity, WorkerSlot, assign_shards
 from .engine import ReadingEngine, read_mixed
@@ -38,7 +39,17 @@ from .plan import EpochPlan, NodeLayout, Segment, ShardOrder, WorkerPlan, per_ra
 from .shards import ShardSet
 from .slicer import FileRun
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "EpochSchedule", "MixtureSchedule", "Plan", "Schedule", "segments_of"]
+__all__ = [
+    "STATE_FORMAT",
+    "STATE_VERSION",
+    "EpochSchedule",
+    "MixtureSchedule",
+    "Plan",
+    "Schedule",
+    "refused",
+    "schedule_for",
+    "segments_of",
+]
 
 log = logging.getLogger("shardstream")
 
@@ -76,6 +87,7 @@ class Schedule:
 
     names: tuple[str, ...] = ()
     sources: list[Source] | None = None  # a mixture's
+    unit: str = "sample"  # what it counts (an ItemUnit's name); checkpoints name any other
 
     def prepare(self, epoch: int, slot: WorkerSlot | None = None) -> None:
         """Compute ``epoch``'s order now (O(shards)) for the job ``slot`` is in, so DataLoader
@@ -108,29 +120,48 @@ class Schedule:
         """Whether one epoch differs from another (in order or in samples): with ``shuffle``."""
         return self.shuffle
 
+    @property
+    def whole_sources(self) -> bool:
+        """Whether an epoch reads the data whole, once (true for one dataset)."""
+        return True
+
+    def check_lookup(self, what: str) -> None:
+        """The one place that refuses to look samples up by global index or key in a mixture
+        whose epochs are not its sources laid end to end (``weight=``, ``samples=``, or a
+        ``repeat`` other than 1: no index there means one sample).
+
+        Raises:
+            TypeError: such a mixture, saying what to do instead.
+        """
+        if self.sources is not None and not self.whole_sources:
+            raise TypeError(
+                f"{what} reads one dataset or a mixture of whole sources (repeat=1), not a mixture of "
+                f"{len(self.sources)} sources read in parts (weight=, samples=, repeat!=1); open each source's "
+                "location with ShardDataset(location) or ShardMapDataset(location)"
+            )
+
     def _keep(
         self,
         counts: np.ndarray | None,
         num_shards: int,
-        *,
-        seed: int,
-        shuffle: bool,
-        shuffle_buffer: int,
-        max_open_shards: int,
-        drop_last: bool,
-        batch_size: int | None,
+        order: OrderSettings | None,
         shard_affinity: NodeAffinity | None = None,
+        **settings: Any,
     ) -> None:
-        """Hold the sample counts and the settings that fix an epoch's order."""
+        """Hold the item counts and the settings that fix an epoch's order (``order``, or
+        its fields as keywords, as callers before :class:`~shardstream.config.OrderSettings`
+        passed them)."""
+        order = order if order is not None else OrderSettings(**settings)
+        self.order = order
         self.counts: np.ndarray | None = counts
         self.num_shards = num_shards
         self.num_samples: int | None = int(counts.sum()) if counts is not None else None
-        self.seed = seed
-        self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
-        self.max_open_shards = max_open_shards
-        self.drop_last = drop_last
-        self.batch_size = batch_size
+        self.seed = order.seed
+        self.shuffle = order.shuffle
+        self.shuffle_buffer = order.shuffle_buffer
+        self.max_open_shards = order.max_open_shards
+        self.drop_last = order.drop_last
+        self.batch_size = order.batch_size
         self.shard_affinity = shard_affinity
 
     def _plan_args(self, state: PassState) -> dict[str, Any]:
@@ -239,19 +270,27 @@ class Schedule:
         return self._state_dict(state.epoch, [*segments[:seg], current])
 
     def _state_dict(self, epoch: int, segments: list[Segment]) -> dict[str, Any]:
-        return self._affinity_key() | {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "seed": self.seed,
-            "epoch": epoch,
-            "shuffle": self.shuffle,
-            "shuffle_buffer": self.shuffle_buffer,
-            "max_open_shards": self.max_open_shards,
-            "drop_last": self.drop_last,
-            "num_samples": self.num_samples,
-            "num_shards": self.num_shards,
-            "segments": [x.to_dict() for x in segments],
-        }
+        return (
+            self._affinity_key()
+            | self._unit_key()
+            | {
+                "format": STATE_FORMAT,
+                "version": STATE_VERSION,
+                "seed": self.seed,
+                "epoch": epoch,
+                "shuffle": self.shuffle,
+                "shuffle_buffer": self.shuffle_buffer,
+                "max_open_shards": self.max_open_shards,
+                "drop_last": self.drop_last,
+                "num_samples": self.num_samples,
+                "num_shards": self.num_shards,
+                "segments": [x.to_dict() for x in segments],
+            }
+        )
+
+    def _unit_key(self) -> dict[str, Any]:
+        """What a checkpoint records of the item unit: its name, where items are not samples."""
+        return {"unit": self.unit} if self.unit != "sample" else {}
 
     def _affinity_key(self) -> dict[str, Any]:
         """What a checkpoint records of node affinity: only that it is on (the ranks per node
@@ -272,6 +311,7 @@ class Schedule:
         mine = {
             **mine,
             "shard_affinity": self._affinity_key().get("shard_affinity"),
+            "unit": self._unit_key().get("unit"),
             "seed": self.seed,
             "shuffle": self.shuffle,
             "shuffle_buffer": self.shuffle_buffer,
@@ -299,8 +339,15 @@ class EpochSchedule(Schedule):
         batch_size: the DataLoader's batch size workers' pieces are cut by; None: evenly.
     """
 
-    def __init__(self, shards: ShardSet, **order: Any) -> None:
-        self._keep(shards.sample_counts, shards.num_shards, **order)
+    def __init__(
+        self,
+        shards: ShardSet,
+        order: OrderSettings | None = None,
+        *,
+        shard_affinity: NodeAffinity | None = None,
+        **settings: Any,
+    ) -> None:
+        self._keep(shards.sample_counts, shards.num_shards, order, shard_affinity, **settings)
         self._orders: dict[tuple[int, NodeLayout | None], ShardOrder] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -375,6 +422,77 @@ class EpochSchedule(Schedule):
         return PassState(epoch, segments)
 
 
+def refused(
+    sources: Sequence[Source] | None,
+    *,
+    epoch_samples: int | None,
+    resampled: bool,
+    shard_affinity: NodeAffinity | None,
+) -> None:
+    """The one place that refuses what a mixture (``sources``; None: one location) cannot
+    do, before anything is read: ``epoch_samples`` sizes a mixture's epoch, ``resampled``
+    reads one dataset endlessly, node affinity splits one dataset's shards by node.
+
+    Raises:
+        ValueError: such a combination, saying what to do instead.
+    """
+    if sources is None or _whole_one(sources, epoch_samples):
+        if sources is None and epoch_samples is not None:
+            raise ValueError(
+                f"{epoch_samples=} sets the size of a mixture's epoch; pass a list of Source(...) to mix datasets"
+            )
+        return
+    if resampled:
+        raise ValueError("resampled=True reads one dataset endlessly; a mixture's epochs are exact, drop it")
+    if shard_affinity is not None:
+        raise ValueError(
+            "shard_affinity='node' is not supported for a mixture yet: each source would need its own node "
+            "shares; read the mixture without it (its node cache then holds what each epoch brings)"
+        )
+
+
+def _whole_one(sources: Sequence[Source], epoch_samples: int | None) -> bool:
+    """A mixture of one source read whole once an epoch: read as that dataset."""
+    return len(sources) == 1 and sources[0].rule() == {"repeat": 1.0} and epoch_samples is None
+
+
+def schedule_for(
+    sources: Sequence[Source] | None,
+    shard_sets: Sequence[ShardSet],
+    order: OrderSettings,
+    *,
+    epoch_samples: int | None = None,
+    mix: str = "stratified",
+    shard_affinity: NodeAffinity | None = None,
+    resampled: bool = False,
+    unit: str = "sample",
+) -> Schedule:
+    """The schedule of a mixture (``sources``, their ``shard_sets``), a dataset being a
+    mixture of one (``sources`` None, one shard set): what :func:`refused` allows, then the
+    plan that reads it: one source read whole once an epoch by the dataset plan
+    (:class:`EpochSchedule`: its order and checkpoints are those of a dataset), any other
+    mixture by the mixture plan (:class:`MixtureSchedule`). ``unit``: what it counts (an
+    :class:`~.stages.ItemUnit`'s name), recorded in checkpoints unless ``"sample"``.
+
+    Raises:
+        ValueError: as :func:`refused`; node affinity without counts (bare shard URLs) or
+            with ``resampled``; a bad mixture, naming the source.
+    """
+    refused(sources, epoch_samples=epoch_samples, resampled=resampled, shard_affinity=shard_affinity)
+    if sources is None or _whole_one(sources, epoch_samples):
+        shards = shard_sets[0]
+        if shard_affinity is not None and (resampled or shards.sample_counts is None):
+            raise ValueError(
+                "shard_affinity='node' splits exact epochs by node: it needs an index (not bare shard URLs) "
+                "and resampled=False"
+            )
+        schedule: Schedule = EpochSchedule(shards, order, shard_affinity=shard_affinity)
+    else:
+        schedule = MixtureSchedule(sources, shard_sets, order, epoch_samples=epoch_samples, mix=mix)
+    schedule.unit = unit
+    return schedule
+
+
 @functools.lru_cache(maxsize=16)
 def _say_repartitioned(epoch: int, segments: tuple[Segment, ...], world_size: int) -> None:
     """Under node affinity, a resume at another world size: say once what happens to the
@@ -436,10 +554,11 @@ class MixtureSchedule(Schedule):
         self,
         sources: Sequence[Source],
         shard_sets: Sequence[ShardSet],
+        order: OrderSettings | None = None,
         *,
         epoch_samples: int | None,
         mix: str,
-        **order: Any,
+        **settings: Any,
     ) -> None:
         if mix not in MIX_MODES:
             raise ValueError(f"{mix=} must be one of {', '.join(MIX_MODES)}")
@@ -463,7 +582,7 @@ class MixtureSchedule(Schedule):
         self.epoch_samples = epoch_samples
         self.per_epoch = epoch_counts(self.sources, self.sizes, epoch_samples)
         self.mix = mix
-        self._keep(None, sum(s.num_shards for s in shard_sets), **order)
+        self._keep(None, sum(s.num_shards for s in shard_sets), order, **settings)
         self.num_samples = sum(self.per_epoch)
         self.coverage = [
             Coverage(counts, per_epoch=n % size, seed=self.seed, source=i, shuffle=self.shuffle, base=CoverageBase())
@@ -518,7 +637,22 @@ class MixtureSchedule(Schedule):
         return read_mixed(engines, plans, mine, names=self.names, fetch=read["fetch"], stats=read["stats"])
 
     def shard_ids(self, slot: WorkerSlot, epoch: int) -> list[int]:
-        raise TypeError("shards_for() answers for one dataset; a mixture's readers read parts of every source")
+        """Shard ids (the sources' shards laid end to end) ``slot`` reads in ``epoch``: each
+        source's part of its piece of the plan, source after source, each in reading order."""
+        mine, _ = self.worker_plan(self.plan(PassState(epoch, []), slot), slot)
+        out: dict[int, None] = {}
+        first = 0
+        for plan, counts in zip(self.real_plans(mine, epoch), self.source_counts):
+            for run in plan.runs:
+                out.setdefault(first + run.shard)
+            first += len(counts)
+        return list(out)
+
+    @property
+    def whole_sources(self) -> bool:
+        """Whether each source is read whole, once, every epoch (``repeat=1``): then the
+        mixture's samples are its sources' samples laid end to end."""
+        return all(n == size for n, size in zip(self.per_epoch, self.sizes))
 
     def real_plans(self, plan: MixWorkerPlan, epoch: int) -> list[WorkerPlan]:
         """Each source's part of ``plan`` over its real shards, to read."""
