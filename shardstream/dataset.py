@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from .config import FetchConfig, OrderSettings, RequestConfig, S3Config, StoreSettings
+from .config import Affinity, FetchConfig, MixMode, OnError, OrderSettings, RequestConfig, S3Config, StoreSettings
 from .decode.cpu import ImageFormat
 from .decode.stage import PickedSamples, make_decoder
 from .reading.assign import NodeAffinity, WorkerSlot, current_slot, distributed_rank, in_worker, loader_id
@@ -103,14 +103,14 @@ class ShardDataset(EpochFront, SampleLookup, ReaderSettings, IterableDataset):
         max_open_shards: int = 4,
         batch_size: int | None = None,
         resampled: bool = False,
-        on_error: str = "raise",
+        on_error: OnError = "raise",
         verify_checksums: bool = False,
         epoch_samples: int | None = None,
-        mix: str = "stratified",
+        mix: MixMode = "stratified",
         replication: int = 1,
         collate: Callable[[list[Any]], Any] | None = None,
         fields: Mapping[str, str] | Sequence[str] | None = None,
-        shard_affinity: str | NodeAffinity | None = None,
+        shard_affinity: Affinity | NodeAffinity | None = None,
         unit: ItemUnit | None = None,
     ) -> None:
         super().__init__()
