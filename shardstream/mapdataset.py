@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from .config import FetchConfig, RequestConfig, S3Config
+from .config import FetchConfig, RequestConfig, S3Config, StoreSettings
 from .decode.cpu import ImageFormat
 from .decode.stage import make_decoder
 from .index import open_index
@@ -58,15 +58,14 @@ class ShardMapDataset(Dataset):  # type: ignore[type-arg]
         merge_gap_bytes: int = 64 << 10,
         hot_shard_reads: int = 8,
     ) -> None:
+        store = StoreSettings(
+            s3=s3, requests=requests, fetch=fetch, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes
+        )
         self.index = open_index(location, s3=s3, requests=requests)
         warn_if_partial(self.index)
         self.access = SampleAccess(
             self.index,
-            s3=s3,
-            requests=requests,
-            fetch=fetch,
-            cache_dir=cache_dir,
-            cache_limit_bytes=cache_limit_bytes,
+            store=store,
             max_tables=max_tables,
             merge_gap_bytes=merge_gap_bytes,
             hot_shard_reads=hot_shard_reads,

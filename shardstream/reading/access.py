@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import FetchConfig, RequestConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config, StoreSettings
 from ..errors import CorruptShardError, IndexFormatError, StorageConnectionError
 from ..format import split_key
 from ..index import DatasetIndex, ShardTable
@@ -104,6 +104,8 @@ class SampleAccess:
 
     Args:
         index: the dataset's :class:`~shardstream.index.DatasetIndex` (``open_index``).
+        store: how the shards are reached (:class:`~shardstream.config.StoreSettings`), or
+            None: the same settings given one by one, as before ``store``:
         s3, requests, fetch: the store's endpoint, request policy and read settings, as
             ``ShardDataset`` takes them.
         cache_dir, cache_limit_bytes: a node-local cache for hot and compressed remote shards
@@ -126,6 +128,7 @@ class SampleAccess:
         self,
         index: DatasetIndex,
         *,
+        store: StoreSettings | None = None,
         s3: S3Config | None = None,
         requests: RequestConfig | None = None,
         fetch: FetchConfig | None = None,
@@ -141,12 +144,13 @@ class SampleAccess:
             raise ValueError(f"{merge_gap_bytes=} must be >= 0")
         if hot_shard_reads < 1:
             raise ValueError(f"{hot_shard_reads=} must be >= 1")
-        if cache_dir is not None and (not isinstance(cache_limit_bytes, int) or cache_limit_bytes < 1):
-            raise ValueError(f"{cache_limit_bytes=} must be an int >= 1 (bytes) when cache_dir is set")
+        if store is None:
+            store = StoreSettings(
+                s3=s3, requests=requests, fetch=fetch, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes
+            )
         self.index = index
-        self.s3, self.requests, self.fetch = s3, requests, fetch or FetchConfig()
-        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        self.cache_limit_bytes = cache_limit_bytes
+        self.s3, self.requests, self.fetch = store.s3, store.requests, store.fetch_or_default
+        self.cache_dir, self.cache_limit_bytes = store.cache_dir, store.cache_limit_bytes
         self.max_tables, self.merge_gap_bytes, self.hot_shard_reads = max_tables, merge_gap_bytes, hot_shard_reads
         self._cumulative = np.cumsum(np.asarray(index.manifest.shard_samples, np.int64))
         self._reset()
@@ -590,10 +594,10 @@ class SampleAccess:
             self._reset()
 
     def _cache(self) -> ShardCache | None:
-        if self.cache_dir is None:
+        if self.cache_dir is None or self.cache_limit_bytes is None:  # StoreSettings: both or neither
             return None
         if self._node_cache is None:
-            self._node_cache = ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
+            self._node_cache = ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)
         return self._node_cache
 
     def _shard(self, shard: int) -> _Shard:

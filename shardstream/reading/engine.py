@@ -39,13 +39,12 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import KW_ONLY, dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from ..config import FetchConfig, RequestConfig, S3Config
+from ..config import FetchConfig, OnError, RequestConfig, S3Config, StoreSettings
 from ..errors import CorruptShardError, DecodeError, ShardNotFoundError
 from ..index import ShardTable
 from ..shuffle import shuffle_buffer
@@ -67,32 +66,45 @@ log = logging.getLogger("shardstream")
 _OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
 
 
-@dataclass(repr=False, eq=False)
 class ReadingEngine:
     """Reads shards of ``shards`` into batches of samples (module doc: order, memory, errors).
 
     Args:
         shards: the shards, their URLs, sizes, counts and tables.
-        s3: S3 endpoint and credentials; None: the standard AWS environment.
-        requests: timeouts, attempts and connections of remote reads (None: the defaults).
-        cache_dir: a node-local directory caching ``s3://`` shards
-            (:class:`~shardstream.storage.cache.ShardCache`); None: no cache.
-        cache_limit_bytes: the cache's size bound in bytes (with ``cache_dir``).
+        store: how the shards are reached (:class:`~shardstream.config.StoreSettings`: S3
+            endpoint, request policy, node cache and its bound in bytes); None: the defaults,
+            or the same settings given one by one (``s3``, ``requests``, ``cache_dir``,
+            ``cache_limit_bytes``, as before ``store``).
         on_error: ``"raise"``: a corrupt shard raises; ``"skip"``: the rest of its run is
             yielded as ``None`` placeholders.
         verify_checksums: check each shard read whole against its CRC-32.
 
     Samples are dicts ``{"__key__": str, "__shard__": shard URL, "<ext>": bytes, ...}``.
+
+    Raises:
+        ValueError: ``cache_dir`` without a positive ``cache_limit_bytes``.
     """
 
-    shards: ShardSet
-    _: KW_ONLY
-    s3: S3Config | None = None
-    requests: RequestConfig | None = None
-    cache_dir: str | None = None
-    cache_limit_bytes: int | None = None
-    on_error: str = "raise"
-    verify_checksums: bool = False
+    def __init__(
+        self,
+        shards: ShardSet,
+        *,
+        store: StoreSettings | None = None,
+        on_error: OnError = "raise",
+        verify_checksums: bool = False,
+        s3: S3Config | None = None,
+        requests: RequestConfig | None = None,
+        cache_dir: str | None = None,
+        cache_limit_bytes: int | None = None,
+    ) -> None:
+        if store is None:
+            store = StoreSettings(s3=s3, requests=requests, cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes)
+        self.shards, self.store, self.on_error, self.verify_checksums = shards, store, on_error, verify_checksums
+
+    s3 = property(lambda self: self.store.s3, doc="S3 endpoint and credentials; None: the AWS environment.")
+    requests = property(lambda self: self.store.requests, doc="The request policy of remote reads, or None.")
+    cache_dir = property(lambda self: self.store.cache_dir, doc="The node cache's directory, or None.")
+    cache_limit_bytes = property(lambda self: self.store.cache_limit_bytes, doc="The node cache's bound, in bytes.")
 
     def __repr__(self) -> str:
         return f"ReadingEngine({self.shards!r}, on_error={self.on_error!r})"
@@ -299,9 +311,10 @@ class ReadingEngine:
                 )
 
     def _cache(self) -> ShardCache | None:
-        if self.cache_dir is None:
+        store = self.store
+        if store.cache_dir is None or store.cache_limit_bytes is None:  # StoreSettings: both or neither
             return None
-        return ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)  # type: ignore[arg-type]
+        return ShardCache(store.cache_dir, cache_limit_bytes=store.cache_limit_bytes)
 
 
 def read_mixed(

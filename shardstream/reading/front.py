@@ -7,6 +7,7 @@ read-only attributes (:class:`ReaderSettings`) and random access to its samples
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -139,14 +140,7 @@ class SampleLookup:
         """
         access = self.__dict__.get("_access")
         if access is None:
-            engine = self.reader.engines[0]
-            store = StoreSettings(
-                s3=engine.s3,
-                requests=engine.requests,
-                fetch=self.fetch,
-                cache_dir=engine.cache_dir,
-                cache_limit_bytes=engine.cache_limit_bytes,
-            )
+            store = dataclasses.replace(self.reader.engine.store, fetch=self.fetch)
             self.reader.schedule.check_lookup(f"{self!r}: random access")
             sources = self.reader.schedule.sources
             if sources is None:
@@ -314,11 +308,4 @@ class EpochFront:
 
 
 def _access(index: DatasetIndex, store: StoreSettings) -> SampleAccess:
-    return SampleAccess(
-        index,
-        s3=store.s3,
-        requests=store.requests,
-        fetch=store.fetch,
-        cache_dir=store.cache_dir,
-        cache_limit_bytes=store.cache_limit_bytes,
-    )
+    return SampleAccess(index, store=store)

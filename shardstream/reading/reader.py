@@ -285,15 +285,10 @@ def open_reader(
         resampled=options.resampled,
         unit=options.unit.name,
     )
-    engine = dict(
-        s3=s3,
-        requests=requests,
-        on_error=options.on_error,
-        verify_checksums=verify_checksums,
-        cache_dir=store.cache_dir,
-        cache_limit_bytes=store.cache_limit_bytes,
-    )
-    engines = [ReadingEngine(shards, **engine) for shards in sets]
+    engines = [
+        ReadingEngine(shards, store=store, on_error=options.on_error, verify_checksums=verify_checksums)
+        for shards in sets
+    ]
     if len(resolved) == 1 and schedule.sources is None:
         urls, index = resolved[0]
         return Reader(schedule, engines, options), urls, index
