@@ -1,9 +1,13 @@
 """``shardstream plan``: a training job's data-loading speed, egress, requests and cost,
-predicted from the dataset's index before the job runs (:mod:`.model`); ``probe=True``
-measures the store from this machine (:mod:`.probe`); :func:`plot` draws a plan (:mod:`.chart`,
+predicted from the dataset's index before the job runs (:mod:`.model` maps the model's
+modules; :func:`plan` and :func:`plan_counts` live in :mod:`.job`); ``probe=True`` measures
+the store from this machine (:mod:`.probe`); :func:`plot` draws a plan (:mod:`.chart`,
 matplotlib, imported only there). No torch at import."""
 
-from .model import BOUNDS, STORE_DEFAULTS, JobPlan, gets, plan, plan_counts
+from .figures import STORE_DEFAULTS
+from .job import plan, plan_counts
+from .report import BOUNDS, JobPlan
+from .requests import gets
 
 __all__ = ["BOUNDS", "STORE_DEFAULTS", "JobPlan", "gets", "plan", "plan_counts", "plot", "selftest_scale"]
 

@@ -1,4 +1,4 @@
-"""A :class:`~shardstream.planner.model.JobPlan` as a PNG: the first steps' throughput, and per
+"""A :class:`~shardstream.planner.report.JobPlan` as a PNG: the first steps' throughput, and per
 epoch the egress and node-cache hit rate; a panel with nothing to show (one step, no cache) is
 left out (:func:`figure`). Needs matplotlib (``pip install 'shardstream[plot]'``), imported
 only here."""
@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from ..errors import MissingDependencyError
-from .model import _SIZE_UNITS, _duration
+from .report import SIZE_UNITS, duration
 
 __all__ = ["figure", "plot"]
 
@@ -60,12 +60,12 @@ def figure(job: Any) -> Any:
         left.set_title(f"first steps (bound by {job.bound_by_per_epoch[0]})")
         left.legend(loc="lower right")
     elif steps:
-        notes.append(f"one step per rank an epoch (done at {_duration(steps[0]['time_s'])}): no step curve to draw")
+        notes.append(f"one step per rank an epoch (done at {duration(steps[0]['time_s'])}): no step curve to draw")
     else:
         notes.append("no step: every rank's epoch is empty")
     right = panels[0]
     top = max(job.egress_bytes_per_epoch, default=0)
-    factor, unit = next(((f, u) for f, u in _SIZE_UNITS if top >= f), (1.0, "B"))
+    factor, unit = next(((f, u) for f, u in SIZE_UNITS if top >= f), (1.0, "B"))
     right.bar(epochs, [b / factor for b in job.egress_bytes_per_epoch], 0.5, label=f"egress {unit}")
     right.set_xlabel("epoch")
     right.set_ylabel(f"egress ({unit})")

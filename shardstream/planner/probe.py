@@ -144,7 +144,7 @@ def probe(
         "cpu_s_per_sample_cached": (decoded or parse)[2],
         "cache_bandwidth_per_node": parse[3],
         "store_cpu_s_per_byte": store_cpu,
-        "open_s": None,  # the planner times its own opening of the index (model.py)
+        "open_s": None,  # the planner times its own opening of the index (opening.py)
         "client_s": client_s,
         "worker_start_s": worker_start,
         "samples_timed": parse[1],
