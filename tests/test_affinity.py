@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from resume_check import as_rank, check_resume, direct
 from servers.faultproxy import FaultProxy
 from test_torchrun import NUM_SAMPLES, check_epoch, finish, free_port, torchrun, uneven_dataset  # noqa: F401
 
@@ -133,7 +134,7 @@ def test_node_affinity_arguments_are_checked(tmp_path, monkeypatch):
         next(iter(ds))
 
 
-def test_affinity_resumes_mid_epoch_and_a_checkpoint_names_it(tmp_path, monkeypatch, caplog):
+def test_affinity_resumes_mid_epoch_and_a_checkpoint_names_it(tmp_path, caplog):
     """Same shape: the rest of the epoch exactly; another world size: re-partitioned, and said;
     a dataset without affinity refuses the checkpoint, naming the setting."""
     src = tmp_path / "src"
@@ -142,31 +143,25 @@ def test_affinity_resumes_mid_epoch_and_a_checkpoint_names_it(tmp_path, monkeypa
         (src / f"{i:03d}.txt").write_text(str(i))
     pack(src, tmp_path / "ds", max_samples_per_shard=7, progress=False)
 
-    def rank_ds(rank, world_size):
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    def make():  # a rank's dataset: RANK / WORLD_SIZE are set by check_resume
         return ShardDataset(
             tmp_path / "ds", shard_affinity=NodeAffinity(ranks_per_node=1), decode=lambda s: s["__key__"]
         )
 
-    whole = {r: list(rank_ds(r, 2)) for r in range(2)}
-    ds = rank_ds(0, 2)
-    it = iter(ds)
-    first = [next(it) for _ in range(11)]
-    state = ds.state_dict(samples_consumed=11)
+    keys = [f"{i:03d}" for i in range(60)]
+    same = check_resume(make, direct(), stop_after=11, world_size=2, expected=keys)  # each rank takes 11
+    state = same.states[0][0]
     assert state["shard_affinity"] == "node"
-    resumed = rank_ds(0, 2)
-    resumed.load_state_dict(state)
-    assert first + list(resumed) == whole[0]
+    for rank in range(2):
+        with as_rank(rank, 2):
+            whole = list(make())
+        assert same.before[0][rank] + same.after[rank] == whole  # each rank: the rest of its epoch exactly
     with caplog.at_level(logging.WARNING, logger="shardstream"):
-        rest = []
-        for r in range(3):
-            elastic = rank_ds(r, 3)
-            elastic.load_state_dict(state)
-            rest += list(elastic)
+        elastic = check_resume(
+            make, direct(), stop_after=11, world_size=[2, 3], expected=keys, pads=3 * -(-(60 - 22) // 3) - (60 - 22)
+        )
     assert "resumes with 3" in caplog.text and "new fixed share" in caplog.text
-    assert set(rest) | set(whole[0][:11]) | set(whole[1][:11]) == {f"{i:03d}" for i in range(60)}
-    assert len(rest) == 3 * -(-(60 - 22) // 3)  # equal counts on the new ranks, padded
+    assert len(elastic.rest) == 3 * -(-(60 - 22) // 3)  # equal counts on the new ranks, padded
     other = ShardDataset(tmp_path / "ds")
     with pytest.raises(ValueError, match="shard_affinity: checkpoint 'node', dataset None"):
         other.load_state_dict(state)

@@ -10,10 +10,12 @@ import os
 import shutil
 import subprocess
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+import resume_check
 import torch
 from torch.utils.data import DataLoader, default_collate
 
@@ -149,26 +151,27 @@ def test_resume_mid_epoch_from_loader_state_dict(dataset_dir, monkeypatch):
     settings = {**FAST, "batch_size": 16}
     dataset = ShardDataset(dataset_dir, collate=collate, **settings)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, timeout=60)
+    made = [dataset]  # the checkpointed pass: this dataset again; the resumed one: a fresh dataset
+
+    def make():
+        return made.pop() if made else ShardDataset(dataset_dir, collate=collate, **settings)
+
+    how = replace(  # a checkpoint after 5 batches counts their 5 * 16 samples
+        resume_check.plain(batch_size=None, num_workers=2, timeout=60), keep=as_plain, ids=lambda b: b["__key__"]
+    )
     with monkeypatch.context() as patch:
         no_slicing(patch)
         dataset.set_epoch(4)
         everything = [as_plain(b) for b in loader]
-        dataset.set_epoch(4)
-        it = iter(loader)
-        first = [as_plain(next(it)) for _ in range(5)]
-        state = loader_state_dict(loader, samples_consumed=5 * 16)
-        del it
-        assert first == everything[:5]
-        resumed = ShardDataset(dataset_dir, collate=collate, **settings)
-        resumed.load_state_dict(state)
-        rest = [as_plain(b) for b in DataLoader(resumed, batch_size=None, num_workers=2, timeout=60)]
+        every = [f"{i:05d}" for i in range(NUM_SAMPLES)]
+        run = resume_check.check_resume(make, how, stop_after=5, epoch=4, expected=every)  # every sample once
+    first, rest, state = run.batches_before[0][0], run.batches_after[0], run.states[0][0]
+    assert first == everything[:5]
     plain = ShardDataset(dataset_dir, **settings)
     plain.load_state_dict(state)
     assert rest == [
         as_plain(b) for b in DataLoader(plain, batch_size=16, num_workers=2, collate_fn=collate, timeout=60)
     ]
-    keys = [k for b in first + rest for k in b["__key__"]]
-    assert sorted(keys) == [f"{i:05d}" for i in range(NUM_SAMPLES)]  # every sample once
     with pytest.raises(ValueError, match=r"batch_size=None"):
         loader_state_dict(DataLoader(dataset, batch_size=16), samples_consumed=16)
 

@@ -4,11 +4,12 @@ len / resume hold with persistent workers as without."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
+from dataclasses import replace
 
 import pytest
+from resume_check import check_resume, plain, stateful
 from test_dataset import make_dataset
 from torch.utils.data import DataLoader
 
@@ -27,6 +28,11 @@ def flat(batches) -> list[str]:
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("epochs"), num_samples=117, per_shard=8)  # 15 shards, the last of 5
+
+
+def make(dest):
+    """A maker of fresh datasets of ``dest`` as these tests read them."""
+    return lambda: ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
 
 
 def reference(dest, epoch: int, num_workers: int) -> list[str]:
@@ -99,21 +105,17 @@ def test_a_pass_repeats_an_epoch_only_when_told_to(dataset_dir, caplog):
 @pytest.mark.parametrize("persistent", [False, True])
 def test_resume_with_persistent_workers_and_the_epoch_after(dataset_dir, persistent):
     dest, keys = dataset_dir
-    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
-    loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
-    flat(loader)  # epoch 0
-    it = iter(loader)  # epoch 1, without set_epoch
-    before = flat(next(it) for _ in range(5))
-    state = json.loads(json.dumps(loader_state_dict(loader, samples_consumed=len(before))))
-    del it
-    assert state["epoch"] == 1
+    how = plain(batch_size=4, num_workers=2, persistent_workers=persistent)
 
-    fresh = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
-    fresh.load_state_dict(state)
-    resumed_loader = DataLoader(fresh, batch_size=4, num_workers=2, persistent_workers=persistent)
-    assert len(fresh) == len(keys) - len(before) and fresh.epoch == 1
-    after = flat(resumed_loader)
-    assert sorted(before + after) == sorted(keys)  # none repeated, none lost
+    def after_epoch_0(dataset):  # the loader read epoch 0; the pass it checkpoints reads epoch 1, without set_epoch
+        loader = how.open(dataset)
+        flat(loader)
+        return loader
+
+    run = check_resume(make(dest), replace(how, open=after_epoch_0), stop_after=5, expected=keys)
+    assert run.states[0][0]["epoch"] == 1
+    assert run.lengths == [len(keys) - len(run.taken)] and run.epochs == [1]
+    fresh, resumed_loader = run.datasets[0], run.loaders[0]
     assert len(fresh) == len(keys)  # the pass after the resumed one is a whole epoch
     following = flat(resumed_loader)  # epoch 2, without set_epoch
     assert fresh.epoch == 2 and following == reference(dest, 2, num_workers=2)
@@ -123,17 +125,16 @@ def test_a_checkpoint_loaded_after_persistent_workers_started_reaches_them(datas
     dest, keys = dataset_dir
     dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
     loader = DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
-    dataset.set_epoch(5)
-    it = iter(loader)
-    before = flat(next(it) for _ in range(3))
-    state = loader_state_dict(loader, samples_consumed=len(before))
-    del it
-    dataset.set_epoch(0)
-    flat(loader)  # the workers read a whole other epoch meanwhile
-    dataset.load_state_dict(state)  # the same loader, its workers alive since epoch 5
-    dataset.set_epoch(5)  # the loaded epoch: keeps the checkpoint's place
-    after = flat(loader)
-    assert sorted(before + after) == sorted(keys)
+
+    def same_loader(resumed, state):  # the same dataset and loader, its workers alive since epoch 5
+        resumed.set_epoch(0)
+        flat(loader)  # the workers read a whole other epoch meanwhile
+        resumed.load_state_dict(state)
+        resumed.set_epoch(5)  # the loaded epoch: keeps the checkpoint's place
+        return loader
+
+    how = replace(plain(batch_size=4, num_workers=2), open=lambda _: loader, resume=same_loader)
+    check_resume(lambda: dataset, how, stop_after=3, epoch=5, expected=keys)
 
 
 def test_workers_that_would_read_different_epochs_raise(dataset_dir):
@@ -155,26 +156,25 @@ def test_workers_that_would_read_different_epochs_raise(dataset_dir):
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_stateful_dataloader_resumes_then_advances(dataset_dir, persistent):
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
     dest, keys = dataset_dir
+    how = stateful(batch_size=4, num_workers=2, persistent_workers=persistent)
+    loaders = []
 
-    def make():
-        dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
-        return dataset, StatefulDataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=persistent)
+    def after_epoch_0(dataset):  # the loader read epoch 0; the pass it checkpoints reads epoch 1
+        loaders.append(how.open(dataset))
+        flat(loaders[-1])
+        return loaders[-1]
 
-    dataset, loader = make()
-    flat(loader)  # epoch 0
-    it = iter(loader)  # epoch 1
-    before = flat(next(it) for _ in range(6))
-    state = loader.state_dict()
-    del it
-    resumed_dataset, resumed = make()
-    resumed.load_state_dict(state)
-    assert len(resumed) == len(loader)  # the epoch's whole length, as StatefulDataLoader counts
-    after = flat(resumed)
+    def resumed_and_counted(dataset, state):
+        resumed = how.resume(dataset, state)
+        assert len(resumed) == len(loaders[0])  # the epoch's whole length, as StatefulDataLoader counts
+        return resumed
+
+    run = check_resume(
+        make(dest), replace(how, open=after_epoch_0, resume=resumed_and_counted), stop_after=6, expected=keys
+    )
+    resumed_dataset, resumed = run.datasets[0], run.loaders[0]
     following = flat(resumed)
-    assert sorted(before + after) == sorted(keys)
     assert resumed_dataset.epoch == 2 and following == reference(dest, 2, num_workers=2)
 
 

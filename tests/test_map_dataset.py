@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from resume_check import check_resume, stateful
 from test_dataset import make_dataset
 from torch.utils.data import DataLoader, RandomSampler
 
@@ -89,6 +90,21 @@ def test_random_sampler_with_persistent_workers(dataset, context):
     for got in epochs:
         assert sorted(got) == keys
     assert epochs[0] != epochs[1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resumes_a_random_order_mid_epoch(dataset, num_workers):
+    """StatefulDataLoader(shuffle=True) checkpoints its sampler: a fresh loader over a fresh
+    dataset reads exactly the indices not yet taken."""
+    dest, keys = dataset
+    run = check_resume(
+        lambda: ShardMapDataset(dest, decode=key_of),
+        stateful(batch_size=5, num_workers=num_workers, shuffle=True, collate_fn=list),
+        stop_after=4,
+        expected=keys,
+    )
+    assert len(run.taken) == 20 and run.taken != keys[:20]  # shuffled
+    assert run.lengths == [50]  # a map-style dataset's length is its size; the sampler holds the place
 
 
 def _free_port() -> int:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from resume_check import check_resume, checkpoint_after, plain, stateful
 from torch.utils.data import DataLoader
 
 from shardstream import ShardDataset, Source, pack
-from shardstream.dataset import loader_state_dict
 from shardstream.reading.mixture import apportion, epoch_counts
 
 
@@ -264,59 +264,33 @@ def test_replication_gives_each_group_the_same_samples_in_the_same_order(sources
 
 def consume(dataset, *, num_workers, batches, batch_size=10):
     """Take ``batches`` batches from a fresh DataLoader iterator; the samples and the state."""
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
-    it = iter(loader)
-    got = [t for _ in range(batches) for t in next(it)]
-    state = json.loads(json.dumps(loader_state_dict(loader, samples_consumed=len(got))))
-    del it
-    return got, state
+    return checkpoint_after(plain(batch_size, num_workers), dataset, batches)
 
 
 def test_mid_epoch_resume_of_the_same_shape_continues_exactly(sources):
-    dataset = mixture(sources)
-    dataset.set_epoch(2)
-    before, state = consume(dataset, num_workers=2, batches=7)
-    assert len(json.dumps(state)) < 3000
-    fresh = mixture(sources)
-    fresh.load_state_dict(state)
-    assert len(fresh) == 300 - 70
-    after = read(fresh, num_workers=2)
-    assert collections.Counter(before + after) == collections.Counter(read_whole_epoch(sources, 2))
+    run = check_resume(
+        lambda: mixture(sources),
+        plain(batch_size=10, num_workers=2),
+        stop_after=7,
+        epoch=2,
+        expected=read_whole_epoch(sources, 2),
+    )
+    assert len(json.dumps(run.states[0][0])) < 3000
+    assert run.lengths == [300 - 70]
 
 
-def test_elastic_resume_4_2_3_loses_and_repeats_nothing(sources, monkeypatch):
-    consumed: list[str] = []
-    state = None
-    for world_size, batches in ((4, 3), (2, 4)):
-        states = []
-        for rank in range(world_size):
-            monkeypatch.setenv("RANK", str(rank))
-            monkeypatch.setenv("WORLD_SIZE", str(world_size))
-            dataset = mixture(sources)
-            if state is None:
-                dataset.set_epoch(4)
-            else:
-                dataset.load_state_dict(state)
-            got, saved = consume(dataset, num_workers=2, batches=batches)
-            consumed += got
-            states.append(saved)
-        assert all(s == states[0] for s in states)
-        state = states[0]
-    rest = []
-    for rank in range(3):
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", "3")
-        dataset = mixture(sources)
-        dataset.load_state_dict(state)
-        expected = len(dataset)
-        tags = read(dataset, num_workers=2)
-        assert len(tags) == expected
-        rest.append(tags)
-    assert len({len(t) for t in rest}) == 1
-    full = collections.Counter(read_whole_epoch(sources, 4))
-    got = collections.Counter(consumed + [t for r in rest for t in r])
-    assert not full - got  # nothing lost
-    assert sum((got - full).values()) <= (4 - 1) + (2 - 1) + (3 - 1)  # repeats only as pads
+def test_elastic_resume_4_2_3_loses_and_repeats_nothing(sources):
+    run = check_resume(  # the ranks of each checkpoint save the same state (the helper checks it)
+        lambda: mixture(sources),
+        plain(batch_size=10, num_workers=2),
+        stop_after=[3, 4],
+        world_size=[4, 2, 3],
+        epoch=4,
+        expected=read_whole_epoch(sources, 4),  # nothing lost
+        pads=(4 - 1) + (2 - 1) + (3 - 1),  # repeats only as pads
+    )
+    assert [len(tags) for tags in run.after] == run.lengths
+    assert len({len(t) for t in run.after}) == 1
 
 
 def test_statefulness_continues_coverage_over_an_epoch_boundary(sources):
@@ -331,14 +305,10 @@ def test_statefulness_continues_coverage_over_an_epoch_boundary(sources):
     for epoch in range(3):
         whole.set_epoch(epoch)
         expected.append(read(whole))
-    first = make()
-    first.set_epoch(0)
-    got, state = consume(first, num_workers=0, batches=5)  # all 50: the epoch's end
-    assert state["epoch_done"] and got == expected[0]
-    second = make()
-    second.load_state_dict(state)
-    assert read(second) == []  # the rest of epoch 0
-    assert read(second) == expected[1]  # the next pass reads epoch 1
+    run = check_resume(make, plain(batch_size=10), stop_after=5, epoch=0, expected=expected[0])  # all 50: its end
+    assert run.states[0][0]["epoch_done"] and run.taken == expected[0]
+    assert run.after == [[]]  # the rest of epoch 0
+    assert read(run.datasets[0]) == expected[1]  # the next pass reads epoch 1
 
 
 def test_a_changed_mixture_is_refused_mid_epoch_and_applies_from_an_epoch_end(sources):
@@ -409,17 +379,12 @@ def test_an_s3_source_beside_a_local_one_through_the_node_cache(sources, tmp_pat
 
 
 def test_stateful_dataloader_resumes_a_mixture(sources):
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    loader = StatefulDataLoader(mixture(sources), batch_size=10, num_workers=2)
-    it = iter(loader)
-    before = [t for _ in range(8) for t in next(it)]
-    state = loader.state_dict()
-    del it
-    resumed = StatefulDataLoader(mixture(sources), batch_size=10, num_workers=2)
-    resumed.load_state_dict(state)
-    after = [t for batch in resumed for t in batch]
-    assert collections.Counter(before + after) == collections.Counter(read_whole_epoch(sources, 0))
+    check_resume(
+        lambda: mixture(sources),
+        stateful(batch_size=10, num_workers=2),
+        stop_after=8,
+        expected=read_whole_epoch(sources, 0),
+    )
 
 
 def test_the_rounds_of_many_workers_replay_together_as_one_by_one():

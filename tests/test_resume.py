@@ -7,19 +7,14 @@ import json
 import shutil
 
 import pytest
+from resume_check import check_resume, plain, stateful, whole_epoch
 from test_dataset import make_dataset
-from torch.utils.data import DataLoader
 
 from shardstream import ShardDataset
-from shardstream.dataset import loader_state_dict
 
 
 def key_of(sample):
     return sample["__key__"]
-
-
-def flat(batches) -> list[str]:
-    return [k for b in batches for k in b]
 
 
 @pytest.fixture
@@ -30,58 +25,45 @@ def dataset_dir(tmp_path):
 @pytest.mark.parametrize(("num_workers", "stop"), [(0, 4), (2, 5), (2, 1)])
 def test_plain_dataloader_resumes_where_it_stopped(dataset_dir, num_workers, stop):
     dest, keys = dataset_dir
-    dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=4)
-    dataset.set_epoch(3)
-    loader = DataLoader(dataset, batch_size=4, num_workers=num_workers)
-    it = iter(loader)
-    before = flat(next(it) for _ in range(stop))  # workers have read ahead into their buffers
-    state = json.loads(json.dumps(loader_state_dict(loader, samples_consumed=len(before))))
-    del it
-    assert len(json.dumps(state)) < 1000  # a few numbers, no samples
-    fresh = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=4)
-    fresh.load_state_dict(state)
-    assert fresh.epoch == 3 and len(fresh) == len(keys) - len(before)
-    after = flat(DataLoader(fresh, batch_size=4, num_workers=num_workers))
-    assert sorted(before + after) == sorted(keys)  # none repeated, none lost
+
+    def make():
+        return ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=4)
+
+    run = check_resume(  # workers have read ahead into their buffers when the checkpoint is taken
+        make,
+        plain(batch_size=4, num_workers=num_workers),
+        stop_after=stop,
+        epoch=3,
+        expected=keys,  # none repeated, none lost
+    )
+    before, after = run.taken, run.rest
+    assert len(json.dumps(run.states[0][0])) < 1000  # a few numbers, no samples
+    assert run.epochs == [3] and run.lengths == [len(keys) - len(before)]
     assert before != keys[: len(before)]  # shuffled: what was consumed is no prefix of the index
     if num_workers == 0:  # one reader continues its order exactly (with workers, a plain DataLoader
-        dataset.set_epoch(3)  # restarts its round-robin at worker 0: the same samples, in another order)
-        assert before + after == flat(DataLoader(dataset, batch_size=4))
+        # restarts its round-robin at worker 0: the same samples, in another order)
+        assert before + after == whole_epoch(make, plain(batch_size=4), epoch=3)
 
 
 def test_a_second_checkpoint_in_the_resumed_epoch_counts_from_the_first(dataset_dir):
     dest, keys = dataset_dir
-    seen = []
-    state = None
-    for stop in (3, 6, None):
-        dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10)
-        if state:
-            dataset.load_state_dict(state)
-        loader = DataLoader(dataset, batch_size=5, num_workers=2)
-        got = []
-        for batch in loader:
-            got += batch
-            if stop is not None and len(got) == 5 * stop:
-                break
-        state = loader_state_dict(loader, samples_consumed=len(got))
-        seen += got
-    assert sorted(seen) == sorted(keys)
+    check_resume(
+        lambda: ShardDataset(dest, decode=key_of, shuffle_buffer=10),
+        plain(batch_size=5, num_workers=2),
+        stop_after=[3, 6],  # a checkpoint after 3 batches; resumed, another after 6 more; resumed, the rest
+        expected=keys,
+    )
 
 
 def test_stateful_dataloader_resumes_without_repeats(dataset_dir):
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
     dest, keys = dataset_dir
-    loader = StatefulDataLoader(ShardDataset(dest, decode=key_of, shuffle_buffer=10), batch_size=4, num_workers=2)
-    it = iter(loader)
-    before = flat(next(it) for _ in range(7))
-    state = loader.state_dict()
-    del it
-    assert json.dumps(state).count('"format": "shardstream-state"') == 2  # each worker's own state, used
-    resumed = StatefulDataLoader(ShardDataset(dest, decode=key_of, shuffle_buffer=10), batch_size=4, num_workers=2)
-    resumed.load_state_dict(state)
-    after = flat(resumed)
-    assert sorted(before + after) == sorted(keys)
+    run = check_resume(
+        lambda: ShardDataset(dest, decode=key_of, shuffle_buffer=10),
+        stateful(batch_size=4, num_workers=2),
+        stop_after=7,
+        expected=keys,
+    )
+    assert json.dumps(run.states[0][0]).count('"format": "shardstream-state"') == 2  # each worker's own state, used
 
 
 def test_a_state_for_other_data_or_settings_is_refused(dataset_dir, tmp_path):

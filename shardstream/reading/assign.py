@@ -1,14 +1,17 @@
 """Who we are (rank, world_size, worker_id, num_workers) and which shards we read.
 
-:func:`current_slot` is the only place that asks torch.distributed and the DataLoader; the
-assignment itself is a pure function of the shard count, the seed and the epoch, so every
-rank computes the same split without talking to the others.
+:func:`current_slot` is the only place that asks torch.distributed and the DataLoader, and it
+asks them without importing torch (:func:`loaded_torch`); the assignment itself is a pure
+function of the shard count, the seed and the epoch, so every rank computes the same split
+without talking to the others.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +22,8 @@ __all__ = [
     "current_slot",
     "distributed_rank",
     "in_worker",
+    "loaded_torch",
+    "loaded_torch_version",
     "loader_id",
     "shard_order",
 ]
@@ -103,11 +108,35 @@ class NodeAffinity:
         return cls(None if ranks is None else ranks // replication)
 
 
-def distributed_rank() -> tuple[int, int] | None:
-    """``(rank, world_size)`` from ``torch.distributed`` if it is initialised here, else None."""
-    import torch.distributed as dist
+def loaded_torch(module: str = "torch") -> Any | None:
+    """torch's ``module`` (``"torch.distributed"`` ...) where this process has loaded it, else
+    None; never imports it. The reader asks torch only this way (nothing in
+    :mod:`shardstream.reading` imports torch), which loses nothing: a DataLoader worker runs
+    torch's worker loop (``torch.utils.data`` is loaded), a process group exists only once
+    ``torch.distributed`` was imported to make it, and a DataLoader reading a dataset is
+    torch's. Where torch is not loaded, the answers are a plain process's: not distributed,
+    not a DataLoader worker. (``sys.modules[name] = None``, which makes an import fail,
+    counts as not loaded.)"""
+    return sys.modules.get(module)
 
-    if dist.is_available() and dist.is_initialized():
+
+def loaded_torch_version() -> str | None:
+    """``torch.__version__`` of the torch loaded here (e.g. ``"2.13.0+cpu"``), else None."""
+    version = getattr(loaded_torch(), "__version__", None)
+    return str(version) if version is not None else None
+
+
+def _worker_info() -> Any | None:
+    """``torch.utils.data.get_worker_info()`` in a DataLoader worker; None elsewhere."""
+    get = getattr(loaded_torch("torch.utils.data"), "get_worker_info", None)
+    return get() if get is not None else None
+
+
+def distributed_rank() -> tuple[int, int] | None:
+    """``(rank, world_size)`` from ``torch.distributed`` if it is initialised here, else None
+    (also where this process never loaded torch.distributed: :func:`loaded_torch`)."""
+    dist = loaded_torch("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return None
 
@@ -117,13 +146,12 @@ def current_slot(parent_rank: tuple[int, int] | None = None) -> WorkerSlot:
     initialised in this process; else from ``parent_rank``, what the main process saw when it
     handed the dataset to a spawned DataLoader worker (which does not inherit the process
     group); else from the ``RANK`` / ``WORLD_SIZE`` variables torchrun sets; else 0 / 1.
-    Worker id and count come from ``torch.utils.data.get_worker_info()``.
+    Worker id and count come from ``torch.utils.data.get_worker_info()`` (0 of 1 outside a
+    DataLoader worker). torch is asked only where this process loaded it (:func:`loaded_torch`).
 
     Raises:
         ValueError: ``RANK`` / ``WORLD_SIZE`` are not integers or are inconsistent.
     """
-    from torch.utils.data import get_worker_info
-
     found = distributed_rank() or parent_rank
     if found is not None:
         rank, world_size = found
@@ -136,24 +164,26 @@ def current_slot(parent_rank: tuple[int, int] | None = None) -> WorkerSlot:
                 f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
                 "must be integers (as torchrun sets them)"
             ) from None
-    info = get_worker_info()
+    info = _worker_info()
     worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return WorkerSlot(rank=rank, world_size=world_size, worker_id=worker_id, num_workers=num_workers)
 
 
 def in_worker() -> bool:
-    """Whether this process is a DataLoader worker."""
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is not None
+    """Whether this process is a DataLoader worker (never where torch is not loaded)."""
+    return _worker_info() is not None
 
 
 def loader_id() -> int:
     """In a DataLoader worker: the base seed it shares with its siblings (not 0), which tells
-    one DataLoader's workers from another's."""
-    from torch.utils.data import get_worker_info
+    one DataLoader's workers from another's.
 
-    info = get_worker_info()
+    Raises:
+        RuntimeError: this process is not a DataLoader worker.
+    """
+    info = _worker_info()
+    if info is None:
+        raise RuntimeError("loader_id() is asked in a DataLoader worker only (see in_worker())")
     return ((info.seed - info.id) % (1 << 62)) or 1
 
 
