@@ -31,8 +31,6 @@ Usage::
 
 from __future__ import annotations
 
-import collections
-import collections.abc
 import contextlib
 import itertools
 import mmap
@@ -43,7 +41,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -208,7 +206,7 @@ class ByteBatch:
         return self._views
 
 
-class _Members(collections.abc.Sequence):  # type: ignore[type-arg]
+class _Members(Sequence[memoryview]):
     """One field's payloads of a :class:`ByteBatch`, as memoryviews."""
 
     def __init__(self, batch: ByteBatch, field: int) -> None:
@@ -217,7 +215,13 @@ class _Members(collections.abc.Sequence):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return self.batch.num_samples
 
-    def __getitem__(self, i: Any) -> Any:
+    @overload
+    def __getitem__(self, i: int) -> memoryview: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[memoryview]: ...
+
+    def __getitem__(self, i: int | slice) -> memoryview | list[memoryview]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         n = self.batch.num_samples
@@ -291,13 +295,13 @@ class ByteCollate:
         except KeyError:
             _refuse(samples, first)
             raise  # internal invariant: _refuse raises
-        if labels:
+        if labels and label_field is not None:  # (there are labels only with a label_field)
             try:  # ASCII digits (.cls) or ints, at once; else each read as _label says, or named
                 if not set(map(type, labels)) <= {bytes, int}:
                     raise TypeError
                 labels = list(map(int, labels))
             except (TypeError, ValueError):
-                labels = [_label(sample, label_field) for sample in samples]  # type: ignore[arg-type]
+                labels = [_label(sample, label_field) for sample in samples]
         sizes = np.fromiter(map(len, payloads), np.int64, len(payloads))
         ends = np.zeros(len(payloads) + 1, np.int64)
         np.cumsum(sizes, out=ends[1:])
@@ -461,7 +465,7 @@ class _Slots:
         return np.frombuffer(buffer, np.uint8, nbytes), (self.files[i].path, self.control.path, i)
 
 
-_slots: dict[int, _Slots] = {}  # by process: a forked worker starts with none
+_slots: dict[int, _Slots | None] = {}  # by process (None: it could make none): a forked worker starts with none
 
 
 def _block(nbytes: int) -> tuple[np.ndarray, tuple[str, str, int] | None]:
@@ -474,7 +478,7 @@ def _block(nbytes: int) -> tuple[np.ndarray, tuple[str, str, int] | None]:
             try:
                 _slots[pid] = _Slots()
             except OSError:
-                _slots[pid] = None  # type: ignore[assignment]
+                _slots[pid] = None
         slots = _slots[pid]
         taken = slots.take(nbytes) if slots is not None else None
         if taken is not None:

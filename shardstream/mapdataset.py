@@ -22,7 +22,7 @@ from .reading.access import SampleAccess
 __all__ = ["ShardMapDataset"]
 
 
-class ShardMapDataset(Dataset):  # type: ignore[type-arg]
+class ShardMapDataset(Dataset[Any]):
     """Samples of a dataset written by ``shardstream pack`` (or indexed by ``index build``), by
     global index: shards in index order, samples in shard order.
 

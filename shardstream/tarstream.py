@@ -14,7 +14,7 @@ import itertools
 import logging
 import mmap
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeGuard
 
 from .errors import CorruptShardError
@@ -49,13 +49,13 @@ _REFUSED_TYPES = {
 }
 
 
-class Batch(list):  # type: ignore[type-arg]
+class Batch(list[dict[str, Any] | None]):
     """Consecutive samples of one reader (dicts, or None for one lost to ``on_error="skip"``),
     with ``nbytes``: their payload bytes, counted once for the batch."""
 
     __slots__ = ("nbytes",)
 
-    def __init__(self, samples: Any = (), nbytes: int = 0) -> None:
+    def __init__(self, samples: Iterable[dict[str, Any] | None] = (), nbytes: int = 0) -> None:
         super().__init__(samples)
         self.nbytes = nbytes
 
@@ -423,40 +423,17 @@ def _members(
         else:
             header, buf, pos = _take(chunks, buf, pos, BLOCK_BYTES)
         if len(header) < BLOCK_BYTES:
-            if not header:
-                if (not end_of_archive or foreign) and long_name is None and not pax:
-                    if foreign and end_of_archive:
-                        log.warning(
-                            "%s: ends at byte %d, after a member, without the tar end-of-archive blocks; "
-                            "read as GNU tar and WebDataset read it",
-                            url,
-                            offset,
-                        )
-                    _warn_skipped(url, skipped)
-                    return
-                raise CorruptShardError(
-                    f"{url}: ends at byte {offset} without the tar end-of-archive blocks; the shard "
-                    "is truncated (an interrupted copy?), re-pack or re-upload it"
-                )
-            raise CorruptShardError(
-                f"{url}: truncated tar header at byte {offset}; the shard is incomplete, re-pack or re-upload it"
-            )
+            between = long_name is None and not pax  # not inside a member's long name or PAX records
+            _check_end(header, url, offset, end_of_archive=end_of_archive, foreign=foreign, between=between)
+            _warn_skipped(url, skipped)
+            return
         if header == _ZERO_BLOCK:
             _warn_skipped(url, skipped)
             return
         _check_sum(header, url, offset)
         typeflag = header[156:157]
         if typeflag == b"S" or (pax and not _SPARSE_KEYS.isdisjoint(pax)):
-            name = (
-                pax.get("GNU.sparse.name")
-                or long_name
-                or header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            )
-            raise CorruptShardError(
-                f"{url}: member {name!r} at byte {offset} is a sparse file (tar -S, or bsdtar on a file with "
-                "holes), which shardstream does not expand; refused rather than read wrong. Re-create the shard "
-                "without sparse members (GNU tar without -S; bsdtar --read-sparse off) or repack its files"
-            )
+            raise _sparse_refused(header, long_name, pax, url, offset)
         size = _number(header[124:136], url=url, offset=offset)
         if pax and "size" in pax:
             size = int(pax["size"])
@@ -475,10 +452,7 @@ def _members(
                     name = f"{prefix}/{name}"
             long_name, pax = None, {}
             if name[:1] == "/" or (".." in name and ".." in name.split("/")):
-                raise CorruptShardError(
-                    f"{url}: member {name!r} at byte {offset - padded - BLOCK_BYTES} has an absolute path or "
-                    "'..'; refused (shards hold relative paths only: re-pack with shardstream pack)"
-                )
+                raise _path_refused(name, url, data_offset - BLOCK_BYTES)
             end = pos + padded
             if end <= len(buf):
                 payload, pos = (buf[pos : pos + size] if payloads else size), end
@@ -504,20 +478,84 @@ def _members(
             body, buf, pos = _take(chunks, buf, pos, padded)
         if len(body) < padded:
             raise CorruptShardError(f"{url}: tar stream ends inside a record at byte {data_offset}")
-        if typeflag == b"L":
-            long_name = body[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
-        elif typeflag == b"x":
-            pax = _pax_records(body[:size], url=url, offset=data_offset)
-        elif typeflag in _REFUSED_TYPES and foreign:
-            skipped[_REFUSED_TYPES[typeflag]] = skipped.get(_REFUSED_TYPES[typeflag], 0) + 1
-            long_name, pax = None, {}
-        elif typeflag in _REFUSED_TYPES:
-            raise CorruptShardError(
-                f"{url}: member at byte {data_offset - BLOCK_BYTES} is a {_REFUSED_TYPES[typeflag]}; refused "
-                "(shards hold regular files only: re-pack with shardstream pack)"
-            )
-        elif typeflag != b"g":  # a directory: skipped with its long name
-            long_name, pax = None, {}
+        long_name, pax = _other_record(typeflag, body, size, long_name, pax, skipped, url, data_offset, foreign)
+
+
+def _check_end(header: bytes, url: str, offset: int, *, end_of_archive: bool, foreign: bool, between: bool) -> None:
+    """A stream that gave ``header``, short of a block, at byte ``offset``: return where it
+    may end there (``between`` members, with no header read: a byte range, or a foreign shard
+    without the end-of-archive blocks, which is logged), else raise CorruptShardError."""
+    if header:
+        raise CorruptShardError(
+            f"{url}: truncated tar header at byte {offset}; the shard is incomplete, re-pack or re-upload it"
+        )
+    if not ((not end_of_archive or foreign) and between):
+        raise CorruptShardError(
+            f"{url}: ends at byte {offset} without the tar end-of-archive blocks; the shard "
+            "is truncated (an interrupted copy?), re-pack or re-upload it"
+        )
+    if foreign and end_of_archive:
+        log.warning(
+            "%s: ends at byte %d, after a member, without the tar end-of-archive blocks; "
+            "read as GNU tar and WebDataset read it",
+            url,
+            offset,
+        )
+
+
+def _sparse_refused(
+    header: bytes, long_name: str | None, pax: dict[str, str], url: str, offset: int
+) -> CorruptShardError:
+    """The error for the sparse member whose header is at byte ``offset``."""
+    name = pax.get("GNU.sparse.name") or long_name or header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    return CorruptShardError(
+        f"{url}: member {name!r} at byte {offset} is a sparse file (tar -S, or bsdtar on a file with "
+        "holes), which shardstream does not expand; refused rather than read wrong. Re-create the shard "
+        "without sparse members (GNU tar without -S; bsdtar --read-sparse off) or repack its files"
+    )
+
+
+def _path_refused(name: str, url: str, offset: int) -> CorruptShardError:
+    """The error for member ``name`` (header at byte ``offset``), an absolute path or one with ``..``."""
+    return CorruptShardError(
+        f"{url}: member {name!r} at byte {offset} has an absolute path or "
+        "'..'; refused (shards hold relative paths only: re-pack with shardstream pack)"
+    )
+
+
+def _other_record(
+    typeflag: bytes,
+    body: Any,
+    size: int,
+    long_name: str | None,
+    pax: dict[str, str],
+    skipped: dict[str, int],
+    url: str,
+    data_offset: int,
+    foreign: bool,
+) -> tuple[str | None, dict[str, str]]:
+    """What a record other than a regular file leaves for the next member: its ``(long_name,
+    pax)`` (a GNU long name or PAX records for it; a directory or a foreign shard's skipped
+    link, device or FIFO, counted in ``skipped``, drops them).
+
+    Raises:
+        CorruptShardError: a link, device or FIFO in a shard that is not ``foreign``.
+    """
+    if typeflag == b"L":
+        return body[:size].rstrip(b"\0").decode("utf-8", "surrogateescape"), pax
+    if typeflag == b"x":
+        return long_name, _pax_records(body[:size], url=url, offset=data_offset)
+    if typeflag in _REFUSED_TYPES and foreign:
+        skipped[_REFUSED_TYPES[typeflag]] = skipped.get(_REFUSED_TYPES[typeflag], 0) + 1
+        return None, {}
+    if typeflag in _REFUSED_TYPES:
+        raise CorruptShardError(
+            f"{url}: member at byte {data_offset - BLOCK_BYTES} is a {_REFUSED_TYPES[typeflag]}; refused "
+            "(shards hold regular files only: re-pack with shardstream pack)"
+        )
+    if typeflag != b"g":  # a directory: skipped with its long name
+        return None, {}
+    return long_name, pax
 
 
 def _warn_skipped(url: str, skipped: dict[str, int]) -> None:

@@ -156,61 +156,19 @@ def write_key_index(
     """
     started = time.perf_counter()
     num_keys = manifest.num_samples
-    if manifest.num_shards >= 2**32 - 1 or int(manifest.shard_samples.max(initial=0)) >= 2**32:
-        raise IndexFormatError(
-            f"{store.url}: {manifest.num_shards} shards, or a shard of 2**32 samples or more: the key index holds "
-            "uint32 shard and row numbers; pack into fewer, smaller shards"
-        )
+    _check_numbering(store, manifest)
     pbits, bbits = layout_bits(num_keys)
     num_parts = 1 << pbits
     ranges = _Ranges(manifest.num_shards)
     with tempfile.TemporaryDirectory(prefix="shardstream-keys-", dir=spill_dir) as tmp:
         runs = [os.path.join(tmp, f"{p}.run") for p in range(num_parts)]
-        buffer = np.empty((_BUFFER_KEYS, 2), dtype=np.uint64)
-        filled = 0
-        seen = 0
-        for i, table in enumerate(tables if tables is not None else _read_tables(store, manifest)):
-            keys = _key_bytes(table)
-            ranges.add(i, keys)
-            hashes = hash_keys(keys)
-            n = len(hashes)
-            locs = (np.uint64(i) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
-            seen += n
-            start = 0
-            while start < n:
-                take = min(n - start, _BUFFER_KEYS - filled)
-                buffer[filled : filled + take, 0] = hashes[start : start + take]
-                buffer[filled : filled + take, 1] = locs[start : start + take]
-                filled += take
-                start += take
-                if filled == _BUFFER_KEYS:
-                    _spill(buffer[:filled], pbits, runs)
-                    filled = 0
-            if progress and (i + 1) % 10_000 == 0:
-                log.warning("%s: key index: %d of %d shards read", store.url, i + 1, manifest.num_shards)
-        _spill(buffer[:filled], pbits, runs)
-        del buffer
+        seen = _spill_tables(store, manifest, tables, pbits, runs, ranges, progress=progress)
         if seen != num_keys:
             raise IndexFormatError(
                 f"{store.url_of(MANIFEST_NAME)}: the tables hold {seen} samples, the manifest {num_keys}; "
                 "re-run shardstream pack (or shardstream index build)"
             )
-        counts = np.zeros(num_parts, dtype=np.int64)
-        capacity = np.zeros(num_parts, dtype=np.int64)
-        offsets = np.zeros(num_parts, dtype=np.int64)
-        sizes = np.zeros(num_parts, dtype=np.int64)
-        for p in range(num_parts):
-            entries = np.fromfile(runs[p], dtype="<u8").reshape(-1, 2) if os.path.exists(runs[p]) else None
-            if entries is None:
-                entries = np.empty((0, 2), dtype=np.uint64)
-            slots, cap = _partition_slots(entries, pbits=pbits, bbits=bbits)
-            if os.path.exists(runs[p]):
-                os.unlink(runs[p])
-            fields = {"format": FORMAT, "version": VERSION, "partition": p, "capacity": cap, "count": len(entries)}
-            head, placement = container.layout(PART_MAGIC, fields, [("slots", "<u8", len(slots))])
-            write_pieces(store, part_name(p), [head, slots.tobytes()])
-            counts[p], capacity[p], offsets[p] = len(entries), cap, placement[0][0]
-            sizes[p] = len(head) + slots.nbytes
+        columns = _write_partitions(store, runs, pbits=pbits, bbits=bbits)  # the header's, by name
     fields = {
         "format": FORMAT,
         "version": VERSION,
@@ -222,24 +180,100 @@ def write_key_index(
         "num_samples": num_keys,
         "manifest_crc32": manifest_crc32(manifest),
     }
-    columns = [("count", counts), ("capacity", capacity), ("data_offset", offsets), ("bytes", sizes)]
-    header = b"".join(container.to_pieces(HEADER_MAGIC, fields, columns))
+    header = b"".join(container.to_pieces(HEADER_MAGIC, fields, list(columns.items())))
     store.write_bytes(HEADER_NAME, header)
-    for name in store.list_names(f"{KEYS_DIR}/part-"):  # a previous, larger key index's partitions
+    _delete_partitions_from(store, num_parts)
+    return KeyIndexReport(
+        url=store.url_of(HEADER_NAME),
+        num_keys=num_keys,
+        num_partitions=num_parts,
+        bytes=int(columns["bytes"].sum()) + len(header),
+        seconds=time.perf_counter() - started,
+        key_ranges=ranges.result(),
+    )
+
+
+def _check_numbering(store: Any, manifest: Manifest) -> None:
+    """Raise IndexFormatError unless every shard and row number fits the key index's uint32."""
+    if manifest.num_shards >= 2**32 - 1 or int(manifest.shard_samples.max(initial=0)) >= 2**32:
+        raise IndexFormatError(
+            f"{store.url}: {manifest.num_shards} shards, or a shard of 2**32 samples or more: the key index holds "
+            "uint32 shard and row numbers; pack into fewer, smaller shards"
+        )
+
+
+def _spill_tables(
+    store: Any,
+    manifest: Manifest,
+    tables: Iterable[ShardTable] | None,
+    pbits: int,
+    runs: list[str],
+    ranges: _Ranges,
+    *,
+    progress: bool,
+) -> int:
+    """Hash every table's keys into ``(hash, shard << 32 | row)`` entries, spilled through a
+    buffer of :data:`_BUFFER_KEYS` to their partitions' ``runs`` (``ranges`` sees each
+    table's keys); returns the keys seen."""
+    buffer = np.empty((_BUFFER_KEYS, 2), dtype=np.uint64)
+    filled = 0
+    seen = 0
+    for i, table in enumerate(tables if tables is not None else _read_tables(store, manifest)):
+        keys = _key_bytes(table)
+        ranges.add(i, keys)
+        hashes = hash_keys(keys)
+        n = len(hashes)
+        locs = (np.uint64(i) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+        seen += n
+        start = 0
+        while start < n:
+            take = min(n - start, _BUFFER_KEYS - filled)
+            buffer[filled : filled + take, 0] = hashes[start : start + take]
+            buffer[filled : filled + take, 1] = locs[start : start + take]
+            filled += take
+            start += take
+            if filled == _BUFFER_KEYS:
+                _spill(buffer[:filled], pbits, runs)
+                filled = 0
+        if progress and (i + 1) % 10_000 == 0:
+            log.warning("%s: key index: %d of %d shards read", store.url, i + 1, manifest.num_shards)
+    _spill(buffer[:filled], pbits, runs)
+    return seen
+
+
+def _write_partitions(store: Any, runs: list[str], *, pbits: int, bbits: int) -> dict[str, np.ndarray]:
+    """Write each partition's file from its run file (removed once read); returns the header's
+    columns, in order: ``count``, ``capacity``, ``data_offset`` and ``bytes``, an entry per partition."""
+    num_parts = len(runs)
+    counts = np.zeros(num_parts, dtype=np.int64)
+    capacity = np.zeros(num_parts, dtype=np.int64)
+    offsets = np.zeros(num_parts, dtype=np.int64)
+    sizes = np.zeros(num_parts, dtype=np.int64)
+    for p in range(num_parts):
+        entries = np.fromfile(runs[p], dtype="<u8").reshape(-1, 2) if os.path.exists(runs[p]) else None
+        if entries is None:
+            entries = np.empty((0, 2), dtype=np.uint64)
+        slots, cap = _partition_slots(entries, pbits=pbits, bbits=bbits)
+        if os.path.exists(runs[p]):
+            os.unlink(runs[p])
+        fields = {"format": FORMAT, "version": VERSION, "partition": p, "capacity": cap, "count": len(entries)}
+        head, placement = container.layout(PART_MAGIC, fields, [("slots", "<u8", len(slots))])
+        write_pieces(store, part_name(p), [head, slots.tobytes()])
+        counts[p], capacity[p], offsets[p] = len(entries), cap, placement[0][0]
+        sizes[p] = len(head) + slots.nbytes
+    return {"count": counts, "capacity": capacity, "data_offset": offsets, "bytes": sizes}
+
+
+def _delete_partitions_from(store: Any, num_parts: int) -> None:
+    """Delete ``store``'s partition files numbered ``num_parts`` and up: a previous, larger
+    key index's."""
+    for name in store.list_names(f"{KEYS_DIR}/part-"):
         if (
             name.endswith(".bin")
             and name[len(KEYS_DIR) + 6 : -4].isdigit()
             and int(name[len(KEYS_DIR) + 6 : -4]) >= num_parts
         ):
             store.delete(name)
-    return KeyIndexReport(
-        url=store.url_of(HEADER_NAME),
-        num_keys=num_keys,
-        num_partitions=num_parts,
-        bytes=int(sizes.sum()) + len(header),
-        seconds=time.perf_counter() - started,
-        key_ranges=ranges.result(),
-    )
 
 
 def build_key_index(

@@ -26,7 +26,7 @@ import functools
 import itertools
 import tempfile
 from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -349,5 +349,5 @@ class TableSpool:
             yield sums.astype("<i8").tobytes()
 
 
-def _spool() -> BinaryIO:
-    return tempfile.SpooledTemporaryFile(max_size=4 << 20, prefix="shardstream-table-")  # type: ignore[return-value]
+def _spool() -> tempfile.SpooledTemporaryFile[bytes]:
+    return tempfile.SpooledTemporaryFile(max_size=4 << 20, prefix="shardstream-table-")

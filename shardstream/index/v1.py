@@ -107,8 +107,9 @@ class ShardEntry:
     @property
     def samples(self) -> tuple[SampleEntry, ...]:
         if self._samples is None:
+            raw = self._raw_samples()
             try:
-                self._samples = tuple(_sample(x) for x in self._raw)  # type: ignore[union-attr]
+                self._samples = tuple(_sample(x) for x in raw)
             except (KeyError, TypeError, ValueError) as exc:
                 raise IndexFormatError(
                     f"{self._url}: malformed sample entry in shard {self.name} ({exc!r}); re-run shardstream pack"
@@ -128,11 +129,10 @@ class ShardEntry:
             return [_end(x.members[-1].offset, x.members[-1].size) for x in self._samples], [
                 x.key for x in self._samples
             ]
+        raw = self._raw_samples()
         try:
-            ends = [
-                _end(_typed(x["members"][-1]["offset"], int), _typed(x["members"][-1]["size"], int)) for x in self._raw
-            ]  # type: ignore[union-attr]
-            keys = [_typed(x["key"], str) for x in self._raw]  # type: ignore[union-attr]
+            ends = [_end(_typed(x["members"][-1]["offset"], int), _typed(x["members"][-1]["size"], int)) for x in raw]
+            keys = [_typed(x["key"], str) for x in raw]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise IndexFormatError(
                 f"{self._url}: malformed sample entry in shard {self.name} ({exc!r}); re-run shardstream pack"
@@ -142,8 +142,13 @@ class ShardEntry:
     @property
     def num_members(self) -> int:
         if self._samples is None:
-            return sum(len(x["members"]) for x in self._raw)  # type: ignore[union-attr]
+            return sum(len(x["members"]) for x in self._raw_samples())
         return sum(len(x.members) for x in self._samples)
+
+    def _raw_samples(self) -> list[Any]:
+        """The index's JSON entries of the samples, kept until :attr:`samples` is built from them."""
+        assert self._raw is not None  # internal invariant: the constructor keeps them whenever _samples is None
+        return self._raw
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardEntry):

@@ -36,7 +36,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -166,7 +166,7 @@ class SampleAccess:
         self._hot: set[int] = set()
         self._key_index: Any = None
         self._key_index_opened = False
-        self._key_ranges: Any = False  # not read yet
+        self._key_ranges: tuple[list[str], list[str]] | Literal[False] | None = False  # False: not read yet
         self._node_cache: ShardCache | None = None
         self._stats = AccessStats()
 
@@ -255,15 +255,16 @@ class SampleAccess:
 
     def _ranges(self) -> tuple[list[str], list[str]] | None:
         """The manifest's key ranges (``Manifest.key_ranges``, where pack recorded them), read once."""
-        if self._key_ranges is False:
-            ranges = getattr(self.index.manifest, "key_ranges", None)
-            self._key_ranges = ranges() if callable(ranges) else None
-        return self._key_ranges  # type: ignore[return-value]
+        ranges = self._key_ranges
+        if ranges is False:
+            read = getattr(self.index.manifest, "key_ranges", None)
+            ranges = self._key_ranges = read() if callable(read) else None
+        return ranges
 
     def _keys(self) -> Any:
         if not self._key_index_opened:
             try:
-                from ..index.keys import KeyIndex  # type: ignore[import-not-found,unused-ignore]
+                from ..index.keys import KeyIndex
             except ImportError:
                 self._key_index = None
             else:
@@ -362,7 +363,7 @@ class SampleAccess:
         """
         self._check_process()
         wanted = [(int(s), int(r)) for s, r in locations]
-        out: list[dict[str, Any] | None] = [None] * len(wanted)
+        out: dict[int, dict[str, Any]] = {}  # by position in wanted
         by_shard: dict[int, list[int]] = collections.defaultdict(list)
         for position, (shard, row) in enumerate(wanted):
             if not 0 <= shard < self.index.num_shards:
@@ -391,7 +392,7 @@ class SampleAccess:
             try:
                 if shard in self._compressed:
                     raise _Compressed
-                samples: dict[int, dict[str, Any]] = {}
+                samples = {}
                 for start, rows, data in parts:
                     samples.update(self._parse(shard, start, data, rows))
             except _Compressed:
@@ -399,7 +400,7 @@ class SampleAccess:
             for p in by_shard[shard]:
                 out[p] = dict(samples[wanted[p][1]])
         self._stats.add(samples_read=len(wanted))
-        return out  # type: ignore[return-value]
+        return [out[p] for p in range(len(wanted))]
 
     def _spans(self, shard: int, rows: list[int]) -> list[tuple[int, int, list[int]]]:
         """Rows (sorted) as ranged requests ``(start, end, rows)``, neighbours merged."""

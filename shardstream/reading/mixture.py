@@ -149,14 +149,14 @@ def epoch_counts(sources: Sequence[Source], sizes: Sequence[int], epoch_samples:
     for i, (src, size) in enumerate(zip(sources, sizes)):
         if src.samples is None and src.weight is None:
             quotas[i] = Fraction(src.repeat if src.repeat is not None else 1.0) * size
-    weighted = [i for i, src in enumerate(sources) if src.weight is not None]
-    names = ", ".join(repr(sources[i].label) for i in weighted)
-    if weighted:
+    weights = {i: src.weight for i, src in enumerate(sources) if src.weight is not None}
+    names = ", ".join(repr(sources[i].label) for i in weights)
+    if weights:
         if epoch_samples is None:
             raise ValueError(
                 f"the weight= sources {names} need ShardDataset(epoch_samples=...): their weights share it out"
             )
-        total_weight = sum(Fraction(sources[i].weight) for i in weighted)  # type: ignore[arg-type]
+        total_weight = sum((Fraction(weight) for weight in weights.values()), Fraction(0))
         if total_weight <= 0:
             raise ValueError(f"the weights of {names} sum to {float(total_weight)}; they must sum to a positive number")
         left = epoch_samples - fixed - sum(quotas.values(), Fraction(0))
@@ -166,8 +166,8 @@ def epoch_counts(sources: Sequence[Source], sizes: Sequence[int], epoch_samples:
                 f"the samples= and repeat= sources take {float(epoch_samples - left):g}; raise epoch_samples or lower "
                 "those"
             )
-        for i in weighted:
-            quotas[i] = left * Fraction(sources[i].weight) / total_weight  # type: ignore[arg-type]
+        for i, weight in weights.items():
+            quotas[i] = left * Fraction(weight) / total_weight
         total = epoch_samples
     else:
         exact = fixed + sum(quotas.values(), Fraction(0))
@@ -290,7 +290,8 @@ class Coverage:
             start += take
         if not parts:
             return np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.int64)
-        return tuple(np.concatenate(x) for x in zip(*parts))  # type: ignore[return-value]
+        shards, los, counts = zip(*parts)  # each part's (shard, lo, count)
+        return np.concatenate(shards), np.concatenate(los), np.concatenate(counts)
 
 
 def _range_entries(order: np.ndarray, counts: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

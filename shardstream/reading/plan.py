@@ -101,14 +101,44 @@ class Segment:
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> Segment:
+        """The segment of a checkpoint's ``to_dict()`` (user input: each field's type is checked).
+
+        Raises:
+            KeyError: ``world_size`` or ``num_workers`` is missing.
+            ValueError: a field is not an int (or None, where it may be), naming it.
+        """
         return cls(
-            world_size=int(d["world_size"]),  # type: ignore[call-overload]
-            num_workers=int(d["num_workers"]),  # type: ignore[call-overload]
-            batch_size=None if d.get("batch_size") is None else int(d["batch_size"]),  # type: ignore[call-overload]
-            samples_consumed=None if d.get("samples_consumed") is None else int(d["samples_consumed"]),  # type: ignore[call-overload]
-            worker_yielded=tuple((int(w), int(n)) for w, n in d.get("worker_yielded") or ()),  # type: ignore[attr-defined]
-            split_batch_size=None if d.get("split_batch_size") is None else int(d["split_batch_size"]),  # type: ignore[call-overload]
+            world_size=_int(d, "world_size"),
+            num_workers=_int(d, "num_workers"),
+            batch_size=_optional_int(d, "batch_size"),
+            samples_consumed=_optional_int(d, "samples_consumed"),
+            worker_yielded=_int_pairs(d, "worker_yielded"),
+            split_batch_size=_optional_int(d, "split_batch_size"),
         )
+
+
+def _as_int(value: object, key: str) -> int:
+    """``value``, a checkpoint's ``key`` field, as an int; ValueError naming the field if it is none."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    raise ValueError(f"checkpoint segment field {key!r} is {value!r}, not an int: load a state_dict() the dataset made")
+
+
+def _int(d: dict[str, object], key: str) -> int:
+    return _as_int(d[key], key)
+
+
+def _optional_int(d: dict[str, object], key: str) -> int | None:
+    value = d.get(key)
+    return None if value is None else _as_int(value, key)
+
+
+def _int_pairs(d: dict[str, object], key: str) -> tuple[tuple[int, int], ...]:
+    """``d[key]``'s ``[[a, b], ...]`` as int pairs (none where it is missing or empty)."""
+    value = d.get(key) or ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(x, (list, tuple)) and len(x) == 2 for x in value):
+        raise ValueError(f"checkpoint segment field {key!r} is {value!r}, not a list of [int, int] pairs")
+    return tuple((_as_int(a, key), _as_int(b, key)) for a, b in value)
 
 
 _DRAW_CHUNK = 1 << 16

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 
@@ -192,7 +192,15 @@ class ChainedUrls(Sequence[str]):
     def __len__(self) -> int:
         return self.starts[-1]
 
-    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(i)
         i %= len(self)

@@ -126,40 +126,38 @@ class RunSlices:
         url, keys = self.url, self.keys[a:b]
         bufs, where, begin, end = view.locate(self.offsets[ma:mb], self.offsets[ma:mb] + self.sizes[ma:mb])
         nbytes = int(self.sizes[ma:mb].sum())
-        k = self.width
-        if k == 1:
-            (e0,) = self.uniform  # type: ignore[misc]
+        uniform = self.uniform
+        if uniform:  # the same members in every sample (self.width of them): dicts built as the batch is iterated
+            if len(uniform) == 1:
+                (e0,) = uniform
+                return Sliced(
+                    (
+                        {"__key__": key, "__shard__": url, e0: bufs[w0][s0:t0]}
+                        for key, w0, s0, t0 in zip(keys, where.tolist(), begin.tolist(), end.tolist())
+                    ),
+                    b - a,
+                    nbytes,
+                )
+            if len(uniform) == 2:
+                e0, e1 = uniform
+                return Sliced(
+                    (
+                        {"__key__": key, "__shard__": url, e0: bufs[w0][s0:t0], e1: bufs[w1][s1:t1]}
+                        for key, w0, s0, t0, w1, s1, t1 in zip(
+                            keys,
+                            where[0::2].tolist(),
+                            begin[0::2].tolist(),
+                            end[0::2].tolist(),
+                            where[1::2].tolist(),
+                            begin[1::2].tolist(),
+                            end[1::2].tolist(),
+                        )
+                    ),
+                    b - a,
+                    nbytes,
+                )
             return Sliced(
-                (
-                    {"__key__": key, "__shard__": url, e0: bufs[w0][s0:t0]}
-                    for key, w0, s0, t0 in zip(keys, where.tolist(), begin.tolist(), end.tolist())
-                ),
-                b - a,
-                nbytes,
-            )
-        if k == 2:
-            e0, e1 = self.uniform  # type: ignore[misc]
-            return Sliced(
-                (
-                    {"__key__": key, "__shard__": url, e0: bufs[w0][s0:t0], e1: bufs[w1][s1:t1]}
-                    for key, w0, s0, t0, w1, s1, t1 in zip(
-                        keys,
-                        where[0::2].tolist(),
-                        begin[0::2].tolist(),
-                        end[0::2].tolist(),
-                        where[1::2].tolist(),
-                        begin[1::2].tolist(),
-                        end[1::2].tolist(),
-                    )
-                ),
-                b - a,
-                nbytes,
-            )
-        if k:
-            return Sliced(
-                _samples(bufs, url, keys, self.uniform, where.tolist(), begin.tolist(), end.tolist()),  # type: ignore[arg-type]
-                b - a,
-                nbytes,
+                _samples(bufs, url, keys, uniform, where.tolist(), begin.tolist(), end.tolist()), b - a, nbytes
             )
         out = Batch(nbytes=nbytes)  # members that differ between samples: checked and built now
         wheres, starts, ends = where.tolist(), begin.tolist(), end.tolist()
