@@ -181,21 +181,26 @@ def test_persistent_workers_false_forks_each_epoch(images_dir):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_state_dict_resumes_with_exactly_the_samples_not_yet_yielded(images_dir, num_workers):
-    def loader_of(state=None):
-        dataset = ShardDataset(images_dir, shuffle_buffer=10)
-        if state is not None:
-            dataset.load_state_dict(state)
+    from resume_check import Checkpoints, check_resume  # here: the module's imports are another change's
+
+    def loader_of(dataset):
         return DaliLoader(dataset, batch_size=4, crop_px=16, label_ext="id", device_id=None, num_workers=num_workers)
 
-    loader = loader_of()
-    seen = []
-    for _, labels in loader:  # stop after 3 batches, with more read ahead by the workers and the feed
-        seen += labels.tolist()
-        if len(seen) == 12:
-            break
-    state = loader.state_dict()
-    rest = [i for _, labels in loader_of(state) for i in labels.tolist()]
-    assert len(rest) == NUM_IMAGES - 12 and sorted(seen + rest) == list(range(NUM_IMAGES))
+    def resumed(dataset, state):
+        dataset.load_state_dict(state)
+        return loader_of(dataset)
+
+    how = Checkpoints(
+        open=loader_of,
+        save=lambda loader, dataset, taken: loader.state_dict(),
+        resume=resumed,
+        ids=lambda batch: batch[1].tolist(),  # the labels: each sample's number (.id)
+    )
+    # stop after 3 batches, with more read ahead by the workers and the feed
+    run = check_resume(
+        lambda: ShardDataset(images_dir, shuffle_buffer=10), how, stop_after=3, expected=range(NUM_IMAGES)
+    )
+    assert len(run.taken) == 12 and len(run.rest) == NUM_IMAGES - 12
 
 
 def test_ranks_get_equal_batch_counts(images_dir, monkeypatch):

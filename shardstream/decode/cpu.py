@@ -10,6 +10,9 @@ By the last part of a member's extension (``"seg.png"`` -> ``"png"``):
 - ``npy`` -> a ``numpy.ndarray`` (``numpy.load``, pickled objects refused);
 - anything else stays ``bytes``, as do ``__key__`` and ``__shard__``.
 
+Tensors are made with the torch this process has loaded (:mod:`.tensors`): this package
+never imports torch.
+
 Images go through the decoder's steps while they are decoded (:mod:`.steps`:
 :class:`RandomResizedCrop` for training; :class:`Resize` then :class:`CenterCrop` for
 evaluation), then its ``transform``. With ``ShardDataset(fields=...)`` only the picked
@@ -25,9 +28,10 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
-from ..errors import DecodeError
+from ..errors import DecodeError, MissingDependencyError
 from .reasons import IMAGE_WAYS_OUT, MEMBER_WAYS_OUT, why_undecodable
 from .steps import CenterCrop, RandomResizedCrop, Resize, Step, as_steps, to_rgb
+from .tensors import chw_uint8
 
 __all__ = ["CenterCrop", "CpuDecoder", "ImageFormat", "RandomResizedCrop", "Resize", "to_rgb"]
 
@@ -78,6 +82,9 @@ class CpuDecoder:
         DecodeError: a member cannot be decoded, or an image is larger than
             ``max_image_pixels``; names the shard, key and extension, says why and the ways
             out (:meth:`decode_field`).
+        MissingDependencyError: (an ImportError) ``"torch"``, or ``"numpy"`` with one
+            :class:`RandomResizedCrop` (torch's resize), where this process has not loaded
+            torch: this package never imports it (:mod:`.tensors`); a ShardDataset does.
     """
 
     def __init__(
@@ -135,10 +142,14 @@ class CpuDecoder:
                 Pillow's file-object repr, :func:`~.reasons.why_undecodable`) and the ways out
                 (``shardstream verify --decode``, ``ShardDataset(on_error="skip")``, re-packing
                 with ``pack --check-images``).
+            MissingDependencyError: a tensor is asked for and torch is not loaded
+                (:func:`~.tensors.loaded_torch`); raised as it is.
         """
         data = sample[member]
         try:
             return self.decode_member(member, data)
+        except MissingDependencyError:  # torch not loaded here: not the member's fault
+            raise
         except Exception as exc:
             if isinstance(exc, _TooLarge):
                 ways_out = "or skip such samples with ShardDataset(on_error='skip')"
@@ -193,6 +204,4 @@ class CpuDecoder:
         array = np.array(image)  # writable (asarray of a PIL image is read-only)
         if self.image == "numpy":
             return array
-        import torch
-
-        return torch.from_numpy(array).permute(2, 0, 1)
+        return chw_uint8(array)

@@ -24,14 +24,20 @@ is handed on; with a tuple spec, a dict it returns becomes the tuple of its fiel
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, get_args
 
 from ..fields import Fields, MissingFieldError
 from .cpu import CpuDecoder, ImageFormat
+from .protocol import FieldDecoder, named_decoder, register_decoder
 
 __all__ = ["PickedSamples", "make_decoder"]
 
 Sample = dict[str, Any]
+
+# The names decode= takes: CpuDecoder's image formats. A new named decoder is registered here.
+for _format in get_args(ImageFormat):
+    register_decoder(_format, partial(CpuDecoder, _format))
 
 
 class PickedSamples:
@@ -39,12 +45,13 @@ class PickedSamples:
 
     Args:
         fields: the parsed spec.
-        decoder: decodes the picked members and transforms the named sample; None: raw bytes.
+        decoder: decodes the picked members and transforms the named sample (a
+            :class:`~.protocol.FieldDecoder`: a :class:`~.cpu.CpuDecoder`); None: raw bytes.
         custom: a user's ``decode`` callable instead of ``decoder`` (module doc).
     """
 
     def __init__(
-        self, fields: Fields, *, decoder: CpuDecoder | None = None, custom: Callable[[Sample], Any] | None = None
+        self, fields: Fields, *, decoder: FieldDecoder | None = None, custom: Callable[[Sample], Any] | None = None
     ) -> None:
         self.fields, self.decoder, self.custom = fields, decoder, custom
 
@@ -81,20 +88,20 @@ def make_decoder(
     fields: Mapping[str, str] | Sequence[str] | Fields | None = None,
 ) -> Callable[[Sample], Any] | None:
     """The per-sample stage of ``ShardDataset(decode=..., fields=...)`` (module doc): without
-    ``fields``, ``None`` (raw bytes), a callable used as is, or a named :class:`CpuDecoder`
-    format; with ``fields``, a :class:`PickedSamples`.
+    ``fields``, ``None`` (raw bytes), a callable used as is, or a decoder of a registered name
+    (:func:`~.protocol.register_decoder`: :class:`CpuDecoder`'s formats); with ``fields``, a
+    :class:`PickedSamples` (which decodes only the picked members with a
+    :class:`~.protocol.FieldDecoder`, and gives a user's other callable the picked sample).
 
     Raises:
         ValueError: an unknown name (the message lists the choices), or a bad ``fields``
             (:meth:`Fields.parse`). TypeError: ``fields`` is neither a dict nor a tuple.
     """
     if decode is not None and not callable(decode):
-        if decode not in get_args(ImageFormat):
-            raise ValueError(f"decode={decode!r} must be None, a callable, or one of {get_args(ImageFormat)}")
-        decode = CpuDecoder(decode)
+        decode = named_decoder(decode)
     if fields is None:
         return decode
     spec = Fields.parse(fields)
-    if decode is None or isinstance(decode, CpuDecoder):
+    if decode is None or isinstance(decode, FieldDecoder):
         return PickedSamples(spec, decoder=decode)
     return PickedSamples(spec, custom=decode)
