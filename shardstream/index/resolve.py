@@ -240,14 +240,12 @@ class DatasetIndex:
         )
 
 
-class ShardUrls(Sequence[str]):
-    """The shard URLs of a :class:`DatasetIndex`, made on access (no string per shard held)."""
+class LazyUrls(Sequence[str]):
+    """Shard URLs made on access (no string per shard held): a subclass gives ``__len__`` and
+    ``url(i)`` for ``0 <= i < len``; indexing (negative from the end) and slices come here."""
 
-    def __init__(self, index: DatasetIndex) -> None:
-        self._index = index
-
-    def __len__(self) -> int:
-        return self._index.num_shards
+    def url(self, i: int) -> str:
+        raise NotImplementedError
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -257,10 +255,23 @@ class ShardUrls(Sequence[str]):
 
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [self._index.shard_url(j) for j in range(*i.indices(len(self)))]
+            return [self.url(j) for j in range(*i.indices(len(self)))]
         if not -len(self) <= i < len(self):
             raise IndexError(f"shard {i} of {len(self)}")
-        return self._index.shard_url(i % len(self))
+        return self.url(i % len(self))
+
+
+class ShardUrls(LazyUrls):
+    """The shard URLs of a :class:`DatasetIndex`, made on access (no string per shard held)."""
+
+    def __init__(self, index: DatasetIndex) -> None:
+        self._index = index
+
+    def __len__(self) -> int:
+        return self._index.num_shards
+
+    def url(self, i: int) -> str:
+        return self._index.shard_url(i)
 
     def __iter__(self) -> Iterator[str]:
         return (self._index.shard_url(j) for j in range(len(self)))

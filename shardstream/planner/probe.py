@@ -87,10 +87,38 @@ def probe(
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     from ..index.resolve import open_index
-    from ..storage import loop, open_store, split_url
 
     index = open_index(location, s3=s3)
     fetch = fetch or FetchConfig()
+    store = _store_figures(index, s3=s3, fetch=fetch, small_gets=small_gets, streams=streams)
+    parse = _cpu_per_sample(location, s3, fetch, None, samples)
+    decoded = _cpu_per_sample(location, s3, fetch, decode, samples) if decode is not None else None
+    worker_start = _worker_start()
+    return {
+        **{k: store[k] for k in ("store", "latency_ms", "bandwidth_per_stream", "bandwidth_per_node")},
+        "cpu_s_per_sample": decoded[0] if decoded else parse[0],
+        "parse_cpu_s_per_sample": parse[0],
+        "decode_cpu_s_per_sample": decoded[0] if decoded else None,
+        "cpu_s_per_sample_cached": (decoded or parse)[2],
+        "cache_bandwidth_per_node": parse[3],
+        "store_cpu_s_per_byte": store["store_cpu_s_per_byte"],
+        "open_s": None,  # the planner times its own opening of the index (opening.py)
+        "client_s": store["client_s"],
+        "worker_start_s": worker_start,
+        "samples_timed": parse[1],
+    }
+
+
+def _store_figures(
+    index: Any, *, s3: S3Config | None, fetch: FetchConfig, small_gets: int, streams: int
+) -> dict[str, Any]:
+    """The store's figures, from GETs of the first shards of ``index``: ``store`` (its URL),
+    ``latency_ms`` (the median of ``small_gets`` 4 KiB GETs), ``bandwidth_per_stream`` and
+    ``bandwidth_per_node`` (bytes/s: one GET of ``part_bytes``, ``streams`` at once),
+    ``store_cpu_s_per_byte`` (the machine's other CPU while it read: a store here; else None)
+    and ``client_s`` (a new client's first request, less a latency)."""
+    from ..storage import loop, open_store, split_url
+
     urls = [index.shard_url(i) for i in range(min(index.num_shards, max(small_gets, streams)))]
     sizes = [int(index.manifest.shard_bytes[i]) for i in range(len(urls))]
     root, _ = split_url(urls[0])
@@ -130,24 +158,13 @@ def probe(
     began = time.perf_counter()
     loop.run(fresh.get_range(names[0], 0, 1))
     client_s = max(0.0, time.perf_counter() - began - lat_s)
-    parse = _cpu_per_sample(location, s3, fetch, None, samples)
-    decoded = _cpu_per_sample(location, s3, fetch, decode, samples) if decode is not None else None
-    worker_start = _worker_start()
     return {
         "store": store.url,
         "latency_ms": lat_s * 1e3,
         "bandwidth_per_stream": stream_bw,
         "bandwidth_per_node": max(moved / max(spent, 1e-9), stream_bw),
-        "cpu_s_per_sample": decoded[0] if decoded else parse[0],
-        "parse_cpu_s_per_sample": parse[0],
-        "decode_cpu_s_per_sample": decoded[0] if decoded else None,
-        "cpu_s_per_sample_cached": (decoded or parse)[2],
-        "cache_bandwidth_per_node": parse[3],
         "store_cpu_s_per_byte": store_cpu,
-        "open_s": None,  # the planner times its own opening of the index (opening.py)
         "client_s": client_s,
-        "worker_start_s": worker_start,
-        "samples_timed": parse[1],
     }
 
 

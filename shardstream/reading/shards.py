@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, overload
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import ShardNotFoundError
 from ..index import DatasetIndex, ShardTable
-from ..index.resolve import ShardTables
+from ..index.resolve import LazyUrls, ShardTables
 
 __all__ = ["BareShards", "ChainedUrls", "IndexedShards", "ShardSet", "TabledShards", "url_shards"]
 
@@ -179,7 +179,7 @@ def url_shards(urls: Sequence[str], *, s3: Any = None, requests: Any = None) -> 
     return TabledShards(tables) if tables is not None else BareShards(urls)
 
 
-class ChainedUrls(Sequence[str]):
+class ChainedUrls(LazyUrls):
     """The shard URLs of a mixture's sources, one after another, without a list of them (a
     source's URLs are made from its index on demand)."""
 
@@ -192,17 +192,6 @@ class ChainedUrls(Sequence[str]):
     def __len__(self) -> int:
         return self.starts[-1]
 
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if not -len(self) <= i < len(self):
-            raise IndexError(i)
-        i %= len(self)
+    def url(self, i: int) -> str:
         part = bisect.bisect_right(self.starts, i) - 1
         return self.parts[part][i - self.starts[part]]
