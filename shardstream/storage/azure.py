@@ -53,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -69,7 +68,7 @@ from ..errors import (
 )
 from . import loop
 from .ranged import RETRY_STATUSES, Answer, Mismatch, PastEnd, RangedStore, Retryable, changed
-from .requests import BucketStoreMixin, OpenRequests, PartsSink, PerProcess
+from .requests import BucketStoreMixin, OpenRequests, PartsSink, PerProcess, detach_finalizers, scrub
 
 __all__ = ["AzureStore", "parse_azure_url"]
 
@@ -78,7 +77,6 @@ _ACCESS_HINT = (
     "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or an Azure AD identity (`az login`, "
     "managed identity; DefaultAzureCredential) with a Storage Blob Data role on the container"
 )
-_SECRETS = re.compile(r"(?i)(accountkey=|sharedaccesssignature=|sig=|signature=|bearer\s+)[^\s;&'\"<]+")
 
 # by account, account host, credentials fingerprint and timeouts
 _filesystems: PerProcess[tuple[str | None, str | None, str, float, float], Any] = PerProcess()
@@ -138,28 +136,9 @@ def _credentials_fingerprint() -> str:
     return _fingerprint
 
 
-def _scrub(text: str) -> str:
-    """``text`` without anything that looks like a key, a SAS signature or a token."""
-    return _SECRETS.sub(lambda m: m.group(1) + "***", text)
-
-
 def _error_code(exc: BaseException) -> str:
     code = getattr(exc, "error_code", None)
     return str(getattr(code, "value", code) or "")
-
-
-def _detach_finalizers(obj: object) -> None:
-    """Drop the ``weakref.finalize`` hooks adlfs put on ``obj`` (they close its clients with a
-    blocking ``sync()`` on the loop, which hangs at exit once the loop has stopped): this module
-    closes them on the loop at exit (:func:`loop.on_shutdown`), and a copy inherited by a forked
-    child must never be closed."""
-    import weakref
-
-    registry = getattr(weakref.finalize, "_registry", {})
-    for finalizer in list(registry):
-        info = finalizer.peek()
-        if info is not None and (info[0] is obj or any(arg is obj for arg in info[2])):
-            finalizer.detach()
 
 
 async def _filesystem(account: str | None, account_host: str | None, http: RequestConfig) -> Any:
@@ -190,7 +169,7 @@ async def _filesystem(account: str | None, account_host: str | None, http: Reque
                 )
 
             fs = await running.run_in_executor(None, make)
-            _detach_finalizers(fs)
+            detach_finalizers(fs)
             filesystems[key] = fs
 
             async def close(fs: Any = fs) -> None:
@@ -268,7 +247,7 @@ def _translate(
             f"({type(getattr(exc, 'error', None) or exc).__name__}); retry, and check the network"
         )
     if isinstance(exc, HttpResponseError):
-        message = _scrub(str(getattr(exc, "message", "") or "").split("\n", 1)[0])[:300]
+        message = scrub(str(getattr(exc, "message", "") or "").split("\n", 1)[0])[:300]
         if status in RETRY_STATUSES:
             response = getattr(exc, "response", None)
             return Retryable(

@@ -47,7 +47,6 @@ import concurrent.futures
 import json
 import logging
 import os
-import re
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -65,7 +64,15 @@ from ..errors import (
 )
 from . import loop
 from .ranged import RETRY_STATUSES, Answer, Mismatch, PastEnd, RangedStore, Retryable, Status
-from .requests import BucketStoreMixin, OpenRequests, PerProcess, aiohttp_pieces
+from .requests import (
+    BucketStoreMixin,
+    OpenRequests,
+    PerProcess,
+    aiohttp_pieces,
+    content_range,
+    detach_finalizers,
+    scrub,
+)
 
 __all__ = ["GcsStore", "parse_gcs_url"]
 
@@ -77,7 +84,6 @@ _ACCESS_HINT = (
 )
 # upload_id=: a resumable upload's session URI lets anyone holding it write the object (Google: treat it
 # as a credential)
-_SECRETS = re.compile(r"(?i)(bearer\s+|access_token=|token=|key=|signature=|upload_id=)[^\s&'\"]+")
 
 _filesystems: PerProcess[tuple[str | None, float, float], Any] = PerProcess()  # by endpoint and timeouts
 _open_requests = OpenRequests()  # ranged reads of this process in progress
@@ -108,11 +114,6 @@ def _emulator_endpoint() -> str | None:
     return host if host.startswith(("http://", "https://")) else f"http://{host}"
 
 
-def _scrub(text: str) -> str:
-    """``text`` without anything that looks like a token or a signature."""
-    return _SECRETS.sub(lambda m: m.group(1) + "***", text)
-
-
 class _ScrubLog(logging.Filter):
     """Takes tokens and upload session URIs out of the records of gcsfs's logger, which logs the
     URL of every request (an upload session's among them) and errors naming it."""
@@ -122,31 +123,18 @@ class _ScrubLog(logging.Filter):
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a malformed record is the handler's to report
             return True
-        scrubbed = _scrub(message)
+        scrubbed = scrub(message)
         if scrubbed != message:
             record.msg, record.args = scrubbed, None
         if record.exc_info and record.exc_info[0] is not None:
             trace = logging.Formatter().formatException(record.exc_info)
-            scrubbed = _scrub(trace)
+            scrubbed = scrub(trace)
             if scrubbed != trace:  # keep the text only: the exception itself names the session
                 record.exc_info, record.exc_text = None, scrubbed
         return True
 
 
 _SCRUB_LOG = _ScrubLog()
-
-
-def _detach_finalizers(obj: object) -> None:
-    """Drop the ``weakref.finalize`` hooks the library put on ``obj``: this module closes it on
-    the loop at exit (:func:`loop.on_shutdown`), and a copy inherited by a forked child must never
-    be closed (the hooks would run at the child's exit, on the parent's loop)."""
-    import weakref
-
-    registry = getattr(weakref.finalize, "_registry", {})
-    for finalizer in list(registry):
-        info = finalizer.peek()
-        if info is not None and info[0] is obj:
-            finalizer.detach()
 
 
 async def _filesystem(endpoint_url: str | None, http: RequestConfig) -> Any:
@@ -180,7 +168,7 @@ async def _filesystem(endpoint_url: str | None, http: RequestConfig) -> Any:
             logging.getLogger("gcsfs").addFilter(_SCRUB_LOG)  # once: addFilter skips a filter already there
             fs = await running.run_in_executor(None, make)
             session = await fs._set_session()
-            _detach_finalizers(fs)
+            detach_finalizers(fs)
             filesystems[key] = fs
             loop.on_shutdown(session.close)
         return fs
@@ -249,7 +237,7 @@ def _translate(
         )
     if isinstance(exc, aiohttp.ClientError):
         return Retryable(
-            f"{url}: the connection to {endpoint} failed ({type(exc).__name__}: {_scrub(str(exc))}); "
+            f"{url}: the connection to {endpoint} failed ({type(exc).__name__}: {scrub(str(exc))}); "
             "retry, and check the network"
         )
     if isinstance(exc, HttpError):
@@ -257,9 +245,9 @@ def _translate(
             return StorageConnectionError(
                 f"{url}: {endpoint} still answers HTTP {exc.code} after gcsfs's retries; retry later"
             )
-        return StorageError(f"{url}: GCS error (HTTP {exc.code}) from {endpoint}: {_scrub(str(exc.message))[:300]}")
+        return StorageError(f"{url}: GCS error (HTTP {exc.code}) from {endpoint}: {scrub(str(exc.message))[:300]}")
     if isinstance(exc, ValueError) and str(exc).startswith("Bad Request"):
-        return StorageError(f"{url}: GCS refused the request as invalid (HTTP 400): {_scrub(str(exc))[:300]}")
+        return StorageError(f"{url}: GCS refused the request as invalid (HTTP 400): {scrub(str(exc))[:300]}")
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):  # one class from Python 3.11
         return Retryable(f"{url}: no answer from {endpoint} in time ({type(exc).__name__})")
     return exc
@@ -274,16 +262,6 @@ async def _body(response: Any) -> str:
         return (await response.read())[:300].decode(errors="replace")
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return ""
-
-
-def _content_range(value: str) -> tuple[int, int | None]:
-    """``"bytes 10-19/100"`` -> ``(10, 100)`` (first byte, total or None for ``*``); the GCS
-    emulator's ``"bytes 20-4/5"`` (past the end) and ``"bytes 0--1/0"`` parse too."""
-    match = re.fullmatch(r"\s*bytes\s+(\d+)-(-?\d+)/(\d+|\*)\s*", value)
-    if match is None:
-        raise ValueError(value)
-    total = match.group(3)
-    return int(match.group(1)), (int(total) if total.isdigit() else None)
 
 
 class GcsStore(BucketStoreMixin, RangedStore):
@@ -513,7 +491,7 @@ class GcsStore(BucketStoreMixin, RangedStore):
         url = self.url_of(name)
         if response.status == 206:
             try:
-                first, size = _content_range(response.headers.get("Content-Range", ""))
+                first, _, size = content_range(response.headers.get("Content-Range", ""))
             except ValueError:
                 raise StorageError(
                     f"{url}: {self.endpoint} answered 206 with Content-Range "

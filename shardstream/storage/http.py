@@ -44,7 +44,7 @@ from ..errors import (
 )
 from . import loop, ranged
 from .ranged import RETRY_STATUSES, Answer, Mismatch, PastEnd, RangedStore, Retryable, Status
-from .requests import OpenRequests, PerProcess, aiohttp_pieces
+from .requests import OpenRequests, PerProcess, aiohttp_pieces, content_range
 
 __all__ = ["HttpStore"]
 
@@ -95,13 +95,15 @@ def _proxy_for(url: str) -> str | None:
 
 
 def _content_range(value: str) -> tuple[int, int, int | None]:
-    """``"bytes 10-19/100"`` -> ``(10, 20, 100)`` (end exclusive; total None for ``*``)."""
-    unit, _, spec = value.strip().partition(" ")
-    span, _, total = spec.partition("/")
-    first, _, last = span.partition("-")
-    if unit != "bytes" or not first.isdigit() or not last.isdigit():
+    """``"bytes 10-19/100"`` -> ``(10, 20, 100)`` (end exclusive; total None for ``*``).
+
+    Raises:
+        ValueError: not a byte range of a real server (the last byte before the first).
+    """
+    first, last, total = content_range(value)
+    if last < 0:
         raise ValueError(value)
-    return int(first), int(last) + 1, (int(total) if total.isdigit() else None)
+    return first, last + 1, total
 
 
 def _version(headers: Any) -> str:

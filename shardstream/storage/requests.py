@@ -13,6 +13,7 @@ import concurrent.futures
 import email.utils
 import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -29,9 +30,12 @@ __all__ = [
     "PerProcess",
     "Retryable",
     "aiohttp_pieces",
+    "content_range",
+    "detach_finalizers",
     "final",
     "pool_state_text",
     "retry_after_s",
+    "scrub",
 ]
 
 K = TypeVar("K")
@@ -303,3 +307,49 @@ class PartsSink:
         concurrent.futures.wait(self._parts)
         self._buffer.clear()
         return True
+
+
+# what a key, a SAS signature, a token or an upload session looks like in a library's message or URL
+_SECRETS = re.compile(
+    r"(?i)(accountkey=|sharedaccesssignature=|sig=|signature=|access_token=|token=|key=|upload_id=|bearer\s+)"
+    r"[^\s;&'\"<]+"
+)
+
+
+def scrub(text: str) -> str:
+    """``text`` without anything that looks like a key, a SAS signature, a token or an upload
+    session id (each value replaced by ``***``): what every remote store does to a library's
+    message before it goes into an error or a log line."""
+    return _SECRETS.sub(lambda m: m.group(1) + "***", text)
+
+
+def detach_finalizers(obj: object) -> None:
+    """Drop the ``weakref.finalize`` hooks a library put on ``obj`` (or gave ``obj`` to): the
+    stores close their clients on the loop at exit (:func:`loop.on_shutdown`), and a copy
+    inherited by a forked child must never be closed (the hooks would close it with a blocking
+    call on a loop that has stopped, or at the child's exit on the parent's loop)."""
+    import weakref
+
+    registry = getattr(weakref.finalize, "_registry", {})
+    for finalizer in list(registry):
+        info = finalizer.peek()
+        if info is not None and (info[0] is obj or any(arg is obj for arg in info[2])):
+            finalizer.detach()
+
+
+_CONTENT_RANGE = re.compile(r"\s*bytes\s+(\d+)-(-?\d+)/(\d+|\*)\s*")
+
+
+def content_range(value: str) -> tuple[int, int, int | None]:
+    """A ``Content-Range`` header: ``"bytes 10-19/100"`` -> ``(10, 19, 100)`` (first and last
+    byte, the total or None for ``*``). The GCS emulator's ``"bytes 20-4/5"`` (past the end) and
+    ``"bytes 0--1/0"`` (empty) parse as they are; the caller judges them.
+
+    Raises:
+        ValueError: not a byte range.
+    """
+    match = _CONTENT_RANGE.fullmatch(value)
+    if match is None:
+        raise ValueError(value)
+    total = match.group(3)
+    return int(match.group(1)), int(match.group(2)), (int(total) if total.isdigit() else None)

@@ -12,7 +12,7 @@ naming the URL and the endpoint but never the secret.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..config import FetchConfig, RequestConfig, S3Config
@@ -25,7 +25,7 @@ from ..errors import (
 )
 from . import loop, ranged
 from .ranged import RETRY_STATUSES, Answer, Mismatch, PastEnd, RangedStore, Retryable
-from .requests import OpenRequests, PartsSink, PerProcess, aiohttp_pieces, pool_state_text
+from .requests import BucketStoreMixin, OpenRequests, PartsSink, PerProcess, aiohttp_pieces, pool_state_text
 
 __all__ = ["S3Store", "open_requests", "parse_s3_url", "pool_state"]
 
@@ -242,8 +242,9 @@ def _translate(
     return exc
 
 
-class S3Store(RangedStore):
-    """Objects under ``s3://bucket/prefix``.
+class S3Store(BucketStoreMixin, RangedStore):
+    """Objects under ``s3://bucket/prefix`` (keys, listing and small writes as every bucket
+    store: :class:`~.requests.BucketStoreMixin`; S3's own calls through :meth:`call`).
 
     Args:
         url: ``s3://bucket`` or ``s3://bucket/prefix``.
@@ -276,9 +277,6 @@ class S3Store(RangedStore):
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
 
-    def key_of(self, name: str) -> str:
-        return f"{self.prefix}/{name}" if self.prefix else name
-
     def url_of(self, name: str) -> str:
         return f"s3://{self.bucket}/{self.key_of(name)}"
 
@@ -309,12 +307,14 @@ class S3Store(RangedStore):
         """
         loop.run(self.call("head_bucket", url=self.url, not_found=BucketNotFoundError, Bucket=self.bucket))
 
-    def write_bytes(self, name: str, data: bytes) -> None:
-        loop.run(self.call("put_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name), Body=data))
-
-    def create_exclusive(self, name: str, data: bytes) -> bool:
-        """Put ``name`` unless it exists (``If-None-Match: *``); False when it already did."""
+    async def _put(self, name: str, data: bytes, *, exclusive: bool) -> bool:
+        """Put ``name`` in one request; with ``exclusive``, unless it exists (``If-None-Match:
+        *``): False when it already did."""
         from botocore.exceptions import ClientError
+
+        if not exclusive:
+            await self.call("put_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name), Body=data)
+            return True
 
         async def put() -> bool:
             try:
@@ -326,7 +326,7 @@ class S3Store(RangedStore):
                 raise
             return True
 
-        return loop.run(ranged.call(self, "put_object", put, url=self.url_of(name)))
+        return await ranged.call(self, "put_object", put, url=self.url_of(name))
 
     def delete(self, name: str) -> None:
         loop.run(self.call("delete_object", url=self.url_of(name), Bucket=self.bucket, Key=self.key_of(name)))
@@ -334,58 +334,25 @@ class S3Store(RangedStore):
     def open_writer(self, name: str) -> _S3Sink:
         return _S3Sink(self, name)
 
-    def list_names(self, prefix: str = "") -> list[str]:
-        """Sorted names of the objects whose name starts with ``prefix``, page by page."""
-        root = self.key_of("")
-
-        async def list_all() -> list[str]:
-            names: list[str] = []
-            token: dict[str, str] = {}
-            while True:
-                page = await self.call(
-                    "list_objects_v2",
-                    url=self.url,
-                    not_found=BucketNotFoundError,
-                    Bucket=self.bucket,
-                    Prefix=root + prefix,
-                    MaxKeys=self.list_page_size,
-                    **token,
-                )
-                names.extend(obj["Key"][len(root) :] for obj in page.get("Contents", []))
-                if not page.get("IsTruncated"):
-                    return sorted(names)
-                token = {"ContinuationToken": page["NextContinuationToken"]}
-
-        return loop.run(list_all())
-
-    def list_dir(self, prefix: str) -> Iterator[tuple[str, int, bool]]:
-        """One "directory" level under ``prefix`` (``""`` or ending in ``/``), page by page:
-        ``(name, size_bytes, is_dir)`` with names relative to this store's prefix."""
-        root = self.key_of("")
-        token: dict[str, str] = {}
-        while True:
-            page = loop.run(
-                self.call(
-                    "list_objects_v2",
-                    url=self.url_of(prefix),
-                    not_found=BucketNotFoundError,
-                    Bucket=self.bucket,
-                    Prefix=root + prefix,
-                    Delimiter="/",
-                    MaxKeys=self.list_page_size,
-                    **token,
-                )
-            )
-            for common in page.get("CommonPrefixes", []):
-                yield common["Prefix"][len(root) :], 0, True
-            for obj in page.get("Contents", []):
-                yield obj["Key"][len(root) :], obj["Size"], False
-            if not page.get("IsTruncated"):
-                return
-            token = {"ContinuationToken": page["NextContinuationToken"]}
-
-    def remove_empty_dirs(self, folders: tuple[str, ...]) -> None:
-        """Nothing to do: S3 has no directories."""
+    async def _list_page(
+        self, prefix: str, *, delimiter: bool, token: str | None
+    ) -> tuple[list[tuple[str, int]], list[str], str | None]:
+        """One LIST page of keys under ``prefix`` (one "directory" level with ``delimiter``):
+        ``([(key, size_bytes)], [folder keys], the next page's token or None)``."""
+        more = {"ContinuationToken": token} if token else {}
+        page = await self.call(
+            "list_objects_v2",
+            url=self.url_of(prefix),
+            not_found=BucketNotFoundError,
+            Bucket=self.bucket,
+            Prefix=self.key_of("") + prefix,
+            MaxKeys=self.list_page_size,
+            **({"Delimiter": "/"} if delimiter else {}),
+            **more,
+        )
+        files = [(obj["Key"], int(obj.get("Size", 0))) for obj in page.get("Contents", [])]
+        folders = [common["Prefix"] for common in page.get("CommonPrefixes", [])]
+        return files, folders, page["NextContinuationToken"] if page.get("IsTruncated") else None
 
     def remove_partials(self, is_mine: Callable[[str], bool], *, folders: tuple[str, ...] = ("",)) -> int:
         """Abort unfinished multipart uploads (left by killed writers) of names ``is_mine``
