@@ -7,7 +7,19 @@ from typing import TYPE_CHECKING, Any
 
 from . import errors as _errors
 from . import pack as _compat_pack  # noqa: F401 - before `pack` is bound (see pack.py)
-from .config import FetchConfig, HttpConfig, RequestConfig, S3Config
+from .config import (
+    Affinity,
+    FetchConfig,
+    HttpConfig,
+    LastBatch,
+    MixMode,
+    OnError,
+    OrderSettings,
+    RequestConfig,
+    S3Config,
+    StoreSettings,
+)
+from .decode.protocol import BatchDecoder, BatchSource, Decoder, register_decoder
 from .errors import *  # noqa: F403 (the whole exception tree is public)
 from .fields import MissingFieldError
 from .index import DatasetIndex, Index, Manifest, MemberEntry, SampleEntry, ShardEntry, ShardTable, open_index
@@ -18,9 +30,17 @@ from .planner import JobPlan, plan
 from .reading.access import SampleAccess
 from .reading.assign import NodeAffinity, WorkerSlot
 from .reading.batching import Batcher, CollateBatcher, RunBatcher
+from .reading.engine import ReadingEngine
+from .reading.epochs import PassState
 from .reading.mixture import Source
+from .reading.plan import PlanRun, WorkerPlan
+from .reading.shards import ShardSet
 from .reading.slicer import FileRun
-from .reading.stats import StatsSnapshot
+from .reading.stages import ItemUnit, PassContext, PassProgress, Stage
+from .reading.stats import ReaderStats, StatsSnapshot
+from .storage import RemoteStore, ShardSink, Store, register_store
+from .storage.base import OnRetry, StoreFactory
+from .tarstream import Batch
 
 if TYPE_CHECKING:
     from .collate import ByteBatch, ByteCollate
@@ -61,6 +81,20 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "PlanRun",
+    "WorkerPlan",
+    "Batch",
+    "StoreFactory",
+    "ShardSink",
+    "OnRetry",
+    "ReadingEngine",
+    "ReaderStats",
+    "PassState",
+    "PassProgress",
+    "ShardSet",
+    "BatchSource",
+    "Affinity",
+    "BatchDecoder",
     "Batcher",
     "ByteBatch",
     "ByteCollate",
@@ -69,20 +103,28 @@ __all__ = [
     "CpuDecoder",
     "DaliLoader",
     "DatasetIndex",
+    "Decoder",
     "FetchConfig",
     "FileRun",
     "HttpConfig",
     "Index",
+    "ItemUnit",
     "JobPlan",
+    "LastBatch",
     "Manifest",
     "MemberEntry",
     "MissingFieldError",
+    "MixMode",
     "NodeAffinity",
+    "OnError",
+    "OrderSettings",
     "PackReport",
     "Part",
+    "PassContext",
     "Problem",
     "ProblemKind",
     "RandomResizedCrop",
+    "RemoteStore",
     "RequestConfig",
     "Resize",
     "S3Config",
@@ -97,7 +139,10 @@ __all__ = [
     "ShardWriter",
     "RunBatcher",
     "Source",
+    "Stage",
     "StatsSnapshot",
+    "Store",
+    "StoreSettings",
     "WorkerSlot",
     "__version__",
     "build_index",
@@ -106,6 +151,8 @@ __all__ = [
     "pack",
     "pack_samples",
     "plan",
+    "register_decoder",
+    "register_store",
     "verify",
     *_errors.__all__,
 ]

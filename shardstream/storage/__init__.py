@@ -3,8 +3,9 @@
 - :mod:`.base`: the :class:`Store` protocol every backend implements, :class:`RemoteStore`
   (what the fetcher reads from a server), URL parsing, and the :class:`Counters` the fetcher
   reports to;
-- :mod:`.schemes`: :func:`open_store` picks the backend from the URL (each loaded on first
-  use), :func:`pin_urls` fixes URLs' versions (a Hub revision to its commit);
+- :mod:`.schemes`: :func:`open_store` makes the store of a URL with the factory registered
+  for its scheme (:func:`register_store`; the built-in backends each loaded on first use),
+  :func:`pin_urls` fixes URLs' versions (a Hub revision to its commit);
 - :mod:`.local`; the remote backends :mod:`.s3` (the only aiobotocore import), :mod:`.http`
   (http(s), aiohttp), :mod:`.hf` (the Hugging Face Hub), :mod:`.gcs` (gcsfs), :mod:`.azure`
   (adlfs), each giving one request function and one error table to :mod:`.ranged` (the
@@ -32,6 +33,8 @@ from .base import (
     Store,
     is_remote_url,
     is_s3_url,
+    register_store,
+    remote_schemes,
     scheme_of,
     split_url,
     write_pieces,
@@ -50,6 +53,8 @@ __all__ = [
     "is_s3_url",
     "open_store",
     "pin_urls",
+    "register_store",
+    "remote_schemes",
     "scheme_of",
     "split_url",
     "write_pieces",

@@ -5,7 +5,8 @@ Two protocols: :class:`Store` (a directory of objects: names, small reads and wr
 shard writers, listing) is what every backend gives; :class:`RemoteStore` adds what the
 fetcher needs to stream shards from a server (an object's size and version, a ranged read
 pinned to that version, and the bounds of one request). Local directories are read in place
-and are not remote; every URL scheme in :data:`REMOTE_SCHEMES` names a remote store.
+and are not remote; every URL scheme registered with :func:`register_store` (the built-in
+ones are :data:`REMOTE_SCHEMES`) names a remote store.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ __all__ = [
     "Store",
     "is_remote_url",
     "is_s3_url",
+    "register_store",
+    "remote_schemes",
     "scheme_of",
     "split_url",
+    "store_factory",
     "write_pieces",
 ]
 
@@ -32,6 +36,13 @@ OnRetry = Callable[[BaseException], None]
 
 #: URL schemes of remote stores, each with the module that reads it (loaded on first use).
 REMOTE_SCHEMES = ("s3", "http", "https", "hf", "gs", "gcs", "az", "abfs", "abfss")
+"""The schemes of the built-in remote stores (registered by :mod:`.schemes`)."""
+
+StoreFactory = Callable[..., "Store"]
+"""``factory(url, *, s3, requests, fetch) -> Store``: the store of a URL of its scheme (see
+:func:`register_store`)."""
+
+_FACTORIES: dict[str, StoreFactory] = {}
 
 
 class Counters(Protocol):
@@ -183,19 +194,65 @@ def scheme_of(url: str) -> str | None:
     scheme = head.lower()
     if scheme == "file":
         return None
-    if scheme not in REMOTE_SCHEMES:
+    if scheme not in _FACTORIES:
         raise ValueError(
             f"{url!r}: unsupported URL scheme {scheme!r}; use a local path or one of "
-            + ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
+            + ", ".join(f"{s}://" for s in remote_schemes())
+            + " (or register a store for it: shardstream.register_store)"
         )
     if not rest or rest.startswith("/"):
         raise ValueError(f"{url!r} names no bucket, container or host after {scheme}://")
     return scheme
 
 
+def register_store(scheme: str, factory: StoreFactory, *, replace: bool = False) -> None:
+    """Read and write ``scheme://`` URLs through the stores ``factory`` makes: every reader and
+    writer (``ShardDataset``, ``ShardMapDataset``, ``pack``, the CLI) then opens them with
+    ``factory(url, s3=..., requests=..., fetch=...)``, ``url`` being the location of a
+    directory of objects (a dataset's root; its shards and tables are names under it). The
+    built-in stores are registered through this too (:data:`REMOTE_SCHEMES`).
+
+    The store it returns is a :class:`RemoteStore` (a directory of objects read by ranged
+    requests: :class:`~.ranged.RangedStore` gives most of it from a backend's ``head``,
+    ``open_range`` and ``error_table``); the keyword arguments are the caller's
+    :class:`~shardstream.config.S3Config` (meant for S3, None otherwise),
+    :class:`~shardstream.config.RequestConfig` (None: the defaults) and
+    :class:`~shardstream.config.FetchConfig` (None: the defaults). Register in every process
+    that reads (at import of the module that defines the store: DataLoader workers that are
+    spawned import it again).
+
+    Raises:
+        ValueError: ``scheme`` is not a lowercase URL scheme (letters, digits, ``+``), is
+            ``file`` (local paths), or already has a store and ``replace`` is False.
+    """
+    if not (isinstance(scheme, str) and scheme.isascii() and scheme.replace("+", "").isalnum()):
+        raise ValueError(f"register_store: {scheme!r} is not a URL scheme (letters, digits and '+', as 's3')")
+    if scheme != scheme.lower() or scheme == "file":
+        raise ValueError(f"register_store: {scheme!r} must be lowercase and not 'file' (local paths)")
+    if scheme in _FACTORIES and not replace:
+        raise ValueError(
+            f"register_store: {scheme}:// already has a store ({_FACTORIES[scheme]!r}); pass replace=True to replace it"
+        )
+    _FACTORIES[scheme] = factory
+
+
+def store_factory(scheme: str) -> StoreFactory:
+    """The factory registered for ``scheme`` (:func:`register_store`).
+
+    Raises:
+        KeyError: none is.
+    """
+    return _FACTORIES[scheme]
+
+
+def remote_schemes() -> tuple[str, ...]:
+    """Every scheme with a store, in the order registered (the built-in ones first)."""
+    return tuple(_FACTORIES)
+
+
 def is_remote_url(url: str) -> bool:
-    """``url`` names an object or prefix in a remote store (any scheme of
-    :data:`REMOTE_SCHEMES`); False for local paths and ``file://`` URLs.
+    """``url`` names an object or prefix in a remote store (any scheme with a store:
+    :func:`register_store`); False for local paths and ``file://`` URLs.
 
     Raises:
         ValueError: as :func:`scheme_of`.

@@ -1,6 +1,8 @@
 """Which backend a URL names: :func:`open_store`, and :func:`pin_urls` to fix URLs' versions.
 
-Each backend is imported only when a URL of its scheme is used, so aiobotocore, gcsfs and
+Every remote scheme's store comes from the factory registered for it
+(:func:`~.base.register_store`, public as ``shardstream.register_store``); the built-in
+backends are registered here, each imported only when a URL of its scheme is used, so aiobotocore, gcsfs and
 adlfs load only for ``s3://``, ``gs://`` and ``az://`` URLs. A backend whose optional extra is
 missing raises :class:`~shardstream.errors.MissingDependencyError` naming the extra:
 
@@ -22,13 +24,14 @@ import os
 
 from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import MissingDependencyError
-from .base import Store, scheme_of
+from .base import Store, register_store, scheme_of, store_factory
 from .local import LocalStore
 
-__all__ = ["open_store", "pin_urls"]
+__all__ = ["open_store", "pin_urls", "register_store"]
 
 # scheme -> (module, class, extra that installs its library, the library's import name)
 _BACKENDS = {
+    "s3": (".s3", "S3Store", None, "aiobotocore"),
     "http": (".http", "HttpStore", None, "aiohttp"),
     "https": (".http", "HttpStore", None, "aiohttp"),
     "hf": (".hf", "HfStore", None, "aiohttp"),
@@ -40,15 +43,38 @@ _BACKENDS = {
 }
 
 
-def _backend(scheme: str) -> type:
-    module_name, class_name, extra, library = _BACKENDS[scheme]
-    try:
-        importlib.import_module(library)
-    except ImportError as exc:
-        hint = f"pip install 'shardstream[{extra}]'" if extra else f"pip install {library}"
-        raise MissingDependencyError(f"{scheme}:// URLs need the {library} package: {hint}") from exc
-    module = importlib.import_module(module_name, __package__)
-    return getattr(module, class_name)
+class _BuiltIn:
+    """The factory of a built-in backend: its module imported on first use, a missing optional
+    library named with the extra that installs it."""
+
+    def __init__(self, scheme: str) -> None:
+        self.scheme = scheme
+
+    def __repr__(self) -> str:
+        return f"shardstream's {_BACKENDS[self.scheme][1]}"
+
+    def __call__(
+        self,
+        url: str,
+        *,
+        s3: S3Config | None = None,
+        requests: RequestConfig | None = None,
+        fetch: FetchConfig | None = None,
+    ) -> Store:
+        module_name, class_name, extra, library = _BACKENDS[self.scheme]
+        try:
+            importlib.import_module(library)
+        except ImportError as exc:
+            hint = f"pip install 'shardstream[{extra}]'" if extra else f"pip install {library}"
+            raise MissingDependencyError(f"{self.scheme}:// URLs need the {library} package: {hint}") from exc
+        backend = getattr(importlib.import_module(module_name, __package__), class_name)
+        if self.scheme == "s3":
+            return backend(url, s3=s3, fetch=fetch, requests=requests)
+        return backend(url, fetch=fetch, requests=requests)
+
+
+for _scheme in _BACKENDS:
+    register_store(_scheme, _BuiltIn(_scheme))
 
 
 def open_store(
@@ -60,7 +86,8 @@ def open_store(
 ) -> Store:
     """The store for a dataset location: a local path or ``file:///dir``, or a URL of a
     remote store (``s3://bucket/prefix``, ``https://host/dir``, ``hf://datasets/ORG/NAME/dir``,
-    ``gs://bucket/prefix``, ``az://container/prefix``).
+    ``gs://bucket/prefix``, ``az://container/prefix``, or any scheme given a store with
+    :func:`~.base.register_store`), made by the factory registered for its scheme.
 
     Args:
         url: the location.
@@ -77,12 +104,8 @@ def open_store(
     """
     text = os.fspath(url)
     scheme = scheme_of(text)
-    if scheme == "s3":
-        from .s3 import S3Store
-
-        return S3Store(text, s3=s3, fetch=fetch, requests=requests)
     if scheme is not None:
-        return _backend(scheme)(text, fetch=fetch, requests=requests)
+        return store_factory(scheme)(text, s3=s3, requests=requests, fetch=fetch)
     if text.startswith("file://"):
         text = text[len("file://") :]
     return LocalStore(text)
