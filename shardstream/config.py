@@ -1,4 +1,6 @@
-"""Settings as frozen dataclasses; the only place that reads environment variables.
+"""Settings as frozen dataclasses; the only place that reads environment variables
+(:func:`env`, :func:`env_items`: every variable shardstream reads is listed in
+:data:`ENVIRONMENT`, with what it is for).
 
 The AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_PROFILE``, ``AWS_REGION`` ...) are read by botocore itself; :class:`S3Config` only
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "ENVIRONMENT",
     "Affinity",
     "FetchConfig",
     "HttpConfig",
@@ -24,8 +27,68 @@ __all__ = [
     "RequestConfig",
     "S3Config",
     "StoreSettings",
+    "env",
+    "env_items",
     "on_error_of",
 ]
+
+ENVIRONMENT = {
+    "AWS_ENDPOINT_URL_S3": "S3's endpoint (botocore's; peeked at for path-style addressing and messages)",
+    "AWS_ENDPOINT_URL": "S3's endpoint, when AWS_ENDPOINT_URL_S3 is not set",
+    "AWS_REGION": "S3's region (botocore's; peeked at for messages)",
+    "AWS_DEFAULT_REGION": "S3's region, when AWS_REGION is not set",
+    "RANK": "this process's rank (torchrun), without torch.distributed initialised; pack's part",
+    "WORLD_SIZE": "the job's ranks (torchrun), as RANK",
+    "LOCAL_RANK": "this process's GPU on its node (torchrun): DaliLoader's device",
+    "LOCAL_WORLD_SIZE": "ranks per node (torchrun): shard_affinity='node'",
+    "GROUP_RANK": "this node's number (torchrun): checked against node affinity's shares",
+    "NODE_RANK": "this node's number, when GROUP_RANK is not set",
+    "SLURM_ARRAY_TASK_ID": "pack's part in a Slurm job array",
+    "SLURM_ARRAY_TASK_COUNT": "pack's parts in a Slurm job array",
+    "SLURM_ARRAY_TASK_MIN": "a Slurm job array's first task id",
+    "SLURM_ARRAY_TASK_MAX": "a Slurm job array's last task id",
+    "SLURM_ARRAY_TASK_STEP": "a Slurm job array's step",
+    "RAY_ADDRESS": "the Ray cluster pack --ray joins (default 'auto')",
+    "SSL_CERT_FILE": "CA bundle of https:// and the Hub",
+    "SSL_CERT_DIR": "CA directory of https:// and the Hub",
+    "HF_ENDPOINT": "the Hugging Face Hub's URL",
+    "HF_TOKEN": "the Hub's token",
+    "HUGGING_FACE_HUB_TOKEN": "the Hub's token, its older name",
+    "HF_TOKEN_PATH": "the file holding the Hub's token",
+    "HF_HOME": "the Hub's home (its token file under it)",
+    "XDG_CACHE_HOME": "where HF_HOME defaults to",
+    "STORAGE_EMULATOR_HOST": "a GCS emulator's address (gcsfs's)",
+    "AZURE_STORAGE_CONNECTION_STRING": "Azure's account and credentials (adlfs's)",
+    "AZURE_STORAGE_ACCOUNT_NAME": "Azure's account (adlfs's)",
+}
+"""Every environment variable shardstream reads, with what it is for (the libraries below it,
+botocore, gcsfs, adlfs, read theirs too: docs/stores.md)."""
+_ENV_PREFIXES = ("AZURE_STORAGE_",)  # read as a group: Azure's credentials fingerprint a client
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """The environment variable ``name`` (one of :data:`ENVIRONMENT`), or ``default`` where
+    it is not set.
+
+    Raises:
+        KeyError: ``name`` is not listed in :data:`ENVIRONMENT` (a read to add there first).
+    """
+    if name not in ENVIRONMENT:
+        raise KeyError(f"{name}: not one of the environment variables shardstream reads (config.ENVIRONMENT)")
+    return os.environ.get(name, default)
+
+
+def env_items(prefix: str) -> tuple[tuple[str, str], ...]:
+    """The environment variables whose names start with ``prefix`` (``"AZURE_STORAGE_"``), as
+    ``(name, value)`` pairs.
+
+    Raises:
+        KeyError: ``prefix`` is not one shardstream reads as a group.
+    """
+    if prefix not in _ENV_PREFIXES:
+        raise KeyError(f"{prefix}: not a group of environment variables shardstream reads")
+    return tuple((name, value) for name, value in os.environ.items() if name.startswith(prefix))
+
 
 AddressingStyle = Literal["auto", "path", "virtual"]
 OnError = Literal["raise", "skip"]
@@ -95,11 +158,11 @@ class S3Config:
 
     def resolved_endpoint_url(self) -> str | None:
         """The endpoint botocore will use: the field, else the AWS env variables, else None."""
-        return self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return self.endpoint_url or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL")
 
     def resolved_region_name(self) -> str | None:
         """The field, else ``AWS_REGION`` / ``AWS_DEFAULT_REGION``, else None (profile or default)."""
-        return self.region_name or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        return self.region_name or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
 
     def request_config(self) -> RequestConfig:
         """This config's request fields as the :class:`RequestConfig` S3 uses when none is given."""

@@ -16,7 +16,6 @@ Every node must reach SOURCE and DEST by the same name: an object store (``s3://
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
+from ..config import env
 from ..errors import ShardstreamError
 
 __all__ = ["cluster_cpus", "connect", "map_on_ray", "run_streams_on_ray"]
@@ -54,7 +54,7 @@ def connect(address: str | None = None) -> None:
     ray = _ray()
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS") or "auto"
+    address = address or env("RAY_ADDRESS") or "auto"
     try:
         ray.init(address=address, logging_level="WARNING", log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as exc:

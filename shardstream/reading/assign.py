@@ -8,12 +8,13 @@ without talking to the others.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ..config import env
 
 __all__ = [
     "NodeAffinity",
@@ -93,8 +94,8 @@ class NodeAffinity:
         if not isinstance(value, NodeAffinity):
             raise ValueError(f"shard_affinity={value!r} must be None, 'node' or NodeAffinity(ranks_per_node=...)")
         ranks = value.ranks_per_node
-        if ranks is None and "LOCAL_WORLD_SIZE" in os.environ:
-            raw = os.environ["LOCAL_WORLD_SIZE"]
+        raw = env("LOCAL_WORLD_SIZE")
+        if ranks is None and raw is not None:
             try:
                 ranks = int(raw)
             except ValueError:
@@ -157,12 +158,11 @@ def current_slot(parent_rank: tuple[int, int] | None = None) -> WorkerSlot:
         rank, world_size = found
     else:
         try:
-            rank = int(os.environ.get("RANK", "0"))
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            rank = int(env("RANK") or "0")
+            world_size = int(env("WORLD_SIZE") or "1")
         except ValueError:
             raise ValueError(
-                f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
-                "must be integers (as torchrun sets them)"
+                f"RANK={env('RANK')!r} / WORLD_SIZE={env('WORLD_SIZE')!r} must be integers (as torchrun sets them)"
             ) from None
     info = _worker_info()
     worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)

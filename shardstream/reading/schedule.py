@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..config import OrderSettings
+from ..config import OrderSettings, env
 from ..tarstream import Batch
 from .assign import NodeAffinity, WorkerSlot, assign_shards
 from .engine import ReadingEngine, read_mixed
@@ -513,7 +512,7 @@ def _check_node(rank: int, ranks_per_node: int) -> None:
     """Under node affinity, warn once when torchrun's node number (``GROUP_RANK``, or
     ``NODE_RANK``) is not ``rank // ranks_per_node``, the node the shares assume: then nodes
     read each other's shares (still exact, but their caches miss)."""
-    raw = os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK"))
+    raw = env("GROUP_RANK", env("NODE_RANK"))
     if raw is None or not raw.strip().isdigit() or int(raw) == rank // ranks_per_node:
         return
     log.warning(

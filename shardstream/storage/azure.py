@@ -52,12 +52,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..config import FetchConfig, RequestConfig
+from ..config import FetchConfig, RequestConfig, env, env_items
 from ..errors import (
     BucketNotFoundError,
     CorruptShardError,
@@ -115,7 +114,7 @@ def _connection_fields() -> dict[str, str]:
     """The fields of ``AZURE_STORAGE_CONNECTION_STRING`` that are not secret (account name,
     endpoints), for naming the account in messages."""
     fields: dict[str, str] = {}
-    for part in os.environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";"):
+    for part in (env("AZURE_STORAGE_CONNECTION_STRING") or "").split(";"):
         key, sep, value = part.partition("=")
         if sep and key.strip().lower() in ("accountname", "blobendpoint"):
             fields[key.strip().lower()] = value.strip().split("?", 1)[0].rstrip("/")
@@ -127,7 +126,7 @@ def _credentials_fingerprint() -> str:
     environment changed (a test pointing at another server) gets a client of its own; hashed
     again only when they changed."""
     global _environment, _fingerprint
-    environment = tuple((name, value) for name, value in os.environ.items() if name.startswith("AZURE_STORAGE_"))
+    environment = env_items("AZURE_STORAGE_")
     if environment != _environment:
         import hashlib
 
@@ -298,7 +297,7 @@ class AzureStore(BucketStoreMixin, RangedStore):
         if fields.get("blobendpoint") and (self.account is None or self.account == fields.get("accountname")):
             self.endpoint = fields["blobendpoint"]
         else:
-            account = self.account or fields.get("accountname") or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+            account = self.account or fields.get("accountname") or env("AZURE_STORAGE_ACCOUNT_NAME")
             self.endpoint = f"Azure Blob Storage account {account}" if account else "Azure Blob Storage"
         self._conflict = (
             fields.get("accountname")

@@ -46,13 +46,12 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import os
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
-from ..config import FetchConfig, RequestConfig
+from ..config import FetchConfig, RequestConfig, env
 from ..errors import (
     BucketNotFoundError,
     CorruptShardError,
@@ -108,7 +107,7 @@ def parse_gcs_url(url: str) -> tuple[str, str, str]:
 
 def _emulator_endpoint() -> str | None:
     """``STORAGE_EMULATOR_HOST`` as a URL (as gcsfs and google-cloud-storage read it), or None."""
-    host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+    host = env("STORAGE_EMULATOR_HOST") or ""
     if host in ("", "default"):
         return None
     return host if host.startswith(("http://", "https://")) else f"http://{host}"

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from ..config import FetchConfig, RequestConfig
+from ..config import FetchConfig, RequestConfig, env
 from ..errors import ShardNotFoundError, StorageConnectionError, StorageError
 from . import loop
 from .http import HttpStore
@@ -46,18 +46,18 @@ _SHA = re.compile(r"[0-9a-f]{40}")
 
 def hf_endpoint() -> str:
     """The Hub's URL: ``HF_ENDPOINT``, else ``https://huggingface.co``."""
-    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    return (env("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
 
 
 def hf_token() -> str | None:
     """The Hub token of the standard chain (module doc), or None."""
-    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    token = env("HF_TOKEN") or env("HUGGING_FACE_HUB_TOKEN")
     if token:
         return token.strip()
-    path = os.environ.get("HF_TOKEN_PATH")
+    path = env("HF_TOKEN_PATH")
     if not path:
-        home = os.environ.get("HF_HOME") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "huggingface"
+        home = env("HF_HOME") or os.path.join(
+            env("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "huggingface"
         )
         path = os.path.join(home, "token")
     try:

@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import ssl
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from ..config import FetchConfig, RequestConfig
+from ..config import FetchConfig, RequestConfig, env
 from ..errors import (
     ReadOnlyStoreError,
     ShardNotFoundError,
@@ -55,7 +54,7 @@ _open_requests = OpenRequests()
 
 def _ssl_context() -> ssl.SSLContext:
     """The system's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (OpenSSL's own variables)."""
-    return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE"), capath=os.environ.get("SSL_CERT_DIR"))
+    return ssl.create_default_context(cafile=env("SSL_CERT_FILE"), capath=env("SSL_CERT_DIR"))
 
 
 async def _session_for(cfg: RequestConfig) -> Any:
@@ -63,7 +62,7 @@ async def _session_for(cfg: RequestConfig) -> Any:
     import aiohttp
 
     sessions = _sessions.mine()
-    key = (cfg, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    key = (cfg, env("SSL_CERT_FILE"), env("SSL_CERT_DIR"))
     session = sessions.get(key)
     if session is None:
         session = aiohttp.ClientSession(
