@@ -66,9 +66,10 @@ def add_parsers(commands) -> None:
     )
     p.add_argument(
         "--on-error",
-        choices=[e.value for e in OnError],
+        choices=["raise", "fail", "skip"],
         default=OnError.FAIL.value,
-        help="on a bad input file: fail naming it (default), or skip it and list it in DEST/pack-report.jsonl",
+        help="on a bad input file: stop naming it (raise, or its older word fail: the default), or skip it and "
+        "list it in DEST/pack-report.jsonl",
     )
     p.add_argument("--skip-unreadable", action="store_true", help="the same as --on-error skip")
     p.add_argument(

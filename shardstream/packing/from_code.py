@@ -105,9 +105,9 @@ def pack_samples(
             machine packs the others and the last to finish writes the index. Default from
             ``RANK`` / ``WORLD_SIZE`` or a job array's variables, else the whole input.
         name, max_shard_bytes, max_samples_per_shard: as for ``pack``.
-        on_error: ``"fail"``: an input on which ``fn`` raises (or gives a sample that cannot
-            be written) stops the pack with :class:`SampleFnError` naming it; fix it and run
-            again to resume. ``"skip"``: it is skipped and listed in
+        on_error: ``"raise"`` (or ``"fail"``, its older word): an input on which ``fn`` raises
+            (or gives a sample that cannot be written) stops the pack with
+            :class:`SampleFnError` naming it; fix it and run again to resume. ``"skip"``: it is skipped and listed in
             ``dest/pack-report.jsonl`` (``path`` holds the input's repr, ``reason`` the error).
         overwrite: replace what ``dest`` holds: only what its index and pack state record.
         clobber: write over files at ``dest`` with the names this pack writes (shards and

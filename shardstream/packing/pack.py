@@ -89,8 +89,9 @@ def pack(
         max_samples_per_shard: sample limit per shard, or None.
         files_from: a file listing the paths to pack, relative to ``source`` (newline- or
             NUL-separated; ``"-"`` reads standard input); the list's order is kept.
-        on_error: ``"fail"`` stops at the first bad input file, naming it; ``"skip"`` packs
-            the rest and lists each skipped file in ``dest/pack-report.jsonl``.
+        on_error: ``"raise"`` (or ``"fail"``, its older word, the default) stops at the first bad
+            input file, naming it; ``"skip"`` packs the rest and lists each skipped file in
+            ``dest/pack-report.jsonl``.
         workers: processes writing shards in parallel (None: the CPU count, the CLI's default;
             the default here, 1, writes in this process), started with ``spawn``: a script
             calling ``pack(workers > 1)`` needs the usual ``if __name__ == "__main__":`` guard.

@@ -50,10 +50,20 @@ __all__ = ["OnError", "StreamJob", "StreamResult", "check_problem", "die_with_pa
 
 
 class OnError(enum.Enum):
-    """What pack does with a bad input file: stop naming it, or skip and report it."""
+    """What pack does with a bad input file: stop naming it, or skip and report it.
+
+    ``OnError("raise")`` (the readers' word, :data:`shardstream.config.OnError`) is ``FAIL``
+    (``RAISE`` its alias), so one vocabulary serves readers and writers; ``"fail"`` stays
+    accepted.
+    """
 
     FAIL = "fail"
     SKIP = "skip"
+    RAISE = "fail"  # an alias of FAIL under the readers' word
+
+    @classmethod
+    def _missing_(cls, value: object) -> OnError | None:
+        return cls.FAIL if value == "raise" else None
 
 
 @dataclass(frozen=True, kw_only=True)
