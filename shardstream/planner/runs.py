@@ -4,8 +4,9 @@ plan, and the bytes of each run.
 What it is built on
 -------------------
 The assignment is the reader's own: each epoch's plan comes from the schedule
-:func:`~shardstream.reading.schedule.schedule_for` picks (one dataset:
-:class:`~shardstream.reading.schedule.EpochSchedule`; a mixture: ``MixtureSchedule``, with
+:func:`~shardstream.reading.mixschedule.schedule_for` picks (one dataset:
+:class:`~shardstream.reading.schedule.EpochSchedule`; a mixture:
+:class:`~shardstream.reading.mixschedule.MixtureSchedule`, with
 the same ``epoch_counts`` and selections), and for every rank and DataLoader worker
 :meth:`~shardstream.reading.plan.EpochPlan.piece_runs` gives the runs that worker reads
 (``PlanRun(shard, lo, hi)``), O(shards met) per worker. With ``shard_affinity="node"`` the
@@ -40,7 +41,8 @@ from ..config import FetchConfig
 from ..reading.assign import NodeAffinity, WorkerSlot
 from ..reading.engine import lane_fetch, share_buffer, source_fetch
 from ..reading.epochs import PassState
-from ..reading.schedule import Schedule, schedule_for
+from ..reading.mixschedule import schedule_for
+from ..reading.schedule import Schedule
 from .opening import Counts, Data
 from .settings import PlanSettings
 

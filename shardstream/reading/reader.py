@@ -7,7 +7,7 @@ unit's stages, delivery (decoding, skips, counts, log lines) and batching. A new
 or step is a new stage in the list, not code here.
 
 One dataset and a mixture are read alike: a dataset is a mixture of one source
-(:func:`open_reader` resolves both through one path, :func:`~.schedule.schedule_for` picks
+(:func:`open_reader` resolves both through one path, :func:`~.mixschedule.schedule_for` picks
 the plan), and ``replication`` makes each model-parallel group of ranks one reader of the
 data (:meth:`Reader.group`).
 """
@@ -25,8 +25,9 @@ from .assign import NodeAffinity, WorkerSlot
 from .batching import Batcher, as_batcher
 from .engine import ReadingEngine
 from .epochs import PassState
+from .mixschedule import refused, schedule_for
 from .mixture import Source, sources_of
-from .schedule import Schedule, refused, schedule_for
+from .schedule import Schedule
 from .shards import ChainedUrls, IndexedShards, url_shards
 from .stages import SAMPLES, ItemUnit, PassContext, PassProgress, Stage, default_stages, failing
 from .stats import ReaderStats
@@ -260,7 +261,7 @@ def open_reader(
 
     Raises:
         ValueError: a bad argument (named with its value), a combination the schedule refuses
-            (:func:`~.schedule.schedule_for`), or a bad mixture (naming the source).
+            (:func:`~.mixschedule.schedule_for`), or a bad mixture (naming the source).
         TypeError: a list mixing ``Source`` s and shard URLs.
         ShardNotFoundError, IndexFormatError: as :func:`~shardstream.index.resolve_source`.
     """
