@@ -1,6 +1,9 @@
 """Settings as frozen dataclasses; the only place that reads environment variables
 (:func:`env`, :func:`env_items`: every variable shardstream reads is listed in
-:data:`ENVIRONMENT`, with what it is for).
+:data:`ENVIRONMENT`, with what it is for; the other modules ask the named readers:
+:func:`torchrun_env`, :func:`slurm_array_env`, :func:`ray_address`, :func:`ssl_cert_paths`,
+:func:`http_proxy`, :func:`hf_endpoint`, :func:`hf_token`, :func:`gcs_emulator_host` and the
+``azure_*`` ones).
 
 The AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_PROFILE``, ``AWS_REGION`` ...) are read by botocore itself; :class:`S3Config` only
@@ -13,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 __all__ = [
@@ -26,10 +30,23 @@ __all__ = [
     "OrderSettings",
     "RequestConfig",
     "S3Config",
+    "SlurmArrayEnv",
     "StoreSettings",
+    "TorchrunEnv",
+    "azure_account_name",
+    "azure_connection_string",
+    "azure_storage_env",
     "env",
     "env_items",
+    "gcs_emulator_host",
+    "hf_endpoint",
+    "hf_token",
+    "http_proxy",
     "on_error_of",
+    "ray_address",
+    "slurm_array_env",
+    "ssl_cert_paths",
+    "torchrun_env",
 ]
 
 ENVIRONMENT = {
@@ -51,6 +68,9 @@ ENVIRONMENT = {
     "RAY_ADDRESS": "the Ray cluster pack --ray joins (default 'auto')",
     "SSL_CERT_FILE": "CA bundle of https:// and the Hub",
     "SSL_CERT_DIR": "CA directory of https:// and the Hub",
+    "HTTPS_PROXY": "the proxy of https:// and the Hub (or https_proxy; read through urllib.request)",
+    "HTTP_PROXY": "the proxy of http:// (or http_proxy; read through urllib.request)",
+    "NO_PROXY": "hosts reached without a proxy (or no_proxy; read through urllib.request)",
     "HF_ENDPOINT": "the Hugging Face Hub's URL",
     "HF_TOKEN": "the Hub's token",
     "HUGGING_FACE_HUB_TOKEN": "the Hub's token, its older name",
@@ -88,6 +108,133 @@ def env_items(prefix: str) -> tuple[tuple[str, str], ...]:
     if prefix not in _ENV_PREFIXES:
         raise KeyError(f"{prefix}: not a group of environment variables shardstream reads")
     return tuple((name, value) for name, value in os.environ.items() if name.startswith(prefix))
+
+
+# Named readers: what each module asks of the environment, so no variable name is spelt
+# outside this module. Values are the text as set (None: not set); each caller parses the one
+# it needs and names the variable in its own error.
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """torchrun's variables as this process got them (any launcher that sets them counts).
+
+    Attributes:
+        rank: ``RANK``, this process's rank in the job.
+        world_size: ``WORLD_SIZE``, the job's ranks.
+        local_rank: ``LOCAL_RANK``, this process's GPU on its node.
+        local_world_size: ``LOCAL_WORLD_SIZE``, ranks per node.
+        node_rank: ``GROUP_RANK``, else ``NODE_RANK``: this node's number.
+    """
+
+    rank: str | None
+    world_size: str | None
+    local_rank: str | None
+    local_world_size: str | None
+    node_rank: str | None
+
+
+def torchrun_env() -> TorchrunEnv:
+    """torchrun's variables now (:class:`TorchrunEnv`)."""
+    return TorchrunEnv(
+        rank=env("RANK"),
+        world_size=env("WORLD_SIZE"),
+        local_rank=env("LOCAL_RANK"),
+        local_world_size=env("LOCAL_WORLD_SIZE"),
+        node_rank=env("GROUP_RANK", env("NODE_RANK")),
+    )
+
+
+@dataclass(frozen=True)
+class SlurmArrayEnv:
+    """A Slurm job array's variables as this task got them: pack's part.
+
+    Attributes:
+        task_id: ``SLURM_ARRAY_TASK_ID``, this task's id.
+        task_count: ``SLURM_ARRAY_TASK_COUNT``, the array's tasks.
+        bounds: ``SLURM_ARRAY_TASK_MIN``, ``_MAX`` and ``_STEP`` by their suffix
+            (``{"MIN": ..., "MAX": ..., "STEP": ...}``), as the array was given.
+    """
+
+    task_id: str | None
+    task_count: str | None
+    bounds: dict[str, str | None]
+
+
+def slurm_array_env() -> SlurmArrayEnv:
+    """A Slurm job array's variables now (:class:`SlurmArrayEnv`)."""
+    return SlurmArrayEnv(
+        task_id=env("SLURM_ARRAY_TASK_ID"),
+        task_count=env("SLURM_ARRAY_TASK_COUNT"),
+        bounds={name: env(f"SLURM_ARRAY_TASK_{name}") for name in ("MIN", "MAX", "STEP")},
+    )
+
+
+def ray_address() -> str | None:
+    """``RAY_ADDRESS``: the Ray cluster ``pack --ray`` joins when none is given."""
+    return env("RAY_ADDRESS")
+
+
+def ssl_cert_paths() -> tuple[str | None, str | None]:
+    """``(SSL_CERT_FILE, SSL_CERT_DIR)``: the CA bundle and directory of https:// and the Hub
+    (OpenSSL's own variables; None: the system's CAs)."""
+    return env("SSL_CERT_FILE"), env("SSL_CERT_DIR")
+
+
+def http_proxy(scheme: str, host: str) -> str | None:
+    """The proxy ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` (or their lowercase names) give
+    for ``scheme://host``, as curl and requests read them; None: connect directly."""
+    import urllib.request
+
+    if urllib.request.proxy_bypass(host):
+        return None
+    return urllib.request.getproxies().get(scheme)
+
+
+def hf_endpoint() -> str:
+    """The Hub's URL: ``HF_ENDPOINT``, else ``https://huggingface.co``."""
+    return (env("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hf_token() -> str | None:
+    """The Hub token of the standard chain, or None: ``HF_TOKEN``, else
+    ``HUGGING_FACE_HUB_TOKEN``, else the file ``HF_TOKEN_PATH``, else ``token`` under
+    ``HF_HOME`` (default ``$XDG_CACHE_HOME/huggingface``, ``~/.cache/huggingface``); a file
+    that cannot be read gives None."""
+    token = env("HF_TOKEN") or env("HUGGING_FACE_HUB_TOKEN")
+    if token:
+        return token.strip()
+    path = env("HF_TOKEN_PATH")
+    if not path:
+        cache = env("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        path = os.path.join(env("HF_HOME") or os.path.join(cache, "huggingface"), "token")
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def gcs_emulator_host() -> str | None:
+    """``STORAGE_EMULATOR_HOST``: a GCS emulator's address (``host:port`` or a URL), None when
+    unset, empty or ``default`` (as gcsfs and google-cloud-storage read it: real GCS)."""
+    host = env("STORAGE_EMULATOR_HOST") or ""
+    return None if host in ("", "default") else host
+
+
+def azure_connection_string() -> str:
+    """``AZURE_STORAGE_CONNECTION_STRING`` ("" when unset): Azure's account and credentials."""
+    return env("AZURE_STORAGE_CONNECTION_STRING") or ""
+
+
+def azure_account_name() -> str | None:
+    """``AZURE_STORAGE_ACCOUNT_NAME``: Azure's account when no URL or connection string names one."""
+    return env("AZURE_STORAGE_ACCOUNT_NAME")
+
+
+def azure_storage_env() -> tuple[tuple[str, str], ...]:
+    """Every ``AZURE_STORAGE_*`` variable as ``(name, value)`` pairs: what adlfs reads for
+    Azure's account and credentials (a client is made per distinct set)."""
+    return env_items("AZURE_STORAGE_")
 
 
 AddressingStyle = Literal["auto", "path", "virtual"]

@@ -198,7 +198,7 @@ def test_a_worker_plan_is_o_runs_not_o_samples():
 def test_lane_interleaving_draws_take_each_lane_exactly_its_samples(total):
     """Chunked draws of the interleaving (exact hypergeometric below 10^9 samples, clipped
     multinomial above) give each lane exactly its count, in order, reproducibly."""
-    from shardstream.reading.plan import _draw_counts
+    from shardstream.reading.emission import _draw_counts
 
     remaining = np.array([total // 2, total // 3, total - total // 2 - total // 3, 5], dtype=np.int64)
     rng = np.random.default_rng(0)

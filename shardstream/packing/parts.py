@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import env
+from ..config import slurm_array_env, torchrun_env
 
 __all__ = ["Part", "part_from_env"]
 
@@ -50,7 +50,8 @@ def part_from_env() -> Part | None:
         ValueError: the variables are not integers or are inconsistent, or the array has gaps
             (``--array=0,2,5``: give each task ``--part I/N``).
     """
-    index, count = env("RANK"), env("WORLD_SIZE")
+    torchrun = torchrun_env()
+    index, count = torchrun.rank, torchrun.world_size
     if index is not None and count is not None:
         try:
             i, n = int(index), int(count)
@@ -63,7 +64,8 @@ def part_from_env() -> Part | None:
 
 
 def _slurm_array_part() -> Part | None:
-    task_id, count = env("SLURM_ARRAY_TASK_ID"), env("SLURM_ARRAY_TASK_COUNT")
+    slurm = slurm_array_env()
+    task_id, count, bounds = slurm.task_id, slurm.task_count, slurm.bounds
     if task_id is None or count is None:
         return None
     names = f"SLURM_ARRAY_TASK_ID={task_id!r} / SLURM_ARRAY_TASK_COUNT={count!r}"
@@ -71,7 +73,6 @@ def _slurm_array_part() -> Part | None:
         i, n = int(task_id), int(count)
     except ValueError:
         raise ValueError(f"{names} must be integers with 0 <= index < count") from None
-    bounds = {name: env(f"SLURM_ARRAY_TASK_{name}") for name in ("MIN", "MAX", "STEP")}
     if bounds["MIN"] is None:  # no range given: the task ID is the part
         if not 0 <= i < n:
             if n > 0:  # an array numbered from 1, or with gaps

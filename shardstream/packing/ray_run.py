@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-from ..config import env
+from ..config import ray_address
 from ..errors import ShardstreamError
 
 __all__ = ["cluster_cpus", "connect", "map_on_ray", "run_streams_on_ray"]
@@ -54,7 +54,7 @@ def connect(address: str | None = None) -> None:
     ray = _ray()
     if ray.is_initialized():
         return
-    address = address or env("RAY_ADDRESS") or "auto"
+    address = address or ray_address() or "auto"
     try:
         ray.init(address=address, logging_level="WARNING", log_to_driver=True)
     except (ConnectionError, RuntimeError, ValueError) as exc:

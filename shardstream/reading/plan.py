@@ -52,9 +52,12 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
+
+from .emission import DRAW_CHUNK, buffer_order, buffer_state, interleaving, iter_buffer_order, ramp_samples
+from .order import NodeLayout, ShardOrder
 
 __all__ = [
     "EpochPlan",
@@ -63,7 +66,9 @@ __all__ = [
     "ShardOrder",
     "WorkerPlan",
     "buffer_order",
+    "buffer_state",
     "consumed_per_worker",
+    "interleaving",
     "iter_buffer_order",
     "ramp_samples",
     "split_evenly",
@@ -141,9 +146,6 @@ def _int_pairs(d: dict[str, object], key: str) -> tuple[tuple[int, int], ...]:
     return tuple((_as_int(a, key), _as_int(b, key)) for a, b in value)
 
 
-_DRAW_CHUNK = 1 << 16
-
-
 def split_evenly(total: int, parts: int) -> list[int]:
     """Sizes of ``parts`` contiguous pieces of ``total`` items, differing by at most one,
     larger first."""
@@ -181,92 +183,6 @@ def _wrapped(start: int, stop: int, total: int, base: int = 0) -> list[tuple[int
         out.append((a, b))
         start += b - a
     return out
-
-
-def ramp_samples(capacity: int) -> int:
-    """Samples a shuffle buffer of ``capacity`` holds before it first emits: a tenth of it."""
-    return max(1, capacity // 10)
-
-
-def iter_buffer_order(count: int, capacity: int, rng: np.random.Generator) -> Iterator[int]:
-    """The emission order of a shuffle buffer of ``capacity`` samples fed ``0..count-1``, one
-    arrival index at a time (:func:`buffer_order`), so a reader needs no array of it up front."""
-    if capacity <= 1 or count <= 1:
-        yield from range(count)
-        return
-    buf = list(range(min(ramp_samples(capacity), count)))
-    arrived = len(buf)
-    drawn = 0  # the draws come from one stream of ``count`` doubles, taken a chunk at a time
-    draws: list[float] = []
-    emitted = 0
-    while arrived < count:
-        if emitted == drawn:
-            take = min(_DRAW_CHUNK, count - drawn)
-            draws, drawn = rng.random(take).tolist(), drawn + take
-        j = int(draws[emitted - drawn + len(draws)] * len(buf))
-        yield buf[j]
-        emitted += 1
-        buf[j] = arrived
-        arrived += 1
-        if len(buf) < capacity and arrived < count:
-            buf.append(arrived)
-            arrived += 1
-    if drawn < count:
-        rng.random(count - drawn)  # the rest of the stream, as one draw of ``count`` would use
-    yield from rng.permutation(np.asarray(buf, dtype=np.int64)).tolist()
-
-
-def buffer_order(count: int, capacity: int, rng: np.random.Generator) -> np.ndarray:
-    """The emission order of a shuffle buffer of ``capacity`` samples fed ``0..count-1``.
-
-    It emits its first sample once it holds :func:`ramp_samples` of them, and takes in two
-    arrivals per emission until it holds ``capacity`` (as WebDataset's buffer does), so the
-    first sample does not wait for a full buffer; from then on each arrival evicts a random
-    slot; at the end the rest leave in random order.
-
-    Returns:
-        int64 array of shape ``(count,)``, a permutation of ``0..count-1``.
-    """
-    return np.fromiter(iter_buffer_order(count, capacity, rng), dtype=np.int64, count=count)
-
-
-def buffer_state(count: int, capacity: int, rng: np.random.Generator, emitted: int) -> tuple[int, np.ndarray]:
-    """Where the shuffle buffer of :func:`iter_buffer_order` (fed ``0..count-1``, draws from
-    ``rng``) stands after ``emitted`` emissions: how many arrivals it has taken in, and the
-    arrival indices it still holds (int64, unordered). Every arrival below the first number
-    and not held was emitted. Vectorised: O(emitted) numpy work, no step per sample in Python.
-    """
-    if emitted >= count:
-        return count, np.empty(0, np.int64)
-    if capacity <= 1 or count <= 1:
-        return emitted, np.empty(0, np.int64)
-    ramp = min(ramp_samples(capacity), count)
-    grow = max(0, min(capacity - ramp, (count - ramp) // 2))  # steps that also append an arrival
-
-    def arrived_before(step: int) -> int:  # arrivals taken in before step ``step`` of the first phase
-        return ramp + 2 * step if step <= grow else ramp + grow + step
-
-    if ramp >= count:
-        steps = 0
-    elif ramp + 2 * grow >= count:
-        steps = -(-(count - ramp) // 2)
-    else:
-        steps = count - ramp - grow
-    done = min(emitted, steps)
-    j = np.arange(done, dtype=np.int64)
-    length = ramp + np.minimum(j, grow)  # the buffer's size at each step
-    slot = (rng.random(done) * length).astype(np.int64)  # as int(draw * len(buf))
-    replaced_by = np.where(j < grow, ramp + 2 * j, ramp + grow + j)
-    size = ramp + min(done, grow)
-    held = np.arange(size, dtype=np.int64)
-    held[ramp:] = ramp + 2 * np.arange(size - ramp, dtype=np.int64) + 1  # appended while growing
-    if done:
-        last = done - 1 - np.unique(slot[::-1], return_index=True)[1]  # each slot's latest step
-        held[slot[last]] = replaced_by[last]
-    if emitted <= steps:
-        return arrived_before(done), held
-    rng.random(count - done)  # the rest of the stream, as iter_buffer_order draws it
-    return count, rng.permutation(held)[emitted - steps :]
 
 
 def consumed_per_worker(lengths: Sequence[int], batch_size: int | None, samples_consumed: int) -> list[int]:
@@ -424,38 +340,6 @@ class Todo:
         return out
 
 
-def _draw_counts(rng: np.random.Generator, remaining: np.ndarray, n: int) -> np.ndarray:
-    """How many of the next ``n`` arrivals each lane gives, of a uniformly random interleaving
-    of lanes with ``remaining`` samples each: multivariate hypergeometric (exact). numpy draws
-    that for fewer than 10^9 samples in all; above, where ``n`` is a vanishing share of every
-    lane that can give it, a multinomial with the same means (clipped to what lanes hold)."""
-    if int(remaining.sum()) < 1_000_000_000:
-        return rng.multivariate_hypergeometric(remaining, n)
-    counts = np.minimum(rng.multinomial(n, remaining / remaining.sum()), remaining)
-    for lane in np.flatnonzero(remaining > counts).tolist():  # what clipping took, from lanes with room
-        extra = min(int(remaining[lane] - counts[lane]), n - int(counts.sum()))
-        counts[lane] += extra
-    return counts
-
-
-def interleaving(counts: Sequence[int], seed: Sequence[int], dtype: Any) -> Iterator[np.ndarray]:
-    """A seeded uniformly random interleaving of streams holding ``counts`` items: the stream
-    of each item in turn, in ``dtype`` arrays of up to 65,536, each drawn when asked for (a
-    worker's lanes; a mixture's sources with ``mix="random"``)."""
-    remaining = np.asarray(counts, np.int64).copy()
-    rng = np.random.default_rng(list(seed))
-    streams = np.arange(len(remaining), dtype=dtype)
-    left = int(remaining.sum())
-    while left:
-        n = min(_DRAW_CHUNK, left)
-        drawn = _draw_counts(rng, remaining, n)
-        chunk = np.repeat(streams, drawn)
-        rng.shuffle(chunk)
-        remaining -= drawn
-        left -= n
-        yield chunk
-
-
 @dataclass
 class WorkerPlan:
     """What one worker reads and yields in one segment, in O(runs): samples are never listed.
@@ -490,7 +374,7 @@ class WorkerPlan:
         left = self.count
         if self.lanes <= 1:
             while left:
-                n = min(_DRAW_CHUNK, left)
+                n = min(DRAW_CHUNK, left)
                 yield np.zeros(n, small)
                 left -= n
             return
@@ -564,116 +448,6 @@ class WorkerPlan:
             if len(keep):
                 out.append(_run_of(run.shard, run.indices()[keep]))
         return out
-
-
-@dataclass(frozen=True)
-class NodeLayout:
-    """How node affinity splits a job: ``num_nodes`` nodes of ``ranks_per_node`` ranks each
-    (ranks ``n * ranks_per_node ..`` on node ``n``, as torchrun numbers them), each rank taking
-    ``per_rank`` samples an epoch (:func:`per_rank`). Node ``n``'s share is positions
-    ``n * node_samples ..`` of the epoch's sequence."""
-
-    num_nodes: int
-    ranks_per_node: int
-    per_rank: int
-
-    @property
-    def node_samples(self) -> int:
-        return self.ranks_per_node * self.per_rank
-
-
-_AFFINITY_STREAM = 0x5A4E  # seeds the fixed split of shards over nodes, apart from any epoch's
-
-
-@dataclass(frozen=True)
-class ShardOrder:
-    """One epoch's order of shards: the part of a plan that costs O(shards) and is the same
-    for every rank and worker. A dataset keeps the latest ones, so DataLoader workers forked
-    after ``set_epoch`` or ``len()`` inherit it instead of each computing its own copy.
-
-    With node affinity (``nodes``) the sequence is made of *pieces*: the shards in an order
-    fixed by ``seed`` alone are cut into the nodes' shares at the node boundaries (a shard
-    that straddles one is split in two, so at most ``num_nodes - 1`` shards are read by two
-    nodes), and each epoch shuffles the pieces within each node. So every node reads the
-    same samples in every epoch, in a new order.
-
-    Attributes (numpy, CPU):
-        starts: int64 ``(shards + 1,)``: the first sample id of each shard, in index order.
-        order: int32 ``(pieces,)``: the shard of each piece, in the epoch's order (without
-            node affinity a piece is a whole shard and there are ``shards`` of them).
-        order_starts: int64 ``(pieces + 1,)``: where each piece of ``order`` begins in the
-            epoch's sequence.
-        offsets: int64 ``(pieces,)``: each piece's first sample in its shard; None: all 0.
-        wrap_from: where padding wraps to in the sequence (0; with node affinity, the start
-            of the last node's share, so its padding repeats its own samples).
-    """
-
-    starts: np.ndarray
-    order: np.ndarray
-    order_starts: np.ndarray
-    offsets: np.ndarray | None = None
-    wrap_from: int = 0
-
-    @classmethod
-    def make(
-        cls,
-        counts: Sequence[int],
-        *,
-        seed: int,
-        epoch: int,
-        shuffle: bool,
-        starts: np.ndarray | None = None,
-        nodes: NodeLayout | None = None,
-    ) -> ShardOrder:
-        """The order of ``counts``' shards in ``epoch`` (permuted by ``(seed, epoch)`` when
-        ``shuffle``); ``starts``: the cumulative counts, when already known; ``nodes``: node
-        affinity's layout (class doc). O(shards)."""
-        counts = np.asarray(counts, dtype=np.int64)
-        if starts is None:
-            starts = np.concatenate([[0], np.cumsum(counts)])
-        shards = np.arange(len(counts), dtype=np.int32)  # int32: a million shards shuffle faster
-        if nodes is not None:
-            return cls._by_node(counts, starts, shards, seed=seed, epoch=epoch, shuffle=shuffle, nodes=nodes)
-        order = np.random.default_rng([seed, epoch]).permutation(shards) if shuffle else shards
-        return cls(starts, order, np.concatenate([[0], np.cumsum(counts[order])]))
-
-    @classmethod
-    def _by_node(
-        cls,
-        counts: np.ndarray,
-        starts: np.ndarray,
-        shards: np.ndarray,
-        *,
-        seed: int,
-        epoch: int,
-        shuffle: bool,
-        nodes: NodeLayout,
-    ) -> ShardOrder:
-        total = int(starts[-1])
-        base = np.random.default_rng([seed, _AFFINITY_STREAM]).permutation(shards) if shuffle else shards
-        base_starts = np.concatenate([[0], np.cumsum(counts[base])])
-        cuts = np.minimum(np.arange(1, nodes.num_nodes, dtype=np.int64) * nodes.node_samples, total)
-        begins = base_starts[:-1]  # sorted: the cuts go in where they fall (no sort of 10^6 shards)
-        begins = np.insert(begins, np.searchsorted(begins, cuts), cuts)
-        distinct = np.ones(len(begins), bool)  # empty shards and cuts on a shard's start begin nothing new
-        distinct[:-1] = begins[1:] != begins[:-1]
-        begins = begins[distinct & (begins < total)]
-        lengths = np.diff(np.concatenate([begins, [total]]))
-        at = np.searchsorted(base_starts, begins, side="right") - 1  # the base shard each piece is of
-        node = np.searchsorted(cuts, begins, side="right")  # going up, as the pieces do
-        if shuffle:
-            keys = np.random.default_rng([seed, epoch, _AFFINITY_STREAM]).random(len(begins))
-            perm = np.argsort(node + keys)  # by node, then at random within it
-        else:
-            perm = np.arange(len(begins))
-        last = int(cuts[-1]) if len(cuts) else 0
-        return cls(
-            starts,
-            base[at[perm]],
-            np.concatenate([[0], np.cumsum(lengths[perm])]),
-            (begins - base_starts[at])[perm],
-            last if last < total else 0,
-        )
 
 
 @dataclass

@@ -56,7 +56,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..config import FetchConfig, RequestConfig, env, env_items
+from ..config import FetchConfig, RequestConfig, azure_account_name, azure_connection_string, azure_storage_env
 from ..errors import (
     BucketNotFoundError,
     CorruptShardError,
@@ -114,7 +114,7 @@ def _connection_fields() -> dict[str, str]:
     """The fields of ``AZURE_STORAGE_CONNECTION_STRING`` that are not secret (account name,
     endpoints), for naming the account in messages."""
     fields: dict[str, str] = {}
-    for part in (env("AZURE_STORAGE_CONNECTION_STRING") or "").split(";"):
+    for part in azure_connection_string().split(";"):
         key, sep, value = part.partition("=")
         if sep and key.strip().lower() in ("accountname", "blobendpoint"):
             fields[key.strip().lower()] = value.strip().split("?", 1)[0].rstrip("/")
@@ -126,7 +126,7 @@ def _credentials_fingerprint() -> str:
     environment changed (a test pointing at another server) gets a client of its own; hashed
     again only when they changed."""
     global _environment, _fingerprint
-    environment = env_items("AZURE_STORAGE_")
+    environment = azure_storage_env()
     if environment != _environment:
         import hashlib
 
@@ -297,7 +297,7 @@ class AzureStore(BucketStoreMixin, RangedStore):
         if fields.get("blobendpoint") and (self.account is None or self.account == fields.get("accountname")):
             self.endpoint = fields["blobendpoint"]
         else:
-            account = self.account or fields.get("accountname") or env("AZURE_STORAGE_ACCOUNT_NAME")
+            account = self.account or fields.get("accountname") or azure_account_name()
             self.endpoint = f"Azure Blob Storage account {account}" if account else "Azure Blob Storage"
         self._conflict = (
             fields.get("accountname")

@@ -51,7 +51,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
-from ..config import FetchConfig, RequestConfig, env
+from ..config import FetchConfig, RequestConfig, gcs_emulator_host
 from ..errors import (
     BucketNotFoundError,
     CorruptShardError,
@@ -107,8 +107,8 @@ def parse_gcs_url(url: str) -> tuple[str, str, str]:
 
 def _emulator_endpoint() -> str | None:
     """``STORAGE_EMULATOR_HOST`` as a URL (as gcsfs and google-cloud-storage read it), or None."""
-    host = env("STORAGE_EMULATOR_HOST") or ""
-    if host in ("", "default"):
+    host = gcs_emulator_host()
+    if host is None:
         return None
     return host if host.startswith(("http://", "https://")) else f"http://{host}"
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from ..config import FetchConfig, RequestConfig, env
+from ..config import FetchConfig, RequestConfig, hf_endpoint, hf_token
 from ..errors import ShardNotFoundError, StorageConnectionError, StorageError
 from . import loop
 from .http import HttpStore
@@ -42,28 +42,6 @@ from .http import HttpStore
 __all__ = ["HfStore", "hf_endpoint", "hf_token", "parse_hf_url", "pin_hf_urls"]
 
 _SHA = re.compile(r"[0-9a-f]{40}")
-
-
-def hf_endpoint() -> str:
-    """The Hub's URL: ``HF_ENDPOINT``, else ``https://huggingface.co``."""
-    return (env("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-def hf_token() -> str | None:
-    """The Hub token of the standard chain (module doc), or None."""
-    token = env("HF_TOKEN") or env("HUGGING_FACE_HUB_TOKEN")
-    if token:
-        return token.strip()
-    path = env("HF_TOKEN_PATH")
-    if not path:
-        home = env("HF_HOME") or os.path.join(
-            env("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "huggingface"
-        )
-        path = os.path.join(home, "token")
-    try:
-        return Path(path).read_text().strip() or None
-    except OSError:
-        return None
 
 
 def parse_hf_url(url: str) -> tuple[str, str, str]:

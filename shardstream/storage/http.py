@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from ..config import FetchConfig, RequestConfig, env
+from ..config import FetchConfig, RequestConfig, http_proxy, ssl_cert_paths
 from ..errors import (
     ReadOnlyStoreError,
     ShardNotFoundError,
@@ -54,7 +54,8 @@ _open_requests = OpenRequests()
 
 def _ssl_context() -> ssl.SSLContext:
     """The system's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (OpenSSL's own variables)."""
-    return ssl.create_default_context(cafile=env("SSL_CERT_FILE"), capath=env("SSL_CERT_DIR"))
+    cafile, capath = ssl_cert_paths()
+    return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
 async def _session_for(cfg: RequestConfig) -> Any:
@@ -62,7 +63,7 @@ async def _session_for(cfg: RequestConfig) -> Any:
     import aiohttp
 
     sessions = _sessions.mine()
-    key = (cfg, env("SSL_CERT_FILE"), env("SSL_CERT_DIR"))
+    key = (cfg, *ssl_cert_paths())
     session = sessions.get(key)
     if session is None:
         session = aiohttp.ClientSession(
@@ -78,11 +79,7 @@ async def _session_for(cfg: RequestConfig) -> Any:
 
 @functools.lru_cache(maxsize=256)
 def _proxy_for_host(scheme: str, host: str) -> str | None:
-    import urllib.request
-
-    if urllib.request.proxy_bypass(host):
-        return None
-    return urllib.request.getproxies().get(scheme)
+    return http_proxy(scheme, host)
 
 
 def _proxy_for(url: str) -> str | None:
