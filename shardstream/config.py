@@ -206,8 +206,10 @@ def hf_token() -> str | None:
         return token.strip()
     path = env("HF_TOKEN_PATH")
     if not path:
-        cache = env("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-        path = os.path.join(env("HF_HOME") or os.path.join(cache, "huggingface"), "token")
+        home = env("HF_HOME") or os.path.join(
+            env("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "huggingface"
+        )
+        path = os.path.join(home, "token")
     try:
         return Path(path).read_text().strip() or None
     except OSError:

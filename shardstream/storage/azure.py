@@ -285,6 +285,7 @@ class AzureStore(BucketStoreMixin, RangedStore):
     list_page_size = 5000
     version_name = "ETag"
     in_progress = _open_requests
+    translate = staticmethod(_translate)
     library_pool = True
 
     def __init__(self, url: str, *, fetch: FetchConfig | None = None, requests: RequestConfig | None = None) -> None:
@@ -305,15 +306,7 @@ class AzureStore(BucketStoreMixin, RangedStore):
             else None
         )
 
-    def __repr__(self) -> str:
-        return f"AzureStore({self.url!r}, endpoint={self.endpoint!r})"
-
     # -- requests -----------------------------------------------------------------------------
-
-    def error_table(
-        self, exc: BaseException, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError
-    ) -> BaseException:
-        return _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
 
     async def _fs(self) -> Any:
         if self._conflict is not None:

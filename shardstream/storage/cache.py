@@ -415,6 +415,15 @@ class CacheFill:
 
     def _stop_caching(self) -> None:
         """Turn into a bypassing fill: drop the partial file and let other fillers go."""
+        self._drop_partial()
+        if self.caching:
+            self.caching = False
+            self._cache._count("bypassed")
+        self._release_url_lock()
+
+    def _drop_partial(self) -> None:
+        """Close and unlink the partial file, if any (before the URL lock goes: no scan can
+        misjudge it)."""
         if self._file is not None:
             try:
                 self._file.close()
@@ -424,10 +433,6 @@ class CacheFill:
         if self._partial_path is not None:
             self._partial_path.unlink(missing_ok=True)
             self._partial_path = None
-        if self.caching:
-            self.caching = False
-            self._cache._count("bypassed")
-        self._release_url_lock()
 
     def _release_url_lock(self) -> None:
         if self._url_lock is not None:
@@ -436,15 +441,7 @@ class CacheFill:
 
     def _finish(self) -> None:
         self._done = True
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
-        if self._partial_path is not None:
-            self._partial_path.unlink(missing_ok=True)  # unlinked before the lock goes: no scan can misjudge it
-            self._partial_path = None
+        self._drop_partial()
         self._release_url_lock()
 
 

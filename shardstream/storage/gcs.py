@@ -282,6 +282,7 @@ class GcsStore(BucketStoreMixin, RangedStore):
     list_page_size = 1000
     version_name = "generation"
     in_progress = _open_requests
+    translate = staticmethod(_translate)
     library_pool = True
 
     def __init__(self, url: str, *, fetch: FetchConfig | None = None, requests: RequestConfig | None = None) -> None:
@@ -292,20 +293,12 @@ class GcsStore(BucketStoreMixin, RangedStore):
         self.endpoint_url = _emulator_endpoint()  # fixed here, so workers use the parent's choice
         self.endpoint = self.endpoint_url or "Google Cloud Storage"
 
-    def __repr__(self) -> str:
-        return f"GcsStore({self.url!r}, endpoint={self.endpoint!r})"
-
     @property
     def answers_name_version(self) -> bool:  # type: ignore[override]
         """Real GCS names each answer's generation (``x-goog-generation``); the emulator does not."""
         return self.endpoint_url is None
 
     # -- requests -----------------------------------------------------------------------------
-
-    def error_table(
-        self, exc: BaseException, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError
-    ) -> BaseException:
-        return _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
 
     async def _fs(self) -> Any:
         return await _filesystem(self.endpoint_url, self.requests)

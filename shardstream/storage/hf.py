@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 

@@ -176,18 +176,31 @@ class PerProcess(Generic[K, V]):
 
 
 class BucketStoreMixin:
-    """What the GCS and Azure stores share beside :class:`~.ranged.RangedStore`: keys under
-    ``prefix``, listing through ``_list_page``, small writes through ``_put``, and one library
-    operation bounded and translated by the store's ``error_table``."""
+    """What the bucket stores (S3, GCS, Azure) share beside :class:`~.ranged.RangedStore`: keys
+    under ``prefix``, listing through ``_list_page``, small writes through ``_put``, the error
+    table (the backend's ``translate`` with the store's endpoint), and one library operation
+    bounded and translated by it."""
 
+    url: str
     prefix: str
     endpoint: str
     request_limit_s: float
-    error_table: Callable[..., BaseException]
+    # the backend's error table: (exc, *, url, endpoint, not_found) -> the error in the shardstream tree
+    translate: Callable[..., BaseException]
     _put: Callable[..., Awaitable[bool]]
     # one page under a prefix: ([(key, size_bytes)], [folder keys], the next page's token or None)
     _list_page: Callable[..., Awaitable[tuple[list[tuple[str, int]], list[str], str | None]]]
     pool_state: Callable[[], str]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, endpoint={self.endpoint!r})"
+
+    def error_table(
+        self, exc: BaseException, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError
+    ) -> BaseException:
+        """``exc`` in the shardstream error tree, by the backend's table (``translate``)
+        naming this store's endpoint."""
+        return self.translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
 
     def key_of(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name

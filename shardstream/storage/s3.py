@@ -272,18 +272,11 @@ class S3Store(BucketStoreMixin, RangedStore):
     label = "S3"
     version_name = "ETag"
     in_progress = _open_gets
+    translate = staticmethod(_translate)
     list_page_size = 1000  # keys per LIST request (S3's own maximum)
-
-    def __repr__(self) -> str:
-        return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
 
     def url_of(self, name: str) -> str:
         return f"s3://{self.bucket}/{self.key_of(name)}"
-
-    def error_table(
-        self, exc: BaseException, *, url: str, not_found: type[StorageNotFoundError] = ShardNotFoundError
-    ) -> BaseException:
-        return _translate(exc, url=url, endpoint=self.endpoint, not_found=not_found)
 
     async def _client(self) -> Any:
         return await _client_for(self.s3, self.requests)
@@ -439,25 +432,21 @@ class _S3Sink(PartsSink):
         self.key = store.key_of(name)
         self._upload_id: str | None = None
 
+    async def _call(self, operation: str, **kwargs: Any) -> Any:
+        """S3's ``operation`` on this shard's object (and on its upload, once begun)."""
+        if self._upload_id is not None:
+            kwargs["UploadId"] = self._upload_id
+        return await self.store.call(operation, url=self.url, Bucket=self.store.bucket, Key=self.key, **kwargs)
+
     def _send_part(self) -> None:
-        store = self.store
         if self._upload_id is None:
-            response = loop.run(store.call("create_multipart_upload", url=self.url, Bucket=store.bucket, Key=self.key))
-            self._upload_id = response["UploadId"]
+            self._upload_id = loop.run(self._call("create_multipart_upload"))["UploadId"]
         number = len(self._parts) + 1
         body = bytes(self._buffer)
         self._buffer.clear()
 
         async def upload() -> dict[str, Any]:
-            response = await store.call(
-                "upload_part",
-                url=self.url,
-                Bucket=store.bucket,
-                Key=self.key,
-                UploadId=self._upload_id,
-                PartNumber=number,
-                Body=body,
-            )
+            response = await self._call("upload_part", PartNumber=number, Body=body)
             return {"ETag": response["ETag"], "PartNumber": number}
 
         self._in_flight(loop.submit(upload()))
@@ -466,33 +455,14 @@ class _S3Sink(PartsSink):
         self._check_open("commit")
         self._send_part()  # the last part may be smaller than 5 MiB, or empty
         parts = [f.result() for f in self._parts]
-        store = self.store
-        loop.run(
-            store.call(
-                "complete_multipart_upload",
-                url=self.url,
-                Bucket=store.bucket,
-                Key=self.key,
-                UploadId=self._upload_id,
-                MultipartUpload={"Parts": parts},
-            )
-        )
+        loop.run(self._call("complete_multipart_upload", MultipartUpload={"Parts": parts}))
         self._closed = True
 
     def abort(self) -> None:
         if not self._drop_parts():
             return
         if self._upload_id is not None:
-            store = self.store
             try:
-                loop.run(
-                    store.call(
-                        "abort_multipart_upload",
-                        url=self.url,
-                        Bucket=store.bucket,
-                        Key=self.key,
-                        UploadId=self._upload_id,
-                    )
-                )
+                loop.run(self._call("abort_multipart_upload"))
             except Exception:  # noqa: BLE001 - the upload expires server-side; the original error matters more
                 pass
