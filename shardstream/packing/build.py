@@ -140,16 +140,7 @@ def build_index(
         ShardNotFoundError, StorageError: a shard cannot be read.
     """
     urls = shard_urls_of(sources, s3=s3, requests=requests)
-    roots = {split_url(u)[0] for u in urls}
-    if len(roots) != 1:
-        raise ValueError(
-            f"the shards lie in {len(roots)} places ({', '.join(sorted(roots)[:3])}, ...); an index "
-            "sits beside its shards, in one directory or S3 prefix: index each place on its own"
-        )
-    names = [split_url(u)[1] for u in urls]
-    if len(set(names)) != len(names):
-        raise ValueError("a shard is named twice in the sources")
-    root = roots.pop()
+    root, names = _one_place(urls)
     if output is not None:
         output = output.rstrip("/") if is_remote_url(output) else os.path.abspath(output)
     store = open_store(output or root, s3=s3, requests=requests)
@@ -167,37 +158,32 @@ def build_index(
         recorded = recorded_names(store) if there else set()
         refuse_foreign(store, sorted(set(there) - recorded), option="--overwrite", what="index build")
     classes = _classes_kept(store, shards_store if output is not None else None)
-    scanned: dict[str, _Scanned] = {}
-    if ray is not None:
-        from .ray_run import cluster_cpus, connect, map_on_ray
+    scanned = _scan_all(
+        urls, s3=s3, requests=requests, tables_url=store.url, workers=workers, ray=ray, on_shard=on_shard
+    )
+    manifest = _manifest(
+        names,
+        [scanned[u] for u in urls],
+        classes,
+        url=store.url_of(MANIFEST_NAME),
+        note=note,
+        shards_url=root if store.url != root else None,
+    )
+    write_with_keys(store, manifest)
+    return manifest
 
-        connect(None if ray == "auto" else ray)
-        cpus = cluster_cpus()
-        batch = max(1, min(256, len(urls) // (4 * cpus)))
-        scan = functools.partial(_scan, s3=s3, tables_url=store.url, requests=requests)
-        for url, result in map_on_ray(scan, urls, batch_size=batch, max_in_flight=2 * cpus, what="index build"):
-            scanned[url] = result
-            if on_shard is not None:
-                on_shard(url)
-    elif workers <= 1 or len(urls) == 1:
-        for url in urls:
-            scanned[url] = _scan(url, s3, store.url, requests)
-            if on_shard is not None:
-                on_shard(url)
-    else:
-        import multiprocessing
 
-        # local shards: fork (nothing imported again); S3: spawn, as this process runs the S3
-        # event loop's thread, which a fork would copy mid-flight (call from under
-        # ``if __name__ == "__main__":``, as spawn needs)
-        context = multiprocessing.get_context("spawn" if any(map(is_remote_url, urls)) else "fork")
-        with concurrent.futures.ProcessPoolExecutor(min(workers, len(urls)), mp_context=context) as pool:
-            futures = {pool.submit(_scan, url, s3, store.url, requests): url for url in urls}
-            for future in concurrent.futures.as_completed(futures):
-                scanned[futures[future]] = future.result()
-                if on_shard is not None:
-                    on_shard(futures[future])
-    rows = [scanned[u] for u in urls]
+def _manifest(
+    names: list[str],
+    rows: list[_Scanned],
+    classes: tuple[list[str], list[int] | None] | None,
+    *,
+    url: str,
+    note: str | None,
+    shards_url: str | None,
+) -> Manifest:
+    """The index of the scanned shards ``rows`` (named ``names``), keeping the class names
+    (and counts, where they still add up) of the index it replaces."""
     class_names, class_counts = classes or (None, None)
     num_samples = sum(r.num_samples for r in rows)
     if class_counts is not None and sum(class_counts) != num_samples:
@@ -208,21 +194,83 @@ def build_index(
             num_samples,
         )
         class_counts = None
-    manifest = Manifest.from_columns(
+    return Manifest.from_columns(
         names=names,
         shard_bytes=[r.size_bytes for r in rows],
         shard_samples=[r.num_samples for r in rows],
         shard_members=[r.num_members for r in rows],
         crc32=np.array([r.crc32 for r in rows], np.uint32),
-        url=store.url_of(MANIFEST_NAME),
+        url=url,
         foreign=True,
-        shards_url=root if store.url != root else None,
+        shards_url=shards_url,
         classes=class_names,
         class_counts=class_counts,
         partial=note,
     )
-    write_with_keys(store, manifest)
-    return manifest
+
+
+def _one_place(urls: Sequence[str]) -> tuple[str, list[str]]:
+    """The directory or prefix all ``urls`` lie in, and their names there.
+
+    Raises:
+        ValueError: they lie in more than one place, or a name repeats.
+    """
+    roots = {split_url(u)[0] for u in urls}
+    if len(roots) != 1:
+        raise ValueError(
+            f"the shards lie in {len(roots)} places ({', '.join(sorted(roots)[:3])}, ...); an index "
+            "sits beside its shards, in one directory or S3 prefix: index each place on its own"
+        )
+    names = [split_url(u)[1] for u in urls]
+    if len(set(names)) != len(names):
+        raise ValueError("a shard is named twice in the sources")
+    return roots.pop(), names
+
+
+def _scan_all(
+    urls: Sequence[str],
+    *,
+    s3: S3Config | None,
+    requests: RequestConfig | None,
+    tables_url: str,
+    workers: int,
+    ray: str | None,
+    on_shard: Callable[[str], None] | None,
+) -> dict[str, _Scanned]:
+    """Each shard's scan (its table written under ``tables_url``), by URL: on the Ray cluster
+    at ``ray``, in this process (``workers`` <= 1), or in ``workers`` processes (forked for
+    local shards, spawned for remote ones); ``on_shard`` told of each as it is done."""
+    scanned: dict[str, _Scanned] = {}
+    if ray is not None:
+        from .ray_run import cluster_cpus, connect, map_on_ray
+
+        connect(None if ray == "auto" else ray)
+        cpus = cluster_cpus()
+        batch = max(1, min(256, len(urls) // (4 * cpus)))
+        scan = functools.partial(_scan, s3=s3, tables_url=tables_url, requests=requests)
+        for url, result in map_on_ray(scan, urls, batch_size=batch, max_in_flight=2 * cpus, what="index build"):
+            scanned[url] = result
+            if on_shard is not None:
+                on_shard(url)
+    elif workers <= 1 or len(urls) == 1:
+        for url in urls:
+            scanned[url] = _scan(url, s3, tables_url, requests)
+            if on_shard is not None:
+                on_shard(url)
+    else:
+        import multiprocessing
+
+        # local shards: fork (nothing imported again); S3: spawn, as this process runs the S3
+        # event loop's thread, which a fork would copy mid-flight (call from under
+        # ``if __name__ == "__main__":``, as spawn needs)
+        context = multiprocessing.get_context("spawn" if any(map(is_remote_url, urls)) else "fork")
+        with concurrent.futures.ProcessPoolExecutor(min(workers, len(urls)), mp_context=context) as pool:
+            futures = {pool.submit(_scan, url, s3, tables_url, requests): url for url in urls}
+            for future in concurrent.futures.as_completed(futures):
+                scanned[futures[future]] = future.result()
+                if on_shard is not None:
+                    on_shard(futures[future])
+    return scanned
 
 
 def _unfinished_note(store: Store, *, partial: bool) -> str | None:
