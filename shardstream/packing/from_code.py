@@ -129,7 +129,7 @@ def pack_samples(
         A :class:`PackReport` (``num_files`` counts inputs).
 
     Raises:
-        SampleFnError: ``fn`` failed on an input, with ``on_error="fail"``.
+        SampleFnError: ``fn`` failed on an input, with ``on_error="raise"``.
         TypeError: ``fn`` cannot be pickled for ``workers > 1``.
         DestinationError: ``dest`` holds a dataset or an unfinished pack made with other
             options (or another ``fn``), or ``inputs`` end before the position an

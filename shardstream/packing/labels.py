@@ -104,7 +104,7 @@ def walk_labelled(
             (``UNKNOWN_CLASS``).
 
     Raises:
-        what ``on_problem`` raises (``on_error="fail"``).
+        what ``on_problem`` raises (``on_error="raise"``).
     """
     lister, threads = lister_of(source, s3=s3, requests=requests, threads=threads)
     store = open_store(source, s3=s3, requests=requests) if is_remote_url(source) else None

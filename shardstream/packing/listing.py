@@ -333,7 +333,7 @@ def ensure_listing(
     makes it, taken over when that part stops beating).
 
     Raises:
-        the errors of ``on_problem`` (``on_error="fail"``), store errors, and
+        the errors of ``on_problem`` (``on_error="raise"``), store errors, and
         DestinationError: ``--files-from`` was given but another part made the listing without it.
     """
     list_sha1 = None if list_path is None else _sha1_of(list_path)
@@ -400,7 +400,7 @@ def ensure_listing(
                 classes=classes,
                 labels_sha1=labels_sha1,
             )
-    finally:  # a rerun (after a fix, on_error="fail") lists again at once
+    finally:  # a rerun (after a fix, on_error="raise") lists again at once
         with contextlib.suppress(FileNotFoundError):
             store.delete(LISTING_LOCK)
 

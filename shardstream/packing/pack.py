@@ -154,9 +154,9 @@ def pack(
 
     Raises:
         SourceNotFoundError, SourceError: ``source`` is missing, not a directory, or holds no file.
-        UnreadableFileError, MemberNameError: a bad input file with ``on_error="fail"``.
-        DecodeError: with ``check_images`` and ``on_error="fail"``, an image that does not decode.
-        SourceError: with ``labels_from_dirs`` or ``labels_from`` and ``on_error="fail"``, a file
+        UnreadableFileError, MemberNameError: a bad input file with ``on_error="raise"``.
+        DecodeError: with ``check_images`` and ``on_error="raise"``, an image that does not decode.
+        SourceError: with ``labels_from_dirs`` or ``labels_from`` and ``on_error="raise"``, a file
             in no class folder (or without a row), a label not among ``classes``, or a metadata
             or labels file (or row) that cannot be used; ``classes_from`` records no classes.
         DestinationError: ``dest`` cannot be written, lies inside ``source``, holds a dataset
@@ -356,7 +356,7 @@ def list_once(
     made or is making it; ``found`` collects the problems when this process lists.
 
     Raises:
-        UnreadableFileError, MemberNameError: a bad entry under ``on_error="fail"``.
+        UnreadableFileError, MemberNameError: a bad entry under ``on_error="raise"``.
     """
 
     def on_problem(problem: Problem) -> None:

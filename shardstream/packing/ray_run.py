@@ -129,7 +129,7 @@ def run_streams_on_ray(
     progress bar; the results in ``jobs`` order.
 
     Raises:
-        the first task's error (a bad input file under ``on_error="fail"`` as the CLI names it),
+        the first task's error (a bad input file under ``on_error="raise"`` as the CLI names it),
         ShardstreamError: a task's worker died on every try, or nothing moved for
             ``stall_timeout_s`` seconds (the tasks are cancelled).
     """

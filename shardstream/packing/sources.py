@@ -98,7 +98,7 @@ class ProblemKind(enum.Enum):
     # --labels-from-dirs: a file a metadata file covers has no row there (packed without a json member)
     NO_METADATA = "no_metadata"
     # --labels-from-dirs: a hidden file (.DS_Store, macOS's ._x, .gitkeep): not packed, reported, and
-    # no reason to stop a pack under on_error="fail" (._x.jpg is macOS's metadata, not an image)
+    # no reason to stop a pack under on_error="raise" (._x.jpg is macOS's metadata, not an image)
     HIDDEN = "hidden"
     # a labelled pack with a pinned class list (--classes, --classes-from): a label or class
     # folder not in it; the file is left out
@@ -113,7 +113,7 @@ class ProblemKind(enum.Enum):
 _PACKED_KINDS = frozenset(
     {ProblemKind.EMPTY, ProblemKind.MERGED, ProblemKind.NO_METADATA, ProblemKind.RESIZED, ProblemKind.NO_SUFFIX}
 )
-# left out and reported, but never a reason to stop a pack under on_error="fail"
+# left out and reported, but never a reason to stop a pack under on_error="raise"
 NEVER_STOPS = frozenset({ProblemKind.HIDDEN, ProblemKind.NOT_A_SAMPLE})
 METADATA_NAMES = ("metadata.jsonl", "metadata.csv")  # Hugging Face imagefolder's (packing.metadata)
 

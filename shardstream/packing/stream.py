@@ -211,7 +211,7 @@ _ERRORS = {
 
 
 def check_problem(problem: Problem, on_error: OnError) -> None:
-    """Raise for a problem that stops the pack under ``on_error="fail"``: MemberNameError for a
+    """Raise for a problem that stops the pack under ``on_error="raise"``: MemberNameError for a
     name (or two names that collide), DecodeError for an image that does not decode, SourceError
     for a tree that does not fit ``--labels-from-dirs`` (a file in no class folder, metadata that
     cannot be used), else UnreadableFileError."""
