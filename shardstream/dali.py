@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import env
+from .config import torchrun_env
 from .dataset import ShardDataset
 from .decode.check import gpu_jpeg_problem
 from .decode.cpu import RandomResizedCrop, to_rgb
@@ -414,7 +414,7 @@ class DaliLoader(GpuLoader):
         if dtype not in (torch.float32, torch.uint8):
             raise ValueError(f"{dtype=} must be torch.float32 or torch.uint8")
         if device_id == "auto":
-            device_id = int(env("LOCAL_RANK") or "0") if gpu_available() else None
+            device_id = int(torchrun_env().local_rank or "0") if gpu_available() else None
         train = resize_shorter_px is None  # else evaluation: resize and centre crop, no flip
         graph = _DaliGraph(
             batch_size=batch_size,

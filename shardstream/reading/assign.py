@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import env
+from ..config import torchrun_env
 
 __all__ = [
     "NodeAffinity",
@@ -94,7 +94,7 @@ class NodeAffinity:
         if not isinstance(value, NodeAffinity):
             raise ValueError(f"shard_affinity={value!r} must be None, 'node' or NodeAffinity(ranks_per_node=...)")
         ranks = value.ranks_per_node
-        raw = env("LOCAL_WORLD_SIZE")
+        raw = torchrun_env().local_world_size
         if ranks is None and raw is not None:
             try:
                 ranks = int(raw)
@@ -157,12 +157,13 @@ def current_slot(parent_rank: tuple[int, int] | None = None) -> WorkerSlot:
     if found is not None:
         rank, world_size = found
     else:
+        launched = torchrun_env()
         try:
-            rank = int(env("RANK") or "0")
-            world_size = int(env("WORLD_SIZE") or "1")
+            rank = int(launched.rank or "0")
+            world_size = int(launched.world_size or "1")
         except ValueError:
             raise ValueError(
-                f"RANK={env('RANK')!r} / WORLD_SIZE={env('WORLD_SIZE')!r} must be integers (as torchrun sets them)"
+                f"RANK={launched.rank!r} / WORLD_SIZE={launched.world_size!r} must be integers (as torchrun sets them)"
             ) from None
     info = _worker_info()
     worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)

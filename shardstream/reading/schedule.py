@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..config import OrderSettings, env
+from ..config import OrderSettings, torchrun_env
 from ..tarstream import Batch
 from .assign import NodeAffinity, WorkerSlot, assign_shards
 from .engine import ReadingEngine
@@ -440,7 +440,7 @@ def _check_node(rank: int, ranks_per_node: int) -> None:
     """Under node affinity, warn once when torchrun's node number (``GROUP_RANK``, or
     ``NODE_RANK``) is not ``rank // ranks_per_node``, the node the shares assume: then nodes
     read each other's shares (still exact, but their caches miss)."""
-    raw = env("GROUP_RANK", env("NODE_RANK"))
+    raw = torchrun_env().node_rank
     if raw is None or not raw.strip().isdigit() or int(raw) == rank // ranks_per_node:
         return
     log.warning(
