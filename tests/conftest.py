@@ -7,8 +7,10 @@ removes only the semaphores of the processes it killed."""
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -190,3 +192,19 @@ def ray_cluster():
 
     with LocalRayCluster(num_nodes=2, cpus_per_node=1) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def log_to_stderr():
+    """The "shardstream" logger writing to stderr (captured by capfd, DataLoader workers too)."""
+
+    class ToStderr(logging.Handler):  # the sys.stderr of the moment: pytest swaps it between phases
+        def emit(self, record):
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+
+    handler = ToStderr()
+    logger = logging.getLogger("shardstream")
+    logger.addHandler(handler)
+    yield
+    logger.removeHandler(handler)

@@ -4,7 +4,6 @@ len / resume hold with persistent workers as without."""
 
 from __future__ import annotations
 
-import logging
 import sys
 from dataclasses import replace
 
@@ -57,26 +56,8 @@ def test_set_epoch_reaches_persistent_workers(dataset_dir, persistent):
     assert len({tuple(e) for e in epochs}) == 3  # three different orders
 
 
-@pytest.fixture
-def shardstream_log_to_stderr():
-    """The "shardstream" logger writing to stderr (captured by capfd, DataLoader workers too)."""
-
-    class ToStderr(logging.Handler):  # the sys.stderr of the moment: pytest swaps it between phases
-        def emit(self, record):
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-
-    handler = ToStderr()
-    logger = logging.getLogger("shardstream")
-    logger.addHandler(handler)
-    yield
-    logger.removeHandler(handler)
-
-
 @pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
-def test_each_pass_without_set_epoch_reads_the_next_epoch(
-    dataset_dir, num_workers, persistent, capfd, shardstream_log_to_stderr
-):
+def test_each_pass_without_set_epoch_reads_the_next_epoch(dataset_dir, num_workers, persistent, capfd, log_to_stderr):
     dest, keys = dataset_dir
     dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
     loader = DataLoader(dataset, batch_size=4, num_workers=num_workers, persistent_workers=persistent)
@@ -191,7 +172,7 @@ def test_with_its_batch_size_the_dataloader_yields_len_loader_batches(dataset_di
         loader_state_dict(DataLoader(dataset, batch_size=3), samples_consumed=0)
 
 
-def test_workers_without_the_batch_size_are_logged_once(dataset_dir, capfd, shardstream_log_to_stderr):
+def test_workers_without_the_batch_size_are_logged_once(dataset_dir, capfd, log_to_stderr):
     dest, keys = dataset_dir
     dataset = ShardDataset(dest, decode=key_of, shuffle_buffer=10, seed=3)
     loader = DataLoader(dataset, batch_size=8, num_workers=2)

@@ -5,8 +5,6 @@ once, naming the version, instead of silently answering None."""
 
 from __future__ import annotations
 
-import logging
-import sys
 import warnings
 
 import pytest
@@ -78,21 +76,6 @@ def test_an_unknown_torch_is_warned_about_and_not_walked(monkeypatch):
         warnings.simplefilter("error")  # said once: a `once` that says it was said already
         assert fetcher_batch_size(Probe(), once=lambda flag: calls.append(flag) or False) is None
     assert calls == [loader.UNCHECKED_TORCH]
-
-
-@pytest.fixture
-def log_to_stderr():
-    """The "shardstream" logger writing to stderr (captured by capfd, DataLoader workers too)."""
-
-    class ToStderr(logging.Handler):
-        def emit(self, record):
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-
-    handler = ToStderr()
-    logging.getLogger("shardstream").addHandler(handler)
-    yield
-    logging.getLogger("shardstream").removeHandler(handler)
 
 
 def test_an_unknown_torch_is_said_once_per_dataset_and_reading_goes_on(tmp_path, monkeypatch, capfd, log_to_stderr):

@@ -6,7 +6,6 @@ and the class names of an index (ShardDataset.classes / class_to_idx)."""
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 
 import pytest
@@ -29,21 +28,6 @@ def key_of(sample):
 @pytest.fixture(scope="module")
 def issue_dataset(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("issue"), num_samples=124, per_shard=10)
-
-
-@pytest.fixture
-def log_to_stderr():
-    """The "shardstream" logger writing to stderr (captured by capfd, DataLoader workers too)."""
-
-    class ToStderr(logging.Handler):
-        def emit(self, record):
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-
-    handler = ToStderr()
-    logging.getLogger("shardstream").addHandler(handler)
-    yield
-    logging.getLogger("shardstream").removeHandler(handler)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # 3 workers on a 2-core box
