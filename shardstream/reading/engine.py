@@ -39,7 +39,6 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,7 @@ from ..shuffle import shuffle_buffer
 from ..storage.base import is_remote_url
 from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
-from ..storage.producer import share_read_ahead
+from ..storage.producer import lane_fetch, share_buffer, source_fetch
 from ..tarstream import Batch, Hashed, ShardStream, iter_sample_batches, stream_chunks
 from .mixplan import MixWorkerPlan
 from .plan import PlanRun, WorkerPlan, ramp_samples, without
@@ -458,32 +457,6 @@ def repeat_over_skips(
         raise CorruptShardError(
             f"on_error='skip': all {repeater.owed} samples of this reader were skipped; nothing to repeat"
         )
-
-
-def lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
-    """``fetch`` for one of a reader's ``lanes`` (:meth:`ReadingEngine.read_plan`): an equal
-    part of its bytes, requests and shards in flight (each at least 1)."""
-    if lanes <= 1:
-        return fetch
-    return share_read_ahead(
-        fetch,
-        Fraction(1, lanes),
-        requests=max(1, fetch.max_inflight_requests // lanes),
-        shards=max(1, fetch.max_inflight_shards // lanes),
-    )
-
-
-def source_fetch(fetch: FetchConfig, share: float) -> FetchConfig:
-    """``fetch`` for a mixture's source that holds ``share`` of a worker's samples
-    (:func:`read_mixed`): that part of its bytes and requests in flight (at least 1)."""
-    return share_read_ahead(fetch, share, requests=max(1, round(fetch.max_inflight_requests * share)))
-
-
-def share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
-    """``fetch`` for one of ``readers`` that share its ``max_buffer_bytes`` (a rank's
-    DataLoader workers): each gets an equal part
-    (:func:`~shardstream.storage.producer.share_read_ahead`)."""
-    return share_read_ahead(fetch, Fraction(1, max(1, readers)))
 
 
 def _parsed_run(stream: Any, run: PlanRun, url: str, count: int, *, foreign: bool = False) -> Iterator[Batch]:

@@ -44,8 +44,11 @@ __all__ = [
     "Producer",
     "RemoteShard",
     "get_wait",
+    "lane_fetch",
     "part_ranges",
+    "share_buffer",
     "share_read_ahead",
+    "source_fetch",
     "stalled",
     "take",
 ]
@@ -287,3 +290,28 @@ def share_read_ahead(
     if shards is not None:
         cut["max_inflight_shards"] = shards
     return dataclasses.replace(fetch, **cut) if cut else fetch
+
+
+def lane_fetch(fetch: FetchConfig, lanes: int) -> FetchConfig:
+    """``fetch`` for one of a reader's ``lanes`` (a reading engine's lanes of one plan): an
+    equal part of its bytes, requests and shards in flight (each at least 1)."""
+    if lanes <= 1:
+        return fetch
+    return share_read_ahead(
+        fetch,
+        Fraction(1, lanes),
+        requests=max(1, fetch.max_inflight_requests // lanes),
+        shards=max(1, fetch.max_inflight_shards // lanes),
+    )
+
+
+def source_fetch(fetch: FetchConfig, share: float) -> FetchConfig:
+    """``fetch`` for a mixture's source that holds ``share`` of a worker's samples (the
+    reading engine's ``read_mixed``): that part of its bytes and requests in flight (at least 1)."""
+    return share_read_ahead(fetch, share, requests=max(1, round(fetch.max_inflight_requests * share)))
+
+
+def share_buffer(fetch: FetchConfig, readers: int) -> FetchConfig:
+    """``fetch`` for one of ``readers`` that share its ``max_buffer_bytes`` (a rank's
+    DataLoader workers): each gets an equal part (:func:`share_read_ahead`)."""
+    return share_read_ahead(fetch, Fraction(1, max(1, readers)))
