@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import ShardstreamError
-from . import access, index, info, pack, plan, servers, verify
+from . import access, import_tokens, index, info, pack, pack_text, plan, servers, verify
 from .access import escape, unsafe_path
 from .info import (
     _info,  # noqa: F401 (the names earlier callers imported)
@@ -31,7 +31,7 @@ from .options import request_config as _request_config  # noqa: F401
 
 __all__ = ["build_parser", "escape", "extension_totals", "main", "parse_size", "unsafe_path"]
 
-_COMMANDS = (pack, info, access, verify, index, plan, servers)  # the order of `shardstream --help`
+_COMMANDS = (pack, pack_text, import_tokens, info, access, verify, index, plan, servers)  # the order of `shardstream --help`
 
 
 def build_parser() -> argparse.ArgumentParser:
