@@ -41,6 +41,9 @@ from .reading.stats import ReaderStats, StatsSnapshot
 from .storage import RemoteStore, ShardSink, Store, register_store
 from .storage.base import OnRetry, StoreFactory
 from .tarstream import Batch
+from .tokens import TokenIndex, TokenManifest
+from .tokens.blocks import TokenBlockUnit
+from .tokens.writer import TokenDatasetWriter
 
 if TYPE_CHECKING:
     from .collate import ByteBatch, ByteCollate
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from .decode.steps import CenterCrop, RandomResizedCrop, Resize
     from .mapdataset import ShardMapDataset
     from .packing.ray_sink import ShardDatasink
+    from .tokens.dataset import TokenBlocks, collate_blocks
 
 # torch (and Ray) are imported only when these are first used, so `shardstream pack` starts fast;
 # DaliLoader imports DALI itself only when one is made.
@@ -65,6 +69,8 @@ _LAZY = {
     "ByteCollate": ".collate",
     "DaliLoader": ".dali",
     "ShardDatasink": ".packing.ray_sink",
+    "TokenBlocks": ".tokens.dataset",
+    "collate_blocks": ".tokens.dataset",
 }
 
 
@@ -81,6 +87,12 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "TokenBlockUnit",
+    "TokenBlocks",
+    "TokenDatasetWriter",
+    "TokenIndex",
+    "TokenManifest",
+    "collate_blocks",
     "PlanRun",
     "WorkerPlan",
     "Batch",

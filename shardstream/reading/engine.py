@@ -55,7 +55,7 @@ from ..tarstream import Batch, Hashed, ShardStream, iter_sample_batches, stream_
 from .mixplan import MixWorkerPlan
 from .plan import PlanRun, WorkerPlan, ramp_samples, without
 from .repeat import Repeater
-from .shards import ShardSet
+from .shards import ItemTable, ShardSet
 from .slicer import FileRun, RunSlices, iter_sliced_batches
 from .stats import ReaderStats
 
@@ -205,8 +205,7 @@ class ReadingEngine:
         whole = [run.lo == 0 and run.hi == int(counts[run.shard]) - 1 for run in runs]
         ranges: list[tuple[int, int] | None] = [None] * len(runs)
         for r, table in tables.first([r for r, w in enumerate(whole) if not w]):
-            ends, run = table.sample_ends(), runs[r]
-            ranges[r] = (int(ends[run.lo - 1]) if run.lo else 0, int(ends[run.hi]))
+            ranges[r] = _run_range(table, runs[r].lo, runs[r].hi)
         tables.ask(1)  # the first table's GET goes out before the first shard's
         streams = iter_shard_streams(
             [shards.url(run.shard) for run in runs],
@@ -230,7 +229,7 @@ class ReadingEngine:
         stream: ShardStream,
         run: PlanRun,
         byte_range: tuple[int, int] | None,
-        table_of: Callable[[], ShardTable],
+        table_of: Callable[[], ShardTable | ItemTable],
         *,
         file_runs: bool = False,
     ) -> Iterator[Batch | FileRun]:
@@ -253,7 +252,10 @@ class ReadingEngine:
             if byte_range is not None:
                 raise
             table = None  # a whole shard reads without its table, parsed
-        if table is not None:
+        if table is not None and not isinstance(table, ShardTable):  # an item unit's table cuts its items
+            chunks = stream_chunks(stream, grouped=True)
+            yield from table.batches(chunks, run.indices(), base_offset=byte_range[0] if byte_range else 0, url=url)
+        elif table is not None:
             slices = RunSlices(table, run.indices(), url=url)
             path = stream.path  # a local shard's (a cache entry's may be evicted: not those)
             if file_runs and checked is None and path and not is_remote_url(url) and slices.uniform is not None:
@@ -541,6 +543,15 @@ class _TableRequests:
         return self.asked.pop(r, None) or self.shards.request_table(
             self.runs[r].shard, on_retry=self.on_retry, cache=self.cache
         )
+
+
+def _run_range(table: ShardTable | ItemTable, lo: int, hi: int) -> tuple[int, int]:
+    """The byte range of a shard that holds its samples (or items) ``lo..hi``: from the end
+    of the sample before (its headers start there) to the end of the last."""
+    if not isinstance(table, ShardTable):
+        return table.run_range(lo, hi)
+    ends = table.sample_ends()
+    return int(ends[lo - 1]) if lo else 0, int(ends[hi])
 
 
 def _skip_corrupt(batches: Iterator[Batch], run: PlanRun, url: str) -> Iterator[Batch]:

@@ -13,7 +13,7 @@ picks between the last two. Several datasets read as one would be one more
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,7 +22,33 @@ from ..errors import ShardNotFoundError
 from ..index import DatasetIndex, ShardTable
 from ..index.resolve import LazyUrls, ShardTables
 
-__all__ = ["BareShards", "ChainedUrls", "IndexedShards", "ShardSet", "TabledShards", "url_shards"]
+__all__ = ["BareShards", "ChainedUrls", "IndexedShards", "ItemTable", "ShardSet", "TabledShards", "url_shards"]
+
+
+class ItemTable(Protocol):
+    """The table of a shard of items that are not samples (an item unit's, such as token
+    blocks: :mod:`shardstream.tokens.blocks`): where its items lie and how to cut them out of
+    the shard's bytes. The engine reads a run of them as one byte range, as for samples, and
+    hands the bytes to :meth:`batches`.
+
+    Attributes:
+        num_samples: the items in the shard.
+    """
+
+    num_samples: int
+
+    def run_range(self, lo: int, hi: int) -> tuple[int, int]:
+        """The byte range of the shard that holds items ``lo..hi``."""
+        ...
+
+    def batches(self, chunks: Iterator[Any], indices: np.ndarray, *, base_offset: int, url: str) -> Iterator[Any]:
+        """The items at ``indices`` (int64, ascending), in :class:`~shardstream.tarstream.Batch` es,
+        cut from ``chunks``: the shard's bytes from byte ``base_offset`` on.
+
+        Raises:
+            CorruptShardError: the bytes end early or disagree with the table.
+        """
+        ...
 
 
 class ShardSet(Protocol):
