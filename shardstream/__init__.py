@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from .decode.steps import CenterCrop, RandomResizedCrop, Resize
     from .mapdataset import ShardMapDataset
     from .packing.ray_sink import ShardDatasink
-    from .tokens.dataset import TokenBlocks, collate_blocks
+    from .tokens.dataset import PackedDocuments, TokenBlocks, collate_blocks
 
 # torch (and Ray) are imported only when these are first used, so `shardstream pack` starts fast;
 # DaliLoader imports DALI itself only when one is made.
@@ -70,6 +70,7 @@ _LAZY = {
     "DaliLoader": ".dali",
     "ShardDatasink": ".packing.ray_sink",
     "TokenBlocks": ".tokens.dataset",
+    "PackedDocuments": ".tokens.dataset",
     "collate_blocks": ".tokens.dataset",
 }
 
@@ -87,6 +88,7 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "PackedDocuments",
     "TokenBlockUnit",
     "TokenBlocks",
     "TokenDatasetWriter",

@@ -41,7 +41,7 @@ from ..reading.shards import ShardSet
 from ..tarstream import Batch, Pieces, Window
 from .format import TokenIndex
 
-__all__ = ["BlockShards", "BlockTable", "TokenBlockUnit", "block_count"]
+__all__ = ["BlockAccess", "BlockShards", "BlockTable", "TokenBlockUnit", "block_count"]
 
 _BATCH_BLOCKS = 64  # blocks handed on together
 _POOL_THREADS = 8
@@ -292,6 +292,54 @@ def _head_lengths(tokens: TokenIndex, shard: int, take: int) -> np.ndarray:
     lens = np.frombuffer(tokens.read_range(shard, at, at + 4 * n), dtype="<u4").astype(np.int64)
     cut = int(np.searchsorted(np.cumsum(lens), take)) + 1
     return lens[:cut]
+
+
+class BlockAccess:
+    """Random access to the blocks of one token dataset: block ``i`` as
+    :meth:`BlockTable.batches` gives it, by one ranged read of its tokens (two across a shard
+    end) plus its shards' document lengths (one read a shard, the last 16 shards' kept).
+
+    Args:
+        tokens: the opened token dataset; seq_len: as :class:`TokenBlockUnit`.
+    """
+
+    def __init__(self, tokens: TokenIndex, seq_len: int) -> None:
+        self.tokens, self.seq_len = tokens, seq_len
+        self.num_blocks = block_count(tokens.num_tokens, seq_len)
+        self._ends: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def _doc_ends(self, shard: int) -> np.ndarray:
+        ends = self._ends.pop(shard, None)
+        if ends is None:
+            ends = int(self.tokens.token_starts[shard]) + np.cumsum(self.tokens.doclens(shard), dtype=np.int64)
+        self._ends[shard] = ends
+        while len(self._ends) > 16:
+            self._ends.pop(next(iter(self._ends)))
+        return ends
+
+    def block(self, i: int) -> dict[str, Any]:
+        """Block ``i`` (``-len <= i < len``): ``{"__key__": i, "__shard__": its first shard's
+        URL, "tokens": (seq_len + 1,) on-disk dtype, "doc_lens": int32}``.
+
+        Raises:
+            IndexError: ``i`` out of range.
+        """
+        n = self.num_blocks
+        if not -n <= i < n:
+            raise IndexError(f"block {i} of {n} (seq_len={self.seq_len})")
+        i %= n
+        a = i * self.seq_len
+        b = a + self.seq_len
+        tokens = self.tokens.stream_tokens(a, b + 1)
+        first, _ = self.tokens.locate(a)
+        last, _ = self.tokens.locate(b - 1)
+        ends = np.concatenate([self._doc_ends(s) for s in range(first, last + 1)])
+        j, k = np.searchsorted(ends, [a, b], side="right")
+        lens = np.diff(np.concatenate(([a], ends[j:k], [b]))).astype(np.int32)
+        return {"__key__": i, "__shard__": self.tokens.shard_url(first), "tokens": tokens, "doc_lens": lens[lens > 0]}
 
 
 @dataclass(frozen=True)

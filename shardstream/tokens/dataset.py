@@ -19,9 +19,10 @@ import torch
 from ..config import FetchConfig, MixMode, OnError, RequestConfig, S3Config
 from ..dataset import ShardDataset
 from ..reading.mixture import Source
-from .blocks import TokenBlockUnit
+from .blocks import BlockAccess, TokenBlockUnit
+from .packed import PackedDocumentUnit
 
-__all__ = ["BlockTensors", "TokenBlocks", "collate_blocks"]
+__all__ = ["BlockTensors", "PackedDocuments", "PackedTensors", "TokenBlocks", "collate_blocks"]
 
 IGNORE_INDEX = -100  # what labels hold where no token is to be predicted (PyTorch's cross_entropy ignore_index)
 
@@ -48,6 +49,45 @@ class BlockTensors:
             "__key__": item["__key__"],
             "input_ids": torch.from_numpy(tokens[:-1]),
             "labels": torch.from_numpy(tokens[1:]),
+            "position_ids": torch.from_numpy(positions),
+            "doc_lens": torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int32)),
+        }
+        if "__source__" in item:
+            out["__source__"] = item["__source__"]
+        return out
+
+
+class PackedTensors:
+    """A packed bin (:mod:`.packed`: whole documents, at most ``seq_len`` tokens) as tensors
+    on the CPU, padded to ``seq_len``:
+
+    - ``input_ids``: int64 ``(seq_len,)``, the bin's documents, then ``pad_id``;
+    - ``labels``: int64 ``(seq_len,)``, each token's next token *within its document*;
+      ``-100`` at each document's last token and over the padding (never a token of another
+      document, never padding);
+    - ``position_ids``: int64 ``(seq_len,)``, from 0 at each document (and at the padding);
+    - ``doc_lens``: int32, the documents' lengths, then the padding's (they add up to ``seq_len``);
+    - ``__key__``: the bin's number in its source.
+    """
+
+    def __init__(self, seq_len: int, pad_id: int = 0) -> None:
+        self.seq_len, self.pad_id = seq_len, pad_id
+
+    def __call__(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        tokens, lens = item["tokens"].astype(np.int64), item["doc_lens"]
+        n, size = len(tokens), self.seq_len
+        input_ids = np.full(size, self.pad_id, dtype=np.int64)
+        input_ids[:n] = tokens
+        labels = np.full(size, IGNORE_INDEX, dtype=np.int64)
+        labels[: n - 1] = tokens[1:]
+        labels[np.cumsum(lens) - 1] = IGNORE_INDEX
+        if n < size:
+            lens = np.append(lens, size - n).astype(np.int32)
+        positions = np.arange(size, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        out = {
+            "__key__": item["__key__"],
+            "input_ids": torch.from_numpy(input_ids),
+            "labels": torch.from_numpy(labels),
             "position_ids": torch.from_numpy(positions),
             "doc_lens": torch.from_numpy(np.ascontiguousarray(lens, dtype=np.int32)),
         }
@@ -148,8 +188,8 @@ class TokenBlocks(ShardDataset):
     ) -> None:
         super().__init__(
             source,
-            unit=TokenBlockUnit(seq_len),
-            decode=BlockTensors(),
+            unit=self._unit(seq_len),
+            decode=self._tensors(seq_len),
             shuffle=shuffle,
             shuffle_buffer=shuffle_buffer,
             seed=seed,
@@ -170,6 +210,69 @@ class TokenBlocks(ShardDataset):
             replication=replication,
         )
         self.seq_len = seq_len
+        self._decode = BlockTensors()
+
+    def _unit(self, seq_len: int) -> Any:
+        return TokenBlockUnit(seq_len)
+
+    def _tensors(self, seq_len: int) -> Any:
+        return BlockTensors()
+
+    def __getitem__(self, i: int | slice) -> Any:
+        """Block ``i`` of a token dataset (not a mixture), as iteration yields it
+        (:class:`BlockTensors`): one ranged read of its tokens, two across a shard end, and
+        its shard's document lengths (:class:`~.blocks.BlockAccess`); a slice gives a list.
+
+        Raises:
+            IndexError: ``i`` out of range. TypeError: a mixture (open each source instead).
+        """
+        access = self.__dict__.get("_blocks")
+        if access is None:
+            if self.index is None:
+                raise TypeError(f"{self!r}: random access reads one token dataset; open each source on its own")
+            access = self.__dict__["_blocks"] = BlockAccess(self.reader.engines[0].shards.tokens, self.seq_len)
+        if isinstance(i, slice):
+            return [self._decode(access.block(j)) for j in range(*i.indices(len(access)))]
+        return self._decode(access.block(i))
 
     def __repr__(self) -> str:
         return f"TokenBlocks({self.num_shards} shards, seq_len={self.seq_len}, num_blocks={self.num_samples})"
+
+
+class PackedDocuments(TokenBlocks):
+    """Documents packed whole into blocks of ``seq_len`` tokens, for fine-tuning data: best-fit
+    over windows of ``window`` documents (:mod:`shardstream.tokens.packed`: the rule, the one
+    cut it makes), the rest of each block padded with ``pad_id`` and masked in the labels
+    (:class:`PackedTensors`). An item is a bin: epochs, ``len``, ranks, checkpoints and
+    mixtures count bins, every document read once an epoch. Opening reads every shard's
+    document lengths (O(documents), once a process).
+
+    Args:
+        pad_id: the token id padding takes (masked: never a label).
+        window: documents packed together (larger packs tighter, holds more in memory).
+        Other arguments: as :class:`TokenBlocks`.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Source | Sequence[Source],
+        *,
+        seq_len: int,
+        pad_id: int = 0,
+        window: int = 1000,
+        **kwargs: Any,
+    ) -> None:
+        self.pad_id, self.window = pad_id, window
+        super().__init__(source, seq_len=seq_len, **kwargs)
+
+    def _unit(self, seq_len: int) -> Any:
+        return PackedDocumentUnit(seq_len, self.window)
+
+    def _tensors(self, seq_len: int) -> Any:
+        return PackedTensors(seq_len, self.pad_id)
+
+    def __getitem__(self, i: int | slice) -> Any:
+        raise TypeError(f"{self!r}: packed bins are read in epochs, not by index; TokenBlocks reads blocks by index")
+
+    def __repr__(self) -> str:
+        return f"PackedDocuments({self.num_shards} shards, seq_len={self.seq_len}, num_bins={self.num_samples})"
