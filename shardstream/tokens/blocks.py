@@ -28,7 +28,9 @@ one more small ranged read, never one GET per block.
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -95,6 +97,7 @@ class BlockTable:
         self.tokens_offset, self.dtype = tokens_offset, dtype
         self.doc_ends = doc_ends  # int64, stream positions where documents end (exclusive), ascending
         self.tail = tail  # the tokens after this shard's that its last block needs (maybe none)
+        self._ends_list: list[int] | None = None
 
     def __repr__(self) -> str:
         return f"BlockTable({self.url!r}, first_block={self.first_block}, num_blocks={self.num_blocks})"
@@ -117,11 +120,16 @@ class BlockTable:
         """int32: the lengths of the document pieces among block ``block``'s inputs (stream numbering)."""
         a = block * self.seq_len
         b = a + self.seq_len
-        ends = self.doc_ends
-        i, j = np.searchsorted(ends, [a, b], side="right")
-        cuts = np.concatenate(([a], ends[i:j], [b])) if j > i else np.array([a, b], dtype=np.int64)
-        lens = np.diff(cuts).astype(np.int32)
-        return lens[lens > 0]
+        ends = self._ends_list
+        if ends is None:
+            ends = self._ends_list = self.doc_ends.tolist()  # bisect on a list: ~1 us a block, numpy ~10
+        inner = ends[bisect.bisect_right(ends, a) : bisect.bisect_left(ends, b)]
+        if not inner:
+            return np.array((self.seq_len,), dtype=np.int32)
+        inner.append(b)
+        lens = [inner[0] - a]
+        lens += [y - x for x, y in itertools.pairwise(inner)]
+        return np.array(lens, dtype=np.int32)
 
     def batches(self, chunks: Iterator[Any], indices: np.ndarray, *, base_offset: int, url: str) -> Iterator[Batch]:
         """The blocks at ``indices`` (ascending) as item dicts ``{"__key__": block number,

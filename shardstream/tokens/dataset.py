@@ -39,12 +39,19 @@ class BlockTensors:
     - ``__key__``: the block's number in its source's stream (int); a mixture's ``__source__``.
     """
 
+    def __init__(self) -> None:
+        self._arange = np.zeros(0, dtype=np.int64)
+
     def __call__(self, item: Mapping[str, Any]) -> dict[str, Any]:
         tokens = item["tokens"].astype(np.int64)
         lens = item["doc_lens"]
         n = len(tokens) - 1
-        starts = np.cumsum(lens) - lens
-        positions = np.arange(n, dtype=np.int64) - np.repeat(starts, lens)
+        if len(self._arange) != n:
+            self._arange = np.arange(n, dtype=np.int64)
+        if len(lens) == 1:
+            positions = self._arange.copy()
+        else:
+            positions = self._arange - np.repeat(np.cumsum(lens) - lens, lens)
         out = {
             "__key__": item["__key__"],
             "input_ids": torch.from_numpy(tokens[:-1]),
