@@ -1,4 +1,5 @@
-"""``shardstream info``: a dataset's totals, shard statistics, classes and (``--members``) member extensions."""
+"""``shardstream info``: a dataset's totals, shard statistics, classes and (``--members``) member extensions;
+for a token dataset (``tokens.bin`` beside ``index.bin``) also its tokens, documents and tokenizer."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 from ..index import browse
 from .access import escape
-from .options import add_store_args, open_dataset, unfinished_note
+from .options import add_store_args, open_dataset, request_config, s3_config, unfinished_note
 
 CLASSES_SHOWN = 10  # `shardstream info` lists the first and last this many classes (--all-classes: every one)
 
@@ -63,6 +64,54 @@ def _classes_info(names: list[str], counts: list[int] | None, *, all_classes: bo
     return lines
 
 
+def _tokens_info(tokens, *, has_docids: bool, source: str) -> list[str]:
+    """``shardstream info``'s lines on a token dataset, from its ``tokens.bin`` (a
+    :class:`~shardstream.tokens.format.TokenManifest`)."""
+    import numpy as np
+
+    fields = tokens.fields
+    eod = fields.get("eod_id")
+    lines = [
+        f"tokens: {tokens.num_tokens:,} in {tokens.num_docs:,} documents, {fields.get('dtype')}, "
+        f"vocab_size {fields.get('vocab_size')}, eod id {'none' if eod is None else eod}"
+    ]
+    tokenizer = fields.get("tokenizer")
+    if isinstance(tokenizer, dict) and tokenizer.get("name"):
+        sha = tokenizer.get("sha256")
+        lines.append(f"tokenizer: {escape(str(tokenizer['name']))}" + (f" (sha256 {sha})" if sha else ""))
+    else:
+        lines.append("tokenizer: none recorded")
+    percentiles = fields.get("doc_length_percentiles") or {}
+    if percentiles:
+        order = sorted(percentiles, key=lambda k: (k == "max", int(k[1:]) if k[1:].isdigit() else 0))
+        lines.append("document length in tokens: " + ", ".join(f"{k} {percentiles[k]}" for k in order))
+    column = tokens.columns["num_tokens"]
+    if len(column):
+        lines.append(f"tokens per shard: min {column.min()}, median {np.median(column):.0f}, max {column.max()}")
+    if fields.get("source"):
+        lines.append(f"source: {escape(str(fields['source']))}")
+    lines.append(
+        f"document ids: docids/ (a document by id: shardstream tokens-get {source} ID)"
+        if has_docids
+        else f"document ids: no index (build it: shardstream tokens-get {source} --build-index)"
+    )
+    return lines
+
+
+def _token_manifest(index, args: argparse.Namespace):
+    """``(TokenManifest, docids/ present)`` of a token dataset, or None for a dataset of samples."""
+    from ..errors import ShardNotFoundError
+    from ..storage import open_store
+    from ..tokens.format import TOKENS_INDEX_NAME, TokenManifest
+
+    store = open_store(index.root, s3=s3_config(args), requests=request_config(args))
+    try:
+        data = store.read_bytes(TOKENS_INDEX_NAME)
+    except ShardNotFoundError:
+        return None
+    return TokenManifest.parse(data, url=store.url_of(TOKENS_INDEX_NAME)), store.exists("docids/header.bin")
+
+
 def extension_totals(index, *, progress: bool = False) -> dict[str, list[int]]:
     """:func:`shardstream.index.browse.extension_totals` with a bar on stderr counting the
     tables read (``progress``)."""
@@ -113,6 +162,9 @@ def run(args: argparse.Namespace) -> int | None:
     if note is not None:
         print(f"warning: {note}")
     print(_info(args.source, index.manifest, all_classes=args.all_classes))
+    tokens = _token_manifest(index, args)
+    if tokens is not None:
+        print("\n".join(_tokens_info(tokens[0], has_docids=tokens[1], source=args.source)))
     if args.members:
         totals = extension_totals(index, progress=not args.no_progress)
         print("\n".join(["members by extension:", *_members_info(totals)]))

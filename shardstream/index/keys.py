@@ -20,6 +20,11 @@ its bucket; a bucket holds ``capacity`` slots (the partition's fullest bucket), 
 reads exactly ``16 * capacity`` bytes at ``data_offset + 16 * capacity * bucket``: about 4 KB
 (a bucket holds 128 to 256 keys on average). Equal hashes give several candidates; the caller
 checks the key in the shard's table.
+
+The same layout indexes other ids under another folder (the document ids of a token dataset,
+``docids/``: :mod:`shardstream.tokens.docids`): :func:`write_hash_index` takes any
+``(shard, [id bytes, ...])`` pairs, :func:`read_hash_header` and :class:`KeyIndex` (given
+``directory``, ``shard_rows`` and ``fix``) read them back.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import os
 import tempfile
 import time
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -52,6 +57,8 @@ __all__ = [
     "KeyIndexReport",
     "build_key_index",
     "hash_keys",
+    "read_hash_header",
+    "write_hash_index",
     "write_key_index",
     "write_with_keys",
 ]
@@ -73,8 +80,12 @@ _BUFFER_KEYS = 1 << 20  # entries held before they are spilled to the partitions
 _TABLES_AHEAD = 16  # tables read ahead of the one being hashed
 
 
-def part_name(p: int) -> str:
-    return f"{KEYS_DIR}/part-{p:06d}.bin"
+def part_name(p: int, directory: str = KEYS_DIR) -> str:
+    return f"{directory}/part-{p:06d}.bin"
+
+
+def header_name(directory: str = KEYS_DIR) -> str:
+    return f"{directory}/header.bin"
 
 
 def hash_keys(keys: Iterable[bytes]) -> np.ndarray:
@@ -154,42 +165,126 @@ def write_key_index(
         ShardNotFoundError: a table is missing; IndexFormatError: a table is damaged or
             disagrees with the manifest; StorageError: the store failed.
     """
-    started = time.perf_counter()
     num_keys = manifest.num_samples
     _check_numbering(store, manifest)
-    pbits, bbits = layout_bits(num_keys)
-    num_parts = 1 << pbits
     ranges = _Ranges(manifest.num_shards)
-    with tempfile.TemporaryDirectory(prefix="shardstream-keys-", dir=spill_dir) as tmp:
-        runs = [os.path.join(tmp, f"{p}.run") for p in range(num_parts)]
-        seen = _spill_tables(store, manifest, tables, pbits, runs, ranges, progress=progress)
+
+    def check_count(seen: int) -> None:
         if seen != num_keys:
             raise IndexFormatError(
                 f"{store.url_of(MANIFEST_NAME)}: the tables hold {seen} samples, the manifest {num_keys}; "
                 "re-run shardstream pack (or shardstream index build)"
             )
-        columns = _write_partitions(store, runs, pbits=pbits, bbits=bbits)  # the header's, by name
-    fields = {
-        "format": FORMAT,
+
+    report = _write_index(
+        store,
+        _table_items(store, manifest, tables, ranges, progress=progress),
+        num_keys=num_keys,
+        fields={"num_shards": manifest.num_shards, "num_samples": num_keys, "manifest_crc32": manifest_crc32(manifest)},
+        directory=KEYS_DIR,
+        format=FORMAT,
+        spill_dir=spill_dir,
+        check_count=check_count,
+    )
+    return dataclasses.replace(report, key_ranges=ranges.result())
+
+
+def write_hash_index(
+    store: Any,
+    items: Iterable[tuple[int, list[bytes]]],
+    *,
+    num_keys: int,
+    num_shards: int,
+    directory: str,
+    format: str,
+    fields: dict[str, Any] | None = None,
+    spill_dir: str | None = None,
+    fix: str = "",
+) -> KeyIndexReport:
+    """Write a hash index in the layout of ``keys/`` (module doc) under ``directory`` of
+    ``store``, from ``items``: ``(shard, ids)`` pairs, ``ids`` the UTF-8 bytes of the ids of
+    the shard's rows in row order (row ``r`` is ``ids[r]``; shards in any order, each once).
+    Memory as :func:`write_key_index`: a 16 MB buffer and one partition, never O(ids).
+
+    Args:
+        num_keys: the ids ``items`` gives in all (decides the layout; checked).
+        num_shards: the shards numbered (recorded; shard numbers are below it).
+        directory: the folder (``"keys"``, ``"docids"``, ...); its old partitions beyond the
+            new layout are deleted.
+        format: the header's ``format`` field (what the reader checks).
+        fields: more header fields (recorded as given; a reader's staleness checks).
+        fix: what an error says to do (appended to it).
+
+    Raises:
+        IndexFormatError: ``items`` gave another number of ids than ``num_keys``, a shard
+            number outside ``0..num_shards-1``, or a shard of 2**32 ids or more.
+    """
+    header_url = store.url_of(header_name(directory))
+    if num_shards >= 2**32 - 1:
+        raise IndexFormatError(f"{header_url}: {num_shards} shards: the index holds uint32 shard numbers; {fix}")
+
+    def checked() -> Iterator[tuple[int, list[bytes]]]:
+        for shard, ids in items:
+            if not 0 <= shard < num_shards or len(ids) >= 2**32:
+                raise IndexFormatError(
+                    f"{header_url}: shard {shard} of {num_shards} with {len(ids)} ids cannot be indexed "
+                    f"(uint32 shard and row numbers); {fix}"
+                )
+            yield shard, ids
+
+    def check_count(seen: int) -> None:
+        if seen != num_keys:
+            raise IndexFormatError(f"{header_url}: {seen} ids given where {num_keys} were announced; {fix}")
+
+    return _write_index(
+        store,
+        checked(),
+        num_keys=num_keys,
+        fields={"num_shards": num_shards, **(fields or {})},
+        directory=directory,
+        format=format,
+        spill_dir=spill_dir,
+        check_count=check_count,
+    )
+
+
+def _write_index(
+    store: Any,
+    items: Iterable[tuple[int, list[bytes]]],
+    *,
+    num_keys: int,
+    fields: dict[str, Any],
+    directory: str,
+    format: str,
+    spill_dir: str | None,
+    check_count: Callable[[int], None],
+) -> KeyIndexReport:
+    """Spill ``items`` to run files, write the partitions, then the header (last)."""
+    started = time.perf_counter()
+    pbits, bbits = layout_bits(num_keys)
+    num_parts = 1 << pbits
+    with tempfile.TemporaryDirectory(prefix="shardstream-keys-", dir=spill_dir) as tmp:
+        runs = [os.path.join(tmp, f"{p}.run") for p in range(num_parts)]
+        check_count(_spill_items(items, pbits, runs))
+        columns = _write_partitions(store, runs, pbits=pbits, bbits=bbits, directory=directory, format=format)
+    header_fields = {
+        "format": format,
         "version": VERSION,
         "hash": HASH,
         "num_keys": num_keys,
         "partition_bits": pbits,
         "bucket_bits": bbits,
-        "num_shards": manifest.num_shards,
-        "num_samples": num_keys,
-        "manifest_crc32": manifest_crc32(manifest),
+        **fields,
     }
-    header = b"".join(container.to_pieces(HEADER_MAGIC, fields, list(columns.items())))
-    store.write_bytes(HEADER_NAME, header)
-    _delete_partitions_from(store, num_parts)
+    header = b"".join(container.to_pieces(HEADER_MAGIC, header_fields, list(columns.items())))
+    store.write_bytes(header_name(directory), header)
+    _delete_partitions_from(store, num_parts, directory=directory)
     return KeyIndexReport(
-        url=store.url_of(HEADER_NAME),
+        url=store.url_of(header_name(directory)),
         num_keys=num_keys,
         num_partitions=num_parts,
         bytes=int(columns["bytes"].sum()) + len(header),
         seconds=time.perf_counter() - started,
-        key_ranges=ranges.result(),
     )
 
 
@@ -202,25 +297,30 @@ def _check_numbering(store: Any, manifest: Manifest) -> None:
         )
 
 
-def _spill_tables(
+def _table_items(
     store: Any,
     manifest: Manifest,
     tables: Iterable[ShardTable] | None,
-    pbits: int,
-    runs: list[str],
     ranges: _Ranges,
     *,
     progress: bool,
-) -> int:
-    """Hash every table's keys into ``(hash, shard << 32 | row)`` entries, spilled through a
-    buffer of :data:`_BUFFER_KEYS` to their partitions' ``runs`` (``ranges`` sees each
-    table's keys); returns the keys seen."""
-    buffer = np.empty((_BUFFER_KEYS, 2), dtype=np.uint64)
-    filled = 0
-    seen = 0
+) -> Iterator[tuple[int, list[bytes]]]:
+    """Every table's ``(shard, key bytes)`` in manifest order (``ranges`` sees each table's keys)."""
     for i, table in enumerate(tables if tables is not None else _read_tables(store, manifest)):
         keys = _key_bytes(table)
         ranges.add(i, keys)
+        yield i, keys
+        if progress and (i + 1) % 10_000 == 0:
+            log.warning("%s: key index: %d of %d shards read", store.url, i + 1, manifest.num_shards)
+
+
+def _spill_items(items: Iterable[tuple[int, list[bytes]]], pbits: int, runs: list[str]) -> int:
+    """Hash every ``(shard, keys)``'s keys into ``(hash, shard << 32 | row)`` entries, spilled
+    through a buffer of :data:`_BUFFER_KEYS` to their partitions' ``runs``; returns the keys seen."""
+    buffer = np.empty((_BUFFER_KEYS, 2), dtype=np.uint64)
+    filled = 0
+    seen = 0
+    for i, keys in items:
         hashes = hash_keys(keys)
         n = len(hashes)
         locs = (np.uint64(i) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
@@ -235,13 +335,13 @@ def _spill_tables(
             if filled == _BUFFER_KEYS:
                 _spill(buffer[:filled], pbits, runs)
                 filled = 0
-        if progress and (i + 1) % 10_000 == 0:
-            log.warning("%s: key index: %d of %d shards read", store.url, i + 1, manifest.num_shards)
     _spill(buffer[:filled], pbits, runs)
     return seen
 
 
-def _write_partitions(store: Any, runs: list[str], *, pbits: int, bbits: int) -> dict[str, np.ndarray]:
+def _write_partitions(
+    store: Any, runs: list[str], *, pbits: int, bbits: int, directory: str = KEYS_DIR, format: str = FORMAT
+) -> dict[str, np.ndarray]:
     """Write each partition's file from its run file (removed once read); returns the header's
     columns, in order: ``count``, ``capacity``, ``data_offset`` and ``bytes``, an entry per partition."""
     num_parts = len(runs)
@@ -256,22 +356,22 @@ def _write_partitions(store: Any, runs: list[str], *, pbits: int, bbits: int) ->
         slots, cap = _partition_slots(entries, pbits=pbits, bbits=bbits)
         if os.path.exists(runs[p]):
             os.unlink(runs[p])
-        fields = {"format": FORMAT, "version": VERSION, "partition": p, "capacity": cap, "count": len(entries)}
+        fields = {"format": format, "version": VERSION, "partition": p, "capacity": cap, "count": len(entries)}
         head, placement = container.layout(PART_MAGIC, fields, [("slots", "<u8", len(slots))])
-        write_pieces(store, part_name(p), [head, slots.tobytes()])
+        write_pieces(store, part_name(p, directory), [head, slots.tobytes()])
         counts[p], capacity[p], offsets[p] = len(entries), cap, placement[0][0]
         sizes[p] = len(head) + slots.nbytes
     return {"count": counts, "capacity": capacity, "data_offset": offsets, "bytes": sizes}
 
 
-def _delete_partitions_from(store: Any, num_parts: int) -> None:
-    """Delete ``store``'s partition files numbered ``num_parts`` and up: a previous, larger
-    key index's."""
-    for name in store.list_names(f"{KEYS_DIR}/part-"):
+def _delete_partitions_from(store: Any, num_parts: int, *, directory: str = KEYS_DIR) -> None:
+    """Delete ``store``'s partition files (under ``directory``) numbered ``num_parts`` and up:
+    a previous, larger index's."""
+    for name in store.list_names(f"{directory}/part-"):
         if (
             name.endswith(".bin")
-            and name[len(KEYS_DIR) + 6 : -4].isdigit()
-            and int(name[len(KEYS_DIR) + 6 : -4]) >= num_parts
+            and name[len(directory) + 6 : -4].isdigit()
+            and int(name[len(directory) + 6 : -4]) >= num_parts
         ):
             store.delete(name)
 
@@ -449,9 +549,53 @@ def _partition_slots(entries: np.ndarray, *, pbits: int, bbits: int) -> tuple[np
 # reading
 
 
+def read_hash_header(
+    store: Any, *, directory: str = KEYS_DIR, format: str = FORMAT, fix: str
+) -> tuple[dict[str, Any], dict[str, np.ndarray], str] | None:
+    """The header of the hash index under ``directory`` of ``store`` (one read), checked for
+    its format, version, hash and columns: ``(fields, columns, url)``, or None when there is
+    none. The caller checks the fields that tie it to its dataset (staleness).
+
+    Raises:
+        IndexFormatError: damaged, of another format or version (the message ends with ``fix``).
+        StorageError: the store failed.
+    """
+    name = header_name(directory)
+    url = store.url_of(name)
+    try:
+        data = store.read_bytes(name)
+    except ShardNotFoundError:
+        return None
+    fields, columns = container.read(data, magic=HEADER_MAGIC, url=url, kind="key index")
+    if fields.get("format") != format or fields.get("version") != VERSION or fields.get("hash") != HASH:
+        raise IndexFormatError(
+            f"{url}: key index {fields.get('format')!r} version {fields.get('version')!r} hash "
+            f"{fields.get('hash')!r} is not supported (reads {format!r} version {VERSION}, {HASH}); {fix}"
+        )
+    try:
+        pbits, bbits = int(fields["partition_bits"]), int(fields["bucket_bits"])
+        num_keys = int(fields["num_keys"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IndexFormatError(f"{url}: damaged key index header ({exc!r}); {fix}") from exc
+    if not (0 <= pbits <= 32 and 0 <= bbits <= 40):
+        raise IndexFormatError(f"{url}: partition_bits={pbits}, bucket_bits={bbits} out of range; {fix}")
+    for column_name in ("count", "capacity", "data_offset", "bytes"):
+        column = columns.get(column_name)
+        if column is None or column.dtype.str != "<i8" or len(column) != 1 << pbits:
+            raise IndexFormatError(f"{url}: column {column_name!r} missing, not <i8 or not {1 << pbits} long; {fix}")
+    if int(columns["count"].sum()) != num_keys:
+        raise IndexFormatError(f"{url}: its partitions' counts disagree with num_keys={num_keys}; {fix}")
+    return fields, columns, url
+
+
 class KeyIndex:
     """A dataset's key index, opened: its header (O(partitions)), and lookups by key, one
     ranged read of a few KB each (module doc). Picklable (the store is reopened).
+
+    Another index of the same layout (:func:`write_hash_index`) is read the same way, given
+    ``directory`` (its folder), ``shard_rows`` (rows per shard, default the manifest's samples
+    per shard: a location beyond them is refused as damage) and ``fix`` (what its errors say
+    to do, default: rebuild the key index).
 
     Attributes:
         url: the header's URL; num_keys: keys indexed; num_partitions: partition files.
@@ -467,9 +611,14 @@ class KeyIndex:
         url: str,
         s3: Any = None,
         requests: RequestConfig | None = None,
+        directory: str = KEYS_DIR,
+        shard_rows: np.ndarray | None = None,
+        fix: str | None = None,
     ) -> None:
         self.root, self.url, self.s3, self.requests = root, url, s3, requests
-        self._shard_samples = manifest.shard_samples
+        self.directory = directory
+        self._fix = fix if fix is not None else f"run shardstream index keys {root} to rebuild the key index"
+        self._shard_samples = manifest.shard_samples if shard_rows is None else np.asarray(shard_rows)
         self.num_keys = int(fields["num_keys"])
         self._pbits, self._bbits = int(fields["partition_bits"]), int(fields["bucket_bits"])
         self.num_partitions = 1 << self._pbits
@@ -502,35 +651,16 @@ class KeyIndex:
         s3 = s3 if s3 is not None else index.s3
         requests = requests if requests is not None else index.requests
         store = open_store(index.root, s3=s3, requests=requests)
-        url = store.url_of(HEADER_NAME)
-        try:
-            data = store.read_bytes(HEADER_NAME)
-        except ShardNotFoundError:
-            return None
-        fields, columns = container.read(data, magic=HEADER_MAGIC, url=url, kind="key index")
         fix = f"run shardstream index keys {index.root} to rebuild it"
-        if fields.get("format") != FORMAT or fields.get("version") != VERSION or fields.get("hash") != HASH:
-            raise IndexFormatError(
-                f"{url}: key index {fields.get('format')!r} version {fields.get('version')!r} hash "
-                f"{fields.get('hash')!r} is not supported (reads version {VERSION}, {HASH}); {fix}"
-            )
-        try:
-            pbits, bbits = int(fields["partition_bits"]), int(fields["bucket_bits"])
-            num_keys = int(fields["num_keys"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise IndexFormatError(f"{url}: damaged key index header ({exc!r}); {fix}") from exc
-        if not (0 <= pbits <= 32 and 0 <= bbits <= 40):
-            raise IndexFormatError(f"{url}: partition_bits={pbits}, bucket_bits={bbits} out of range; {fix}")
-        for name in ("count", "capacity", "data_offset", "bytes"):
-            column = columns.get(name)
-            if column is None or column.dtype.str != "<i8" or len(column) != 1 << pbits:
-                raise IndexFormatError(f"{url}: column {name!r} missing, not <i8 or not {1 << pbits} long; {fix}")
+        header = read_hash_header(store, fix=fix)
+        if header is None:
+            return None
+        fields, columns, url = header
         manifest = index.manifest
         if (
             fields.get("num_shards") != manifest.num_shards
             or fields.get("num_samples") != manifest.num_samples
-            or num_keys != manifest.num_samples
-            or int(columns["count"].sum()) != num_keys
+            or int(fields["num_keys"]) != manifest.num_samples
             or fields.get("manifest_crc32") != manifest_crc32(manifest)
         ):
             raise IndexFormatError(
@@ -541,16 +671,17 @@ class KeyIndex:
             root=index.root, manifest=manifest, fields=fields, columns=columns, url=url, s3=s3, requests=requests
         )
 
-    def lookup(self, key: str) -> list[tuple[int, int]]:
+    def lookup(self, key: str | bytes) -> list[tuple[int, int]]:
         """Every ``(shard, row)`` whose key hash equals ``key``'s: the candidates, in (shard,
         row) order, ``[]`` when no sample has that hash. One ranged read of one bucket (about
         4 KB); the caller checks the key in the shard's table (a collision gives several).
+        ``key`` is a str (hashed as UTF-8) or the bytes that were indexed.
 
         Raises:
             IndexFormatError: the partition file is damaged or truncated (named);
             ShardNotFoundError: it is missing; StorageError: the store failed.
         """
-        h = int(hash_keys([key.encode("utf-8")])[0])
+        h = int(hash_keys([key if isinstance(key, bytes) else key.encode("utf-8")])[0])
         p = h >> (64 - self._pbits) if self._pbits else 0
         bucket = ((h << self._pbits) & (2**64 - 1)) >> (64 - self._bbits) if self._bbits else 0
         capacity = int(self._capacity[p])
@@ -558,12 +689,11 @@ class KeyIndex:
             return []
         start = int(self._offset[p]) + SLOT_BYTES * capacity * bucket
         end = start + SLOT_BYTES * capacity
-        name = part_name(p)
+        name = part_name(p, self.directory)
         data = self._read(name, start, end)
         if len(data) != end - start:
             raise IndexFormatError(
-                f"{self._url_of(name)}: truncated ({len(data)} of {end - start} bytes at {start}); "
-                f"run shardstream index keys {self.root} to rebuild the key index"
+                f"{self._url_of(name)}: truncated ({len(data)} of {end - start} bytes at {start}); {self._fix}"
             )
         slots = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
         used = slots[:, 1] != EMPTY
@@ -575,10 +705,7 @@ class KeyIndex:
             or (self._pbits and n and ((hashes >> np.uint64(64 - self._pbits)) != p).any())
             or (hashes[1:] < hashes[:-1]).any()
         ):
-            raise IndexFormatError(
-                f"{self._url_of(name)}: damaged bucket {bucket} at byte {start}; "
-                f"run shardstream index keys {self.root} to rebuild the key index"
-            )
+            raise IndexFormatError(f"{self._url_of(name)}: damaged bucket {bucket} at byte {start}; {self._fix}")
         hits = slots[:n][hashes == np.uint64(h), 1]
         shards = (hits >> np.uint64(32)).astype(np.int64)
         rows = (hits & np.uint64(0xFFFFFFFF)).astype(np.int64)
@@ -587,8 +714,7 @@ class KeyIndex:
             or (rows >= self._shard_samples[np.minimum(shards, len(self._shard_samples) - 1)]).any()
         ):
             raise IndexFormatError(
-                f"{self._url_of(name)}: bucket {bucket} names a shard or row the dataset does not have; "
-                f"run shardstream index keys {self.root} to rebuild the key index"
+                f"{self._url_of(name)}: bucket {bucket} names a shard or row the dataset does not have; {self._fix}"
             )
         return sorted(zip(shards.tolist(), rows.tolist()))
 
@@ -609,8 +735,5 @@ class KeyIndex:
         try:
             pieces, _, _ = loop.result_within(future, store, store.url_of(name))
         except CorruptShardError as exc:
-            raise IndexFormatError(
-                f"{store.url_of(name)}: truncated or changed ({exc}); run shardstream index keys {self.root} "
-                "to rebuild the key index"
-            ) from exc
+            raise IndexFormatError(f"{store.url_of(name)}: truncated or changed ({exc}); {self._fix}") from exc
         return b"".join(pieces)

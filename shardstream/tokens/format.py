@@ -363,6 +363,12 @@ class TokenIndex:
         return self.tokens.dtype
 
     @property
+    def vocab_size(self) -> int | None:
+        """Token ids are below it (None where not recorded)."""
+        value = self.tokens.fields.get("vocab_size")
+        return None if value is None else int(value)
+
+    @property
     def eod_id(self) -> int | None:
         value = self.tokens.fields.get("eod_id")
         return None if value is None else int(value)
