@@ -20,6 +20,7 @@ from ..config import FetchConfig, MixMode, OnError, RequestConfig, S3Config
 from ..dataset import ShardDataset
 from ..reading.mixture import Source
 from .blocks import BlockAccess, TokenBlockUnit
+from .docids import TokenIds
 from .packed import PackedDocumentUnit
 
 __all__ = ["BlockTensors", "PackedDocuments", "PackedTensors", "TokenBlocks", "collate_blocks"]
@@ -241,6 +242,26 @@ class TokenBlocks(ShardDataset):
         if isinstance(i, slice):
             return [self._decode(access.block(j)) for j in range(*i.indices(len(access)))]
         return self._decode(access.block(i))
+
+    def get(self, key: str) -> torch.Tensor:
+        """The tokens of the document whose id is ``key`` (int64 ``(length,)``, the end token
+        included), by the dataset's ``docids/`` index (:class:`~.docids.TokenIds`: one small
+        ranged read, then the document's). Not for a mixture.
+
+        Raises:
+            KeyError: no such document. ShardNotFoundError: no ``docids/`` (says how to build it).
+            TypeError: a mixture.
+        """
+        ids = self.__dict__.get("_ids")
+        if ids is None:
+            if self.index is None:
+                raise TypeError(f"{self!r}: documents are looked up in one token dataset; open each source")
+            ids = self.__dict__["_ids"] = TokenIds.open(self.reader.engines[0].shards.tokens)
+        return torch.from_numpy(ids.get(key).astype(np.int64))
+
+    def get_many(self, indices_or_keys: Sequence[int | str] | range) -> list[Any]:
+        """Blocks by number, documents by id (:meth:`__getitem__`, :meth:`get`), in order."""
+        return [self.get(k) if isinstance(k, str) else self[k] for k in indices_or_keys]
 
     def __repr__(self) -> str:
         return f"TokenBlocks({self.num_shards} shards, seq_len={self.seq_len}, num_blocks={self.num_samples})"

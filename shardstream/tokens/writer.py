@@ -195,6 +195,7 @@ class TokenDatasetWriter:
         self.dtype = token_dtype(vocab_size)
         self.max_shard_tokens = max_shard_tokens
         self.tokenizer, self.source = tokenizer, source
+        self.s3, self.requests = s3, requests
         self.names: list[str] = []
         self.rows: list[TokenShardRow] = []
         self.lengths = LengthHistogram()
@@ -246,12 +247,12 @@ class TokenDatasetWriter:
         self._pending = _Pending()
 
     def close(self) -> TokenManifest | None:
-        """Write the last shard and the indexes (once)."""
+        """Write the last shard and the indexes (once), then the document-id index ``docids/``."""
         if self._closed:
             return None
         self._closed = True
         self.flush()
-        return publish_token_index(
+        tokens = publish_token_index(
             self.store,
             self.names,
             self.rows,
@@ -261,3 +262,7 @@ class TokenDatasetWriter:
             source=self.source,
             lengths=self.lengths,
         )
+        from .docids import build_docid_index  # (docids reads the dataset the lines above wrote)
+
+        build_docid_index(self.store.url, s3=self.s3, requests=self.requests)
+        return tokens
