@@ -377,7 +377,7 @@ class TokenBlockUnit:
                 f"{shards!r}: token blocks read a token dataset by its index (a directory or prefix written by "
                 "shardstream pack-text or import-tokens), not bare shard URLs"
             )
-        tokens = TokenIndex.open(index.root, s3=index.s3, requests=index.requests)
+        tokens = TokenIndex.of_index(index)
         return BlockShards(tokens, self.seq_len)
 
     def stages(self) -> Sequence[Any]:

@@ -334,8 +334,16 @@ class TokenIndex:
             ShardNotFoundError: no dataset there; ValueError: a dataset, but not of tokens
                 (says to run ``shardstream pack-text``); IndexFormatError: a damaged index.
         """
-        index = open_index(location, s3=s3, requests=requests)
-        store = open_store(index.root, s3=s3, requests=requests)
+        return cls.of_index(open_index(location, s3=s3, requests=requests))
+
+    @classmethod
+    def of_index(cls, index: DatasetIndex) -> TokenIndex:
+        """The token dataset of an opened dataset index (reads its ``tokens.bin``: one GET).
+
+        Raises:
+            ValueError, IndexFormatError: as :meth:`open`.
+        """
+        store = open_store(index.root, s3=index.s3, requests=index.requests)
         try:
             data = store.read_bytes(TOKENS_INDEX_NAME)
         except ShardNotFoundError:

@@ -240,9 +240,7 @@ class PackedDocumentUnit:
                 f"{shards!r}: packed documents read a token dataset by its index (shardstream pack-text or "
                 "import-tokens), not bare shard URLs"
             )
-        return PackedShards(
-            TokenIndex.open(index.root, s3=index.s3, requests=index.requests), self.seq_len, self.window
-        )
+        return PackedShards(TokenIndex.of_index(index), self.seq_len, self.window)
 
     def stages(self) -> Sequence[Any]:
         return ()
