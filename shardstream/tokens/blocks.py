@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import itertools
+import operator
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -335,6 +336,7 @@ class BlockAccess:
         Raises:
             IndexError: ``i`` out of range.
         """
+        i = operator.index(i)  # an int, a numpy integer, a one-element tensor; the key is an int
         n = self.num_blocks
         if not -n <= i < n:
             raise IndexError(f"block {i} of {n} (seq_len={self.seq_len})")
@@ -363,7 +365,7 @@ class TokenBlockUnit:
     seq_len: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+        if not isinstance(self.seq_len, int) or isinstance(self.seq_len, bool) or self.seq_len < 1:
             raise ValueError(f"seq_len={self.seq_len!r} must be an int >= 1 (tokens a block feeds the model)")
 
     @property

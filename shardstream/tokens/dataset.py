@@ -194,6 +194,13 @@ class TokenBlocks(ShardDataset):
         verify_checksums: bool = False,
         replication: int = 1,
     ) -> None:
+        if epoch_blocks is not None and not (
+            isinstance(source, Sequence) and not isinstance(source, str) and all(isinstance(s, Source) for s in source)
+        ):
+            raise ValueError(
+                f"epoch_blocks={epoch_blocks} sets the size of a mixture's epoch; give a list of Source(...) "
+                "or leave it out (one dataset's epoch is all its blocks)"
+            )
         super().__init__(
             source,
             unit=self._unit(seq_len),

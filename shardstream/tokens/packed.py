@@ -226,7 +226,7 @@ class PackedDocumentUnit:
     def __post_init__(self) -> None:
         for name in ("seq_len", "window"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be an int >= 1")
 
     @property
