@@ -31,7 +31,8 @@ from .options import request_config as _request_config  # noqa: F401
 
 __all__ = ["build_parser", "escape", "extension_totals", "main", "parse_size", "unsafe_path"]
 
-_COMMANDS = (pack, pack_text, import_tokens, info, access, verify, index, plan, servers)  # the order of `shardstream --help`
+# the order of `shardstream --help`
+_COMMANDS = (pack, pack_text, import_tokens, info, access, verify, index, plan, servers)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ token blocks (:class:`~shardstream.tokens.blocks.TokenBlockUnit`, and the torch 
 from .docids import DOCIDS_DIR, TokenIds, build_docid_index, get_document
 from .format import TOKENS_INDEX_NAME, TokenIndex, TokenManifest, TokenShardRow, token_dtype, token_shard_pieces
 from .imports import ImportReport, import_datatrove, import_megatron
+from .pack import pack_tokens
 
 __all__ = [
     "DOCIDS_DIR",
@@ -19,6 +20,7 @@ __all__ = [
     "get_document",
     "import_datatrove",
     "import_megatron",
+    "pack_tokens",
     "token_dtype",
     "token_shard_pieces",
 ]

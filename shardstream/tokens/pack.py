@@ -1,0 +1,1107 @@
+"""``pack_tokens(source, dest, tokenizer=...)`` (``shardstream pack-text``): documents -> token
+shards (:mod:`shardstream.tokens.format`) plus ``index.bin`` and ``tokens.bin``, in parallel
+processes (or Ray tasks), resumable after a crash, split across machines.
+
+How it runs, reusing ``pack``'s machinery (:mod:`shardstream.packing`):
+
+- **Plan.** SOURCE is listed and cut into chunks (:func:`~shardstream.tokens.sources.make_plan`:
+  a file, a run of lines of a big local JSON Lines file, a Parquet row group). The plan is
+  recorded once in ``DEST/.shardstream/text.json`` with the options that decide the tokens;
+  a rerun (or another part) reuses it after checking that SOURCE lists the same files (names
+  and sizes) and the options are the same.
+- **Streams.** ``num_streams = parts x workers``; the chunks are dealt to streams by weight
+  (:meth:`~shardstream.tokens.sources.Plan.deal`), stream ``s`` belongs to part ``s mod parts``
+  (``--part I/N``, or ``RANK`` / ``WORLD_SIZE`` or a job array's variables, as ``pack``). A
+  stream reads its chunks in order, tokenizes batches of ``batch_size`` documents, appends the
+  end-of-document token, and writes shards of at most ``max_shard_tokens`` tokens (a document
+  never splits: a longer one gets a shard of its own) with
+  :func:`~shardstream.tokens.writer.write_token_shard`. Shard ``seq`` of stream ``s`` is
+  ``NAME-{seq x num_streams + s:06d}.tar``, so names never clash.
+- **Journal.** Right after a shard is published its record is written
+  (``.shardstream/sSSSSS-QQQQQQQ.json``, the record ``pack`` writes, with the shard's token
+  columns, its document-length histogram, the problems met since the last record, and how far
+  into its chunks the stream got); ``sSSSSS-done.json`` when the stream is done. A killed
+  stream (``kill -9``) resumes after its last record, skipping what it had consumed (without
+  tokenizing it again), and writes the same shards: the dataset is byte-identical to an
+  uninterrupted run's.
+- **Merge.** When every stream of every part is done, whichever run sees it last writes
+  ``pack-report.jsonl`` (every problem, in source order), then ``tokens.bin`` and ``index.bin``
+  (:func:`~shardstream.tokens.writer.publish_token_index`), the shards in global number order,
+  the document-id index ``docids/`` (:func:`~shardstream.tokens.docids.build_docid_index`) and
+  ``merged.json``.
+- **Destination.** As ``pack``'s (:func:`~shardstream.packing.destination.prepare_state`): a
+  DEST holding files with names pack-text writes (shards, tables, ``index.bin``,
+  ``tokens.bin``, ``docids/``, the report, ``.shardstream/``) that no index or pack state there
+  records is refused (``clobber`` writes over them); ``overwrite`` deletes only what the
+  earlier dataset or pack state records.
+
+Shard layout depends only on (SOURCE, the options, ``workers``, parts): ``--part 0/2`` and
+``--part 1/2`` with 1 worker each make the dataset one run with ``workers=2`` makes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import json
+import multiprocessing
+import os
+import queue
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..config import FetchConfig, RequestConfig, S3Config, on_error_of
+from ..errors import DestinationError, IndexFormatError, ShardstreamError, SourceError, UnreadableFileError
+from ..index import MANIFEST_NAME, Manifest
+from ..index.status import SPEC_NAME, STATE_DIR
+from ..packing.destination import check_outside, counted, open_destination, prepare_state, wipe
+from ..packing.journal import (
+    REPORT_NAME,
+    PackSpec,
+    StreamRecord,
+    record_merged,
+    recorded_streams,
+    remove_stream_partials,
+)
+from ..packing.ownership import refuse_foreign, top_level_names
+from ..packing.parts import Part, part_from_env
+from ..packing.stream import die_with_parent
+from ..storage import Store, open_store
+from .docids import DOCIDS_DIR, build_docid_index
+from .format import TOKENS_INDEX_NAME, TokenManifest, TokenShardRow, token_dtype
+from .sources import (
+    DEFAULT_CHUNK_BYTES,
+    EMPTY,
+    NEVER_STOPS,
+    NOT_TEXT,
+    TOKENIZER_ERROR,
+    UNREADABLE,
+    Chunk,
+    Plan,
+    TextProblem,
+    list_text_files,
+    make_plan,
+    read_chunk,
+    source_url_of,
+)
+from .tokenize import TextTokenizer, resolve_tokenizer
+from .writer import DEFAULT_MAX_SHARD_TOKENS, LengthHistogram, publish_token_index, write_token_shard
+
+__all__ = ["DEFAULT_BATCH_DOCS", "TextPackReport", "pack_tokens"]
+
+DEFAULT_BATCH_DOCS = 1000
+TEXT_STATE = f"{STATE_DIR}/text.json"
+DOCIDS_HEADER = f"{DOCIDS_DIR}/header.bin"  # written last of docids/ (shardstream.index.keys)
+_MERGE_READS = 32
+_PROBLEMS_SHOWN = 3
+
+
+# ------------------------------------------------------------------------------------------ API
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextPackReport:
+    """What :func:`pack_tokens` did. Counts are documents and tokens (the end tokens included),
+    times seconds.
+
+    Attributes:
+        dest: the destination URL.
+        index_url: where ``index.bin`` is, or None while other parts are unfinished.
+        num_docs, num_tokens, num_shards: what this run packed and published.
+        skipped: records this run skipped (each listed in :attr:`problems`).
+        problems: the problems this run met (the whole dataset's are in ``dest/pack-report.jsonl``).
+        resumed: this run continued an earlier, interrupted one.
+        seconds: wall time.
+        dataset: the dataset's totals (``num_shards``, ``num_docs``, ``num_tokens``,
+            ``skipped``) when this run wrote the index, else None.
+        already_complete: ``dest`` already held this very pack, finished.
+        kept: with ``overwrite``, what was at ``dest`` and is not the earlier dataset's, kept.
+    """
+
+    dest: str
+    index_url: str | None
+    num_docs: int
+    num_tokens: int
+    num_shards: int
+    skipped: int
+    problems: tuple[TextProblem, ...]
+    resumed: bool
+    seconds: float
+    dataset: dict[str, int] | None = None
+    already_complete: bool = False
+    kept: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line: documents, tokens, speed, skipped records, and where the index is."""
+        if self.already_complete and self.dataset is not None:
+            d = self.dataset
+            return (
+                f"nothing to do: {self.dest} already holds this pack-text; index {self.index_url}: "
+                f"{counted(d['num_shards'], 'shard')}, {counted(d['num_docs'], 'document')}, "
+                f"{d['num_tokens']:,} tokens"
+            )
+        seconds = max(self.seconds, 1e-9)
+        line = (
+            f"packed {counted(self.num_docs, 'document')} ({self.num_tokens:,} tokens) into "
+            f"{counted(self.num_shards, 'shard')} in {self.seconds:.1f} s: {self.num_docs / seconds:,.0f} documents/s, "
+            f"{self.num_tokens / seconds:,.0f} tokens/s"
+        )
+        if self.resumed:
+            line += " (resumed)"
+        if self.problems:
+            kinds: dict[str, int] = {}
+            for problem in self.problems:
+                kinds[problem.kind] = kinds.get(problem.kind, 0) + 1
+            not_text = kinds.pop(NOT_TEXT, 0)
+            notes = (
+                [f"{self.skipped} skipped ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})"] if kinds else []
+            )
+            if not_text:
+                notes.append(f"{counted(not_text, 'file')} of no text format left out")
+            where = f"see {self.dest}/{REPORT_NAME}" if self.dataset is not None else "listed once every part is done"
+            line += f"; {', '.join(notes)} ({where})"
+        if self.dataset is not None:
+            d = self.dataset
+            line += (
+                f"; index {self.index_url}: {counted(d['num_shards'], 'shard')}, {counted(d['num_docs'], 'document')}, "
+                f"{d['num_tokens']:,} tokens"
+            )
+        else:
+            line += "; other parts unfinished, index not written yet"
+        if self.kept:
+            line += f"; kept what the earlier dataset did not record: {', '.join(self.kept[:10])}"
+        return line
+
+
+def pack_tokens(
+    source: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    tokenizer: Any,
+    text_field: str = "text",
+    id_field: str | None = None,
+    eod_token: str | None = None,
+    eod_id: int | None = None,
+    append_eod: bool = True,
+    vocab_size: int | None = None,
+    batched: bool = False,
+    tokenizer_name: str | None = None,
+    max_shard_tokens: int = DEFAULT_MAX_SHARD_TOKENS,
+    name: str = "tokens",
+    workers: int | None = 1,
+    part: Part | None = None,
+    ray: str | None = None,
+    on_error: str | enum.Enum = "skip",
+    overwrite: bool = False,
+    clobber: bool = False,
+    batch_size: int = DEFAULT_BATCH_DOCS,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    progress: bool = True,
+    s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
+    fetch: FetchConfig | None = None,
+) -> TextPackReport:
+    """Tokenize the documents of ``source`` into a token dataset at ``dest`` (module doc).
+
+    Args:
+        source: a JSON Lines (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``, ``.json.gz``), Parquet
+            or Arrow (``Dataset.save_to_disk``) file, a folder of them (walked recursively, in
+            sorted order), or an object-store prefix or file (``s3://``, ``gs://``, ``az://``)
+            (:mod:`shardstream.tokens.sources`).
+        dest: a local directory (created if needed) or a writable store URL.
+        tokenizer: a ``tokenizer.json`` path, a ``tokenizers.Tokenizer``, or a callable: one
+            text -> its ids, or with ``batched=True`` a list of texts -> their ids
+            (:mod:`shardstream.tokens.tokenize`; for ``workers > 1`` a callable must pickle: a
+            module-level function). A Hugging Face tokenizer encodes with truncation and padding
+            off, special tokens added as ``encode`` adds them.
+        text_field: the JSON field (Parquet / Arrow column) holding each document's text.
+        id_field: the field holding its id (a string, or a number kept as text); None: ids
+            are ``RELPATH:LINE`` (lines from 1) or ``RELPATH:ROW`` (rows from 0).
+        eod_token, eod_id: the end-of-document token appended to every document, by name or
+            id; default: the first of ``<|endoftext|>``, ``</s>``, ``<eos>``, ``[EOS]``,
+            ``<|end_of_text|>`` in the vocabulary. ``append_eod=False``: none.
+        vocab_size: token ids are below it (``uint16`` on disk up to 65,536, else ``uint32``);
+            default the tokenizer's ``get_vocab_size()``.
+        batched: a callable ``tokenizer`` takes a list of texts.
+        tokenizer_name: recorded in ``tokens.bin`` (default: the tokenizer's folder name).
+        max_shard_tokens: tokens per shard at most (a longer document gets a shard of its own).
+        name: shards are ``NAME-000000.tar``, ...
+        workers: processes tokenizing in parallel (1: this process, whose tokenizer keeps its own
+            threads; None: the CPU count); each worker process uses one core
+            (``TOKENIZERS_PARALLELISM=false`` there: :mod:`shardstream.tokens.tokenize`). With ``ray``:
+            Ray tasks (None: the cluster's CPUs). All parts of one pack must use the same number.
+            Spawned processes: a script calling this with ``workers > 1`` needs the
+            ``if __name__ == "__main__":`` guard.
+        part: pack only this part of the streams (``Part(I, N)``); default from the
+            environment (``RANK`` / ``WORLD_SIZE``, a job array), else all.
+        ray: run the streams as tasks on the Ray cluster at this address (``"auto"``: the one on
+            this machine, or ``RAY_ADDRESS``); SOURCE and DEST must be reachable from every node.
+        on_error: ``"skip"`` (the default): a record that gives no document (bad JSON, no text,
+            no id, a tokenizer error, an unreadable rest of a file) is skipped and listed in
+            ``dest/pack-report.jsonl`` with its file and line (or row). ``"raise"`` (or
+            ``"fail"``): the first one stops the pack with an error naming its file and line;
+            fix it and run again to resume. Empty documents (no token) and files of no text
+            format are always skipped and reported, never a reason to stop.
+        overwrite: replace what ``dest`` holds: only what its index and pack state record.
+        clobber: write over files with the names this pack writes that nothing there records.
+        batch_size: documents per tokenizer call.
+        chunk_bytes: a local plain JSON Lines file larger than this is cut into runs of lines
+            of about this many bytes, which streams share (part of the layout: a resumed or
+            parallel pack must use the same).
+        progress: a tqdm bar on stderr (tokens/s, documents/s).
+        s3, requests, fetch: the store settings of ``s3://`` sources and destinations.
+
+    Returns:
+        A :class:`TextPackReport`.
+
+    Raises:
+        SourceNotFoundError: nothing at ``source``. SourceError: it holds no text file, no
+            document at all, or (``on_error="raise"``) a bad record, named by file and line.
+        UnreadableFileError: with ``on_error="raise"``, a file that cannot be read.
+        DestinationError: ``dest`` cannot be written, lies inside ``source``, holds a dataset
+            or a pack made with other options or of another SOURCE listing (and not
+            ``overwrite``), or files with pack-text's names it did not write (and not ``clobber``).
+        ValueError: bad options, or a tokenizer that gives ids outside ``0..vocab_size - 1``.
+        FileNotFoundError: no ``tokenizer.json`` at the path given.
+        ShardstreamError: a worker process died (run again to resume).
+        StorageError: a store failed.
+    """
+    started = time.perf_counter()
+    on_error = on_error_of(on_error.value if isinstance(on_error, enum.Enum) else on_error, where="pack_tokens")
+    if ray is not None:
+        from ..packing.ray_run import cluster_cpus, connect
+
+        if part is not None and part.count > 1:
+            raise ValueError("ray= runs every part on the cluster; give no part")
+        connect(None if ray == "auto" else ray)
+        part, workers = Part(0, 1), workers or cluster_cpus()
+    part = part or part_from_env() or Part(0, 1)
+    if overwrite and part.count > 1:
+        raise ValueError(
+            "--overwrite with several parts would let one part wipe another's work; "
+            "empty DEST first, then run the parts"
+        )
+    workers = workers or os.cpu_count() or 1
+    for label, value in (
+        ("workers", workers),
+        ("max_shard_tokens", max_shard_tokens),
+        ("batch_size", batch_size),
+        ("chunk_bytes", chunk_bytes),
+    ):
+        if value < 1:
+            raise ValueError(f"{label}={value} must be >= 1")
+    if not name or "/" in name:
+        raise ValueError(f"shard name prefix {name!r} must be a non-empty name without '/'")
+    if not text_field or (id_field is not None and not id_field):
+        raise ValueError("text_field and id_field must be non-empty field names")
+    tok = resolve_tokenizer(
+        tokenizer,
+        eod_token=eod_token,
+        eod_id=eod_id,
+        append_eod=append_eod,
+        vocab_size=vocab_size,
+        batched=batched,
+        name=tokenizer_name,
+    )
+    source_url = source_url_of(source)
+    store = open_destination(dest, s3=s3, fetch=fetch, requests=requests)
+    check_outside(store, source_url)
+    options = TextOptions(
+        text_field=text_field,
+        id_field=id_field,
+        tokenizer=tok.identity,
+        tokenizer_info=json.dumps(tok.info, sort_keys=True),
+        vocab_size=tok.vocab_size,
+        eod_id=tok.eod_id,
+        max_shard_tokens=max_shard_tokens,
+        chunk_bytes=chunk_bytes,
+    )
+    spec = PackSpec(
+        source=source_url,
+        files_from=False,
+        name=name,
+        max_shard_bytes=max_shard_tokens * token_dtype(tok.vocab_size).itemsize,  # a shard's tokens, in bytes
+        max_samples_per_shard=1,  # a token shard is one sample
+        num_parts=part.count,
+        workers=workers,
+        shuffle=False,
+        seed=0,
+    )
+    earlier = _claim_token_files(store, clobber=clobber)
+    claim = prepare_state(
+        store,
+        spec,
+        overwrite=overwrite,
+        clobber=clobber,
+        fix="run the same pack-text command again to finish it, pass --overwrite to replace it",
+        what="this pack-text",
+    )
+    kept = claim.kept
+    if overwrite and earlier:
+        for stale in earlier:  # the earlier dataset's, which its index does not name
+            store.delete(stale)
+        store.remove_empty_dirs((DOCIDS_DIR,))
+        kept = tuple(top_level_names(store))
+    recorded = _recorded_state(store, options)
+    if claim.complete and recorded is not None and _tokens_index_ok(store):
+        return _nothing_to_do(store, started)
+    plan = _ensure_plan(store, source_url, options, recorded, s3=s3, requests=requests)
+    for problem in plan.problems:
+        _check(problem, on_error)
+    dealt = plan.deal(spec.num_streams)
+    jobs = [
+        TextJob(
+            spec=spec,
+            options=options,
+            stream=stream,
+            dest=store.url,
+            chunks=tuple(dealt[stream]),
+            root=plan.root,
+            tokenizer=tok,
+            on_error=on_error,
+            batch_size=batch_size,
+            s3=s3,
+            fetch=fetch,
+            requests=requests,
+        )
+        for stream in spec.streams_of_part(part.index)
+    ]
+    if ray is not None:
+        results = _run_on_ray(jobs, progress=progress)
+    else:
+        results = _run_jobs(jobs, progress=progress)
+    dataset = _merge_when_done(store, spec, plan, tok, s3=s3, requests=requests)
+    problems = (*plan.problems, *(p for r in results for p in r.problems))
+    return TextPackReport(
+        dest=store.url,
+        index_url=store.url_of(MANIFEST_NAME) if dataset is not None else None,
+        num_docs=sum(r.num_docs for r in results),
+        num_tokens=sum(r.num_tokens for r in results),
+        num_shards=sum(r.num_shards for r in results),
+        skipped=sum(1 for p in problems if p.kind != NOT_TEXT),
+        problems=problems,
+        resumed=any(r.resumed for r in results),
+        seconds=time.perf_counter() - started,
+        dataset=dataset,
+        kept=kept,
+    )
+
+
+# ------------------------------------------------------------------------------------------ state
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextOptions:
+    """What decides the tokens beyond the :class:`PackSpec` (recorded in ``text.json``)."""
+
+    text_field: str
+    id_field: str | None
+    tokenizer: str  # TextTokenizer.identity: the tokenizer.json's sha256, or the callable's name
+    tokenizer_info: str  # what tokens.bin records of it (JSON)
+    vocab_size: int
+    eod_id: int | None
+    max_shard_tokens: int
+    chunk_bytes: int
+
+    def differences(self, other: TextOptions) -> str:
+        return "; ".join(
+            f"{k}: {getattr(self, k)!r} recorded, {getattr(other, k)!r} given"
+            for k in asdict(self)
+            if getattr(self, k) != getattr(other, k)
+        )
+
+
+def _claim_token_files(store: Store, *, clobber: bool) -> list[str]:
+    """The names a token dataset has beyond those :mod:`shardstream.packing.ownership` knows
+    (``tokens.bin``, ``docids/``) that belong to what is at ``store`` (an index or pack state
+    lies beside them: ``overwrite`` deletes them with it). Without one they are another
+    writer's: refused unless ``clobber``.
+
+    Raises:
+        DestinationError: such names that nothing there records, and not ``clobber``.
+    """
+    names = [*store.list_names(f"{DOCIDS_DIR}/"), *([TOKENS_INDEX_NAME] if store.exists(TOKENS_INDEX_NAME) else [])]
+    if not names:
+        return []
+    if store.exists(MANIFEST_NAME) or store.exists(SPEC_NAME):
+        return names
+    if not clobber:
+        refuse_foreign(store, names, option="--clobber", what="this pack-text")
+    return []
+
+
+def _recorded_state(store: Store, options: TextOptions) -> dict[str, Any] | None:
+    """``text.json`` (options and plan) as recorded, or None; refuses other options.
+
+    Raises:
+        DestinationError: it records other options.
+        IndexFormatError: it is damaged.
+    """
+    try:
+        data = store.read_bytes(TEXT_STATE)
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(data)
+        recorded = TextOptions(**doc["options"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise IndexFormatError(
+            f"{store.url_of(TEXT_STATE)}: damaged pack state ({exc!r}); pack again with --overwrite"
+        ) from exc
+    if recorded != options:
+        raise DestinationError(
+            f"{store.url} already holds a pack-text made with other options ({recorded.differences(options)}); "
+            "run it with the same options to finish it, pass --overwrite to replace it, or pick another DEST"
+        )
+    return doc
+
+
+def _ensure_plan(
+    store: Store,
+    source_url: str,
+    options: TextOptions,
+    recorded: dict[str, Any] | None,
+    *,
+    s3: S3Config | None,
+    requests: RequestConfig | None,
+) -> Plan:
+    """The pack's plan: the one recorded (after checking SOURCE lists the same files), or a
+    new one, recorded (another part may have recorded its own meanwhile: the same, or refused)."""
+    root, files, problems = list_text_files(source_url, s3=s3, requests=requests)
+    listing = [(f.rel, f.fmt, f.size) for f in files]
+    if recorded is None:
+        plan = make_plan(
+            source_url,
+            root,
+            files,
+            problems,
+            chunk_bytes=options.chunk_bytes,
+            text_field=options.text_field,
+            s3=s3,
+            requests=requests,
+        )
+        doc = {"version": 1, "options": asdict(options), "plan": plan.to_json()}
+        if store.create_exclusive(TEXT_STATE, json.dumps(doc, sort_keys=True).encode()):
+            return plan
+        recorded = _recorded_state(store, options)
+        assert recorded is not None  # internal: another part wrote it
+    plan = Plan.from_json(recorded["plan"])
+    if plan.listing() != listing:
+        before, now = {f[0] for f in plan.listing()}, {f[0] for f in listing}
+        what = (
+            f"{len(now - before)} files added, {len(before - now)} gone"
+            if before != now
+            else "files changed size: " + ", ".join(a[0] for a, b in zip(plan.listing(), listing) if a != b)[:300]
+        )
+        raise DestinationError(
+            f"{store.url_of(TEXT_STATE)}: SOURCE changed since the interrupted pack-text ({what}); restore it, or "
+            "pack again with --overwrite"
+        )
+    return plan
+
+
+def _tokens_index_ok(store: Store) -> bool:
+    """``tokens.bin`` is there and agrees with ``index.bin`` (an ``index merge`` writes no
+    tokens.bin), and ``docids/`` is complete (its header is written last)."""
+    if not store.exists(DOCIDS_HEADER):
+        return False
+    try:
+        tokens = TokenManifest.parse(store.read_bytes(TOKENS_INDEX_NAME), url=store.url_of(TOKENS_INDEX_NAME))
+        manifest = Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME))
+    except (FileNotFoundError, IndexFormatError):
+        return False
+    return tokens.num_shards == manifest.num_shards
+
+
+def _nothing_to_do(store: Store, started: float) -> TextPackReport:
+    tokens = TokenManifest.parse(store.read_bytes(TOKENS_INDEX_NAME), url=store.url_of(TOKENS_INDEX_NAME))
+    return TextPackReport(
+        dest=store.url,
+        index_url=store.url_of(MANIFEST_NAME),
+        num_docs=0,
+        num_tokens=0,
+        num_shards=0,
+        skipped=0,
+        problems=(),
+        resumed=True,
+        seconds=time.perf_counter() - started,
+        dataset={"num_shards": tokens.num_shards, "num_docs": tokens.num_docs, "num_tokens": tokens.num_tokens},
+        already_complete=True,
+    )
+
+
+def _check(problem: TextProblem, on_error: str) -> None:
+    """Raise for a problem that stops the pack under ``on_error="raise"``."""
+    if on_error == "skip" or problem.kind in NEVER_STOPS:
+        return
+    cls = UnreadableFileError if problem.kind == UNREADABLE else SourceError
+    raise cls(
+        f"{problem.where}: {problem.reason} ({problem.kind}); fix it and run the same command again to resume, "
+        "or pass --on-error skip to pack the rest and report it"
+    )
+
+
+# ------------------------------------------------------------------------------------------ one stream
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextJob:
+    """One stream's work: its chunks, in order, and everything needed to pack them."""
+
+    spec: PackSpec
+    options: TextOptions
+    stream: int
+    dest: str
+    chunks: tuple[Chunk, ...]
+    root: str | None
+    tokenizer: TextTokenizer
+    on_error: str
+    batch_size: int
+    s3: S3Config | None = None
+    fetch: FetchConfig | None = None
+    requests: RequestConfig | None = None
+
+
+@dataclass
+class TextStreamResult:
+    num_docs: int = 0
+    num_tokens: int = 0
+    num_shards: int = 0
+    resumed: bool = False
+    problems: list[TextProblem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _StreamState:
+    num_shards: int
+    chunk: int  # chunks of the stream's list done
+    within: int  # units of the next chunk consumed
+    done: bool
+
+
+def _record_name(stream: int, seq: int | None) -> str:
+    return StreamRecord.name(stream, seq)
+
+
+def _load_record(store: Store, spec: PackSpec, stream: int, seq: int | None) -> dict[str, Any]:
+    """A stream's record (``seq`` None: its done record), checked.
+
+    Raises:
+        IndexFormatError: damaged, written under other options, or not a pack-text record.
+    """
+    url = store.url_of(_record_name(stream, seq))
+    try:
+        doc = json.loads(store.read_bytes(_record_name(stream, seq)).partition(b"\n")[0])
+        text = doc["text"]
+        if seq is not None:
+            TokenShardRow(**{**text["row"], "members": tuple(tuple(m) for m in text["row"]["members"])})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IndexFormatError(f"{url}: damaged pack-text record ({exc!r}); pack again with --overwrite") from exc
+    if doc.get("spec") != spec.digest:
+        raise IndexFormatError(
+            f"{url}: written by a pack with other options than {store.url_of(SPEC_NAME)} (parts started with "
+            "different options?); pack again with --overwrite and the same options for every part"
+        )
+    return doc
+
+
+def _stream_state(store: Store, spec: PackSpec, stream: int) -> _StreamState:
+    seqs, done = recorded_streams(store, f"{STATE_DIR}/s{stream:05d}-").get(stream, ([], False))
+    seqs.sort()
+    if seqs != list(range(len(seqs))):
+        raise DestinationError(f"{store.url}: pack records of stream {stream} have gaps; pack again with --overwrite")
+    if done:
+        return _StreamState(len(seqs), 0, 0, True)
+    if not seqs:
+        return _StreamState(0, 0, 0, False)
+    last = _load_record(store, spec, stream, seqs[-1])
+    return _StreamState(len(seqs), int(last["consumed"]), int(last["within"]), False)
+
+
+class _ShardBuilder:
+    """The shard in progress of one stream: documents added in pieces (numpy slices of a
+    batch), published and recorded when full."""
+
+    def __init__(self, store: Store, job: TextJob, state: _StreamState, result: TextStreamResult) -> None:
+        self.store, self.job, self.result = store, job, result
+        self.spec, self.stream = job.spec, job.stream
+        self.seq = state.num_shards
+        self.max_tokens = job.options.max_shard_tokens
+        self.position = (state.chunk, state.within)  # (chunk, units of it consumed) after what is held
+        self.pieces: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+        self.ids: list[str] = []
+        self.num_tokens = 0
+        self.problems: list[TextProblem] = []  # met since the last record
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray, ids: list[str]) -> None:
+        if len(lengths):
+            self.pieces.append(tokens)
+            self.lengths.append(lengths)
+            self.ids.extend(ids)
+            self.num_tokens += len(tokens)
+
+    def publish(self) -> None:
+        """Write the shard held (if any) and its record."""
+        if not self.ids:
+            return
+        lengths = np.concatenate(self.lengths)
+        tokens = np.concatenate(self.pieces) if len(self.pieces) > 1 else self.pieces[0]
+        name = self.spec.shard_name(self.stream, self.seq)
+        row = write_token_shard(self.store, name, tokens, lengths, self.ids)
+        histogram = LengthHistogram()
+        histogram.add(lengths)
+        self._save(
+            self.seq,
+            {
+                "name": name,
+                "bytes": row.bytes,
+                "num_samples": 1,
+                "num_members": len(row.members),
+                "crc32": f"{row.crc32:08x}",
+            },
+            {"row": {**asdict(row), "members": [list(m) for m in row.members]}, "lengths": histogram.to_json()},
+        )
+        self.result.num_shards += 1
+        self.seq += 1
+        self.pieces, self.lengths, self.ids, self.num_tokens = [], [], [], 0
+
+    def finish(self) -> None:
+        """Publish the last shard, then the stream's done record."""
+        self.publish()
+        self._save(None, None, {})
+
+    def _save(self, seq: int | None, shard: dict[str, Any] | None, extra: dict[str, Any]) -> None:
+        doc = {
+            "stream": self.stream,
+            "seq": self.seq if seq is None else seq,
+            "consumed": self.position[0],
+            "within": self.position[1],
+            "last_key": None,
+            "spec": self.spec.digest,
+            "problems": [],  # pack's problems: pack-text keeps its own under "text"
+            "shard": shard,
+            "text": {**extra, "problems": [p.to_json() for p in self.problems]},
+        }
+        self.store.write_bytes(_record_name(self.stream, seq), json.dumps(doc).encode() + b"\n")
+        self.problems = []
+
+
+def run_text_stream(job: TextJob, advance: Any) -> TextStreamResult:
+    """Pack one stream (module doc), resuming after its last record; ``advance(docs, tokens)``
+    is told of each batch written."""
+    store = open_destination(job.dest, s3=job.s3, fetch=job.fetch, requests=job.requests)
+    state = _stream_state(store, job.spec, job.stream)
+    result = TextStreamResult(resumed=state.num_shards > 0 or state.done)
+    if state.done:
+        return result
+    remove_stream_partials(store, job.spec, job.stream)
+    source = open_store(job.root, s3=job.s3, requests=job.requests) if job.root is not None else None
+    builder = _ShardBuilder(store, job, state, result)
+    batch: list[tuple[int, int, str | None, Any]] = []
+    docs = 0
+    for item in _items(job, state, source):
+        batch.append(item)
+        if item[2] is not None:
+            docs += 1
+            if docs >= job.batch_size:
+                _write_batch(job, batch, builder, result, advance)
+                batch, docs = [], 0
+    _write_batch(job, batch, builder, result, advance)
+    builder.finish()
+    return result
+
+
+def _items(job: TextJob, state: _StreamState, source: Any) -> Iterator[tuple[int, int, str | None, Any]]:
+    """``(chunk, units consumed after it, text or None, id or problem)`` of the stream's
+    chunks from where it stopped."""
+    options = job.options
+    for c in range(state.chunk, len(job.chunks)):
+        skip = state.within if c == state.chunk else 0
+        for unit, text, value in read_chunk(
+            job.chunks[c], skip, text_field=options.text_field, id_field=options.id_field, store=source
+        ):
+            yield c, unit, text, value
+
+
+def _encode(job: TextJob, texts: list[str]) -> tuple[list[Any], dict[int, str]]:
+    """The ids of each text, and why the tokenizer failed on some (by index): a batch it fails
+    on is tokenized again one text at a time, to find the documents it fails on."""
+    tokenizer = job.tokenizer
+    if not texts:
+        return [], {}
+    try:
+        return tokenizer.encode_lists(texts), {}
+    except Exception:  # noqa: BLE001 - retried one by one, to name the document it fails on
+        pass
+    lists: list[Any] = []
+    failed: dict[int, str] = {}
+    for i, text in enumerate(texts):
+        try:
+            lists.append(tokenizer.encode_lists([text])[0])
+        except Exception as exc:  # noqa: BLE001 - reported per on_error, naming the document
+            lists.append(())
+            failed[i] = f"the tokenizer failed: {type(exc).__name__}: {exc}"
+    return lists, failed
+
+
+def _write_batch(
+    job: TextJob,
+    batch: list[tuple[int, int, str | None, Any]],
+    builder: _ShardBuilder,
+    result: TextStreamResult,
+    advance: Any,
+) -> None:
+    """Tokenize a batch's documents and hand them, with its problems, to the shard in
+    progress in their order (publishing shards as they fill)."""
+    if not batch:
+        return
+    tokenizer = job.tokenizer
+    doc_items = [item for item in batch if item[2] is not None]
+    lists, failed = _encode(job, [item[2] for item in doc_items])
+    ids, lengths = tokenizer.flatten(lists)
+    eod = tokenizer.eod_id
+    kept = lengths > 0
+    if eod is not None:
+        ends = np.cumsum(lengths)[kept]
+        ids = np.insert(ids, ends, eod)
+        final = np.where(kept, lengths + 1, 0)
+    else:
+        final = lengths
+    tokens = ids.astype(token_dtype(tokenizer.vocab_size))
+    starts = np.concatenate([[0], np.cumsum(final)]).tolist()
+    final_list = final.tolist()
+    max_tokens = builder.max_tokens
+    seg = 0  # first document of the batch not yet handed to the builder
+    segment_ids: list[str] = []  # the ids of those kept among them
+    d = 0
+    docs_written = tokens_written = 0
+    for chunk, unit, text, value in batch:
+        if text is None:
+            problem = value
+        elif d in failed:
+            problem = _doc_problem(job, chunk, unit, TOKENIZER_ERROR, failed[d])
+            d += 1
+        elif not final_list[d]:
+            problem = _doc_problem(job, chunk, unit, EMPTY, "no token (empty text)")
+            d += 1
+        else:
+            n = final_list[d]
+            held = builder.num_tokens + (starts[d] - starts[seg])
+            if held and held + n > max_tokens:  # full: publish it (a longer document gets a shard of its own)
+                _hand(builder, tokens, final, starts, seg, d, segment_ids)
+                builder.publish()
+                seg, segment_ids = d, []
+            segment_ids.append(value)
+            docs_written += 1
+            tokens_written += n
+            d += 1
+            builder.position = (chunk, unit)
+            continue
+        _check(problem, job.on_error)
+        result.problems.append(problem)
+        builder.problems.append(problem)
+        builder.position = (chunk, unit)
+    _hand(builder, tokens, final, starts, seg, d, segment_ids)
+    result.num_docs += docs_written
+    result.num_tokens += tokens_written
+    advance(docs_written, tokens_written)
+
+
+def _hand(
+    builder: _ShardBuilder,
+    tokens: np.ndarray,
+    final: np.ndarray,
+    starts: list[int],
+    seg: int,
+    end: int,
+    ids: list[str],
+) -> None:
+    """Hand documents ``seg..end-1`` of the batch (those kept, with ``ids``) to the builder."""
+    if not ids:
+        return
+    lengths = final[seg:end]
+    builder.add(tokens[starts[seg] : starts[end]], lengths[lengths > 0], ids)
+
+
+def _doc_problem(job: TextJob, chunk: int, unit: int, kind: str, reason: str) -> TextProblem:
+    c = job.chunks[chunk]
+    where = c.first + unit
+    if c.file.fmt in ("parquet", "arrow"):
+        return TextProblem(c.file.url, kind, reason, row=where - 1)
+    return TextProblem(c.file.url, kind, reason, line=where)
+
+
+# ------------------------------------------------------------------------------------------ running streams
+
+
+def _run_jobs(jobs: list[TextJob], *, progress: bool) -> list[TextStreamResult]:
+    """Run the streams inline (one) or in spawned worker processes, driving one progress bar."""
+    bar = tqdm(
+        unit=" tokens", unit_scale=True, desc="pack-text", disable=not progress, file=sys.stderr, mininterval=0.5
+    )
+    docs = 0
+    shown_at = 0.0
+
+    def advance(num_docs: int, num_tokens: int) -> None:
+        nonlocal docs, shown_at
+        docs += num_docs
+        bar.update(num_tokens)
+        if time.monotonic() - shown_at > 0.5:
+            shown_at = time.monotonic()
+            bar.set_postfix_str(f"{docs / max(bar.format_dict['elapsed'], 1e-9):,.0f} docs/s", refresh=False)
+
+    try:
+        if len(jobs) == 1 and jobs[0].spec.workers == 1:
+            return [run_text_stream(jobs[0], advance)]  # the tokenizer's own threads as they are
+        context = multiprocessing.get_context("spawn")
+        messages = context.Queue()
+        processes = [
+            context.Process(target=_stream_process, args=(job, messages, os.getpid()), daemon=True) for job in jobs
+        ]
+        for process in processes:
+            process.start()
+        results: dict[int, TextStreamResult] = {}
+        error: BaseException | None = None
+        try:
+            while len(results) < len(jobs) and error is None:
+                try:
+                    kind, stream, value = messages.get(timeout=0.5)
+                except queue.Empty:
+                    dead = [
+                        j.stream
+                        for j, p in zip(jobs, processes)
+                        if p.exitcode not in (None, 0) and j.stream not in results
+                    ]
+                    if dead:
+                        error = ShardstreamError(
+                            f"pack-text worker for stream {dead[0]} died; run the same command again to resume"
+                        )
+                    continue
+                if kind == "progress":
+                    advance(*value)
+                elif kind == "done":
+                    results[stream] = value
+                else:
+                    error = value
+        finally:
+            if error is not None or len(results) < len(jobs):
+                for process in processes:
+                    process.kill()
+        if error is not None:
+            raise error
+        for process in processes:
+            process.join()
+        return [results[job.stream] for job in jobs]
+    finally:
+        if docs:  # the rate of the whole run, not of the last update
+            bar.set_postfix_str(f"{docs / max(bar.format_dict['elapsed'], 1e-9):,.0f} docs/s")
+        bar.close()
+
+
+def _stream_process(job: TextJob, messages: Any, parent: int) -> None:
+    die_with_parent()
+    if os.getppid() != parent:  # the parent died before this process asked to die with it
+        os._exit(1)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker: N workers use N cores
+    pending = [0, 0, time.monotonic()]
+
+    def advance(num_docs: int, num_tokens: int) -> None:
+        pending[0] += num_docs
+        pending[1] += num_tokens
+        if time.monotonic() - pending[2] > 0.2:
+            messages.put(("progress", job.stream, (pending[0], pending[1])))
+            pending[:] = [0, 0, time.monotonic()]
+
+    try:
+        result = run_text_stream(job, advance)
+        messages.put(("progress", job.stream, (pending[0], pending[1])))
+        messages.put(("done", job.stream, result))
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
+        messages.put(
+            (
+                "error",
+                job.stream,
+                exc
+                if isinstance(exc, ShardstreamError | ValueError)
+                else ShardstreamError(f"pack-text stream {job.stream}: {exc!r}"),
+            )
+        )
+
+
+class _Counter:
+    """Documents and tokens packed, summed across Ray tasks; the driver takes what it has not shown."""
+
+    def __init__(self) -> None:
+        self.docs = self.tokens = 0
+
+    def add(self, docs: int, tokens: int) -> None:
+        self.docs += docs
+        self.tokens += tokens
+
+    def take(self) -> tuple[int, int]:
+        taken = (self.docs, self.tokens)
+        self.docs = self.tokens = 0
+        return taken
+
+
+def _ray_task(job: TextJob, counter: Any) -> TextStreamResult:
+    """One stream in a Ray worker (1 CPU: the tokenizer's own threads off), progress to ``counter``."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    pending = [0, 0, time.monotonic()]
+
+    def advance(num_docs: int, num_tokens: int) -> None:
+        pending[0] += num_docs
+        pending[1] += num_tokens
+        if time.monotonic() - pending[2] > 0.5:
+            counter.add.remote(pending[0], pending[1])
+            pending[:] = [0, 0, time.monotonic()]
+
+    result = run_text_stream(job, advance)
+    counter.add.remote(pending[0], pending[1])
+    return result
+
+
+def _run_on_ray(jobs: list[TextJob], *, progress: bool) -> list[TextStreamResult]:
+    """Each stream as a Ray task (1 CPU; retried when its worker dies, resuming after its last
+    record), one progress bar here (:mod:`shardstream.packing.ray_run` does the same for ``pack``).
+
+    Raises:
+        the first task's error as raised there; ShardstreamError: a task's worker died on every
+        try, or nothing moved for ``STALL_TIMEOUT_S``.
+    """
+    import ray
+
+    from ..packing.ray_run import STALL_TIMEOUT_S, TASK_RETRIES
+
+    counter = ray.remote(num_cpus=0)(_Counter).remote()
+    task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)(_ray_task)
+    refs = [task.options(name=f"shardstream-pack-text-stream-{job.stream}").remote(job, counter) for job in jobs]
+    stream_of = {ref: job.stream for ref, job in zip(refs, jobs)}
+    bar = tqdm(unit=" tokens", unit_scale=True, desc="pack-text on Ray", disable=not progress, file=sys.stderr)
+    docs, moved_at, pending = 0, time.monotonic(), list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - translated for the user
+                    raise _ray_error(ray, exc, stream_of[ref], TASK_RETRIES) from None
+            taken_docs, tokens = ray.get(counter.take.remote(), timeout=60)
+            if taken_docs or ready:
+                moved_at = time.monotonic()
+            elif time.monotonic() - moved_at > STALL_TIMEOUT_S:
+                raise ShardstreamError(
+                    f"pack-text on Ray packed nothing for {STALL_TIMEOUT_S:.0f} s ({len(pending)} streams unfinished); "
+                    "look at the cluster (`ray status`), then run the same command again to resume"
+                )
+            docs += taken_docs
+            bar.update(tokens)
+            elapsed = max(bar.format_dict["elapsed"], 1e-9)
+            bar.set_postfix_str(f"{docs / elapsed:,.0f} docs/s, {len(refs) - len(pending)}/{len(refs)} streams")
+        return ray.get(refs)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        bar.close()
+
+
+def _ray_error(ray: Any, exc: BaseException, stream: int, retries: int) -> BaseException:
+    what = f"pack-text stream {stream}"
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ShardstreamError | ValueError | OSError):
+            return cause
+        return ShardstreamError(f"{what} failed on the cluster: {cause!r}")
+    if isinstance(exc, ray.exceptions.WorkerCrashedError | ray.exceptions.NodeDiedError):
+        return ShardstreamError(
+            f"{what}: its worker died {retries + 1} times ({exc.__class__.__name__}); "
+            "run the same command again to resume"
+        )
+    return ShardstreamError(f"{what} failed on the cluster: {exc!r}")
+
+
+# ------------------------------------------------------------------------------------------ merge
+
+
+def _merge_when_done(
+    store: Store,
+    spec: PackSpec,
+    plan: Plan,
+    tok: TextTokenizer,
+    *,
+    s3: S3Config | None = None,
+    requests: RequestConfig | None = None,
+) -> dict[str, int] | None:
+    """Once every stream of every part is done: the report, ``tokens.bin``, ``index.bin``, the
+    document-id index ``docids/`` (:func:`~shardstream.tokens.docids.build_docid_index`) and
+    ``merged.json``; the dataset's totals (None while some stream is not done).
+
+    Raises:
+        SourceError: no document at all (the pack state is removed: fix SOURCE and run again).
+        IndexFormatError: a damaged record.
+    """
+    streams = recorded_streams(store)
+    if any(not streams.get(s, ([], False))[1] for s in range(spec.num_streams)):
+        return None
+    order = sorted(
+        ((seq * spec.num_streams + s, s, seq) for s in range(spec.num_streams) for seq in range(len(streams[s][0]))),
+    )
+    wanted = [(s, seq) for _, s, seq in order] + [(s, None) for s in range(spec.num_streams)]
+    with concurrent.futures.ThreadPoolExecutor(_MERGE_READS, thread_name_prefix="shardstream-merge") as pool:
+        docs = list(pool.map(lambda key: _load_record(store, spec, *key), wanted))
+    names, rows, problems = [], [], list(plan.problems)
+    lengths = LengthHistogram()
+    for doc in docs:
+        text = doc["text"]
+        problems.extend(TextProblem.from_json(p) for p in text["problems"])
+        if doc["shard"] is None:
+            continue
+        row = text["row"]
+        rows.append(TokenShardRow(**{**row, "members": tuple(tuple(m) for m in row["members"])}))
+        names.append(doc["shard"]["name"])
+        lengths.merge(LengthHistogram.from_json(text["lengths"]))
+    file_order = {f.url: i for i, f in enumerate(plan.files)}
+    problems.sort(
+        key=lambda p: (
+            file_order.get(p.file, -1),
+            p.line if p.line is not None else (p.row if p.row is not None else -1),
+        )
+    )
+    num_docs = sum(r.num_docs for r in rows)
+    if num_docs == 0:
+        wipe(store, spec)
+        store.remove_empty_dirs((STATE_DIR, ""))
+        shown = "; ".join(f"{p.where}: {p.reason}" for p in problems[:_PROBLEMS_SHOWN])
+        raise SourceError(
+            f"{spec.source}: no document to pack"
+            + (f" ({counted(len(problems), 'record')} skipped, such as {shown})" if problems else "")
+        )
+    store.write_bytes(REPORT_NAME, b"".join(json.dumps(p.to_json()).encode() + b"\n" for p in problems))
+    tokens = publish_token_index(
+        store,
+        names,
+        rows,
+        vocab_size=tok.vocab_size,
+        eod_id=tok.eod_id,
+        tokenizer=tok.info,
+        source=spec.source,
+        lengths=lengths,
+    )
+    build_docid_index(store.url, s3=s3, requests=requests)
+    record_merged(store, spec, Manifest.parse(store.read_bytes(MANIFEST_NAME), url=store.url_of(MANIFEST_NAME)))
+    return {
+        "num_shards": tokens.num_shards,
+        "num_docs": tokens.num_docs,
+        "num_tokens": tokens.num_tokens,
+        "skipped": sum(1 for p in problems if p.kind != NOT_TEXT),
+    }
