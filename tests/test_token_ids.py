@@ -43,7 +43,7 @@ def write_dataset(
     """A token dataset of one document per id (random lengths 1..40) in several shards; returns id -> tokens."""
     rng = np.random.default_rng(seed)
     docs = {}
-    with TokenDatasetWriter(dest, vocab_size=1000, eod_id=0, max_shard_tokens=max_shard_tokens) as writer:
+    with TokenDatasetWriter(dest, vocab_size=1000, eod_id=0, max_shard_tokens=max_shard_tokens, docids=False) as writer:
         for doc_id in doc_ids:
             tokens = np.append(rng.integers(1, 1000, int(rng.integers(1, 40))), 0).astype(np.uint16)
             writer.add(tokens, doc_id)
@@ -141,7 +141,7 @@ def test_colliding_hashes_are_told_apart_by_the_shards_ids(tmp_path, monkeypatch
 
 def test_an_id_given_twice_finds_the_first(tmp_path):
     rng = np.random.default_rng(3)
-    with TokenDatasetWriter(tmp_path / "ds", vocab_size=100, max_shard_tokens=10) as writer:
+    with TokenDatasetWriter(tmp_path / "ds", vocab_size=100, max_shard_tokens=10, docids=False) as writer:
         first = rng.integers(0, 100, 8)
         writer.add(first, "twice")
         for i in range(5):

@@ -163,6 +163,7 @@ class TokenDatasetWriter:
             each document's tokens), or None.
         name: shards are ``NAME-000000.tar``, ...
         tokenizer, source: recorded in ``tokens.bin``.
+        docids: build the document-id index ``docids/`` at :meth:`close` (``get(doc_id)``).
 
     Raises:
         DestinationError: ``dest`` already holds files (this writer replaces nothing).
@@ -180,6 +181,7 @@ class TokenDatasetWriter:
         source: str = "",
         s3: S3Config | None = None,
         requests: RequestConfig | None = None,
+        docids: bool = True,
     ) -> None:
         if max_shard_tokens < 1:
             raise ValueError(f"max_shard_tokens must be positive, not {max_shard_tokens}")
@@ -195,7 +197,7 @@ class TokenDatasetWriter:
         self.dtype = token_dtype(vocab_size)
         self.max_shard_tokens = max_shard_tokens
         self.tokenizer, self.source = tokenizer, source
-        self.s3, self.requests = s3, requests
+        self.s3, self.requests, self.docids = s3, requests, docids
         self.names: list[str] = []
         self.rows: list[TokenShardRow] = []
         self.lengths = LengthHistogram()
@@ -262,7 +264,8 @@ class TokenDatasetWriter:
             source=self.source,
             lengths=self.lengths,
         )
-        from .docids import build_docid_index  # (docids reads the dataset the lines above wrote)
+        if self.docids:
+            from .docids import build_docid_index  # (docids reads the dataset the lines above wrote)
 
-        build_docid_index(self.store.url, s3=self.s3, requests=self.requests)
+            build_docid_index(self.store.url, s3=self.s3, requests=self.requests)
         return tokens
