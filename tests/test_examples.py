@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_torchrun import free_port
 
@@ -298,3 +299,35 @@ def test_train_imagefolder_packs_class_folders_with_odd_names_trains_and_validat
     assert "packed 60 files (60 samples," in out, out
     accuracy = float(re.search(r"validation: 60 samples, accuracy ([\d.]+)%", out).group(1))
     assert accuracy >= 50.0, out  # chance is 25%
+
+
+def _losses(out: str) -> list[float]:
+    return [float(m) for m in re.findall(r"^step \d+ loss ([0-9.]+)$", out, re.MULTILINE)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mask", ["position_ids", "cu_seqlens"])
+def test_pretrain_tokens_learns_with_document_masks_and_resumes(tmp_path, mask):
+    # The example packs a synthetic corpus with a tokenizer trained on the spot, trains a small
+    # GPT on token blocks with a document mask, checkpoints, and a second run resumes from it.
+    script = Path(__file__).parents[1] / "examples" / "pretrain_tokens.py"
+    common = [sys.executable, str(script), f"--workdir={tmp_path}", f"--mask={mask}", "--save-every=10"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.run([*common, "--steps=40"], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    losses = _losses(first.stdout)
+    assert len(losses) == 40
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])  # it learns: the corpus is far from random
+    assert (tmp_path / "tokens" / "tokens.bin").exists() and (tmp_path / "checkpoint.pt").exists()
+    again = subprocess.run([*common, "--steps=5", "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.findall(r"^step (\d+) ", again.stdout, re.MULTILINE)[0] == "41"  # it went on from the checkpoint
+    assert _losses(again.stdout)[0] < np.mean(losses[:5])
+
+
+@pytest.mark.slow
+def test_pretrain_tokens_under_torchrun_resumes_at_another_world_size(tmp_path):
+    script = Path(__file__).parents[1] / "examples" / "pretrain_tokens.py"
+    torchrun(2, f"--workdir={tmp_path}", "--steps=12", "--save-every=6", script=script)
+    out = torchrun(1, f"--workdir={tmp_path}", "--steps=3", "--resume", script=script)
+    assert re.findall(r"^step (\d+) ", out, re.MULTILINE) == ["13", "14", "15"]
