@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
 import shutil
 
 import numpy as np
@@ -439,8 +438,8 @@ def test_token_blocks_read_from_s3_equal_the_local_read(datasets, s3_bucket, s3_
     from shardstream.storage import open_store
 
     copy = open_store(f"s3://{s3_bucket}/copy", s3=s3_config)
-    for path in sorted(os.listdir(data.path)):
-        copy.write_bytes(path, (data.path / path).read_bytes())
+    for path in sorted(p for p in data.path.rglob("*") if p.is_file()):  # docids/ too
+        copy.write_bytes(path.relative_to(data.path).as_posix(), path.read_bytes())
     for location in (url, f"s3://{s3_bucket}/copy"):
         for seq_len in (7, 1500):
             local = TokenBlocks(data.path, seq_len=seq_len, seed=3, shuffle_buffer=40)

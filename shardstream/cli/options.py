@@ -1,11 +1,15 @@
 """What the commands share: the size rule, number and list arguments, the store option groups
-(S3, requests) and the dataset argument (checked, opened, and an unfinished pack named)."""
+(S3, requests), the options and report of the commands that pack (``pack``, ``pack-text``) and
+the dataset argument (checked, opened, and an unfinished pack named)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import sys
+from collections.abc import Callable
+from typing import Any
 
 from ..config import RequestConfig, S3Config
 
@@ -161,6 +165,76 @@ def part_arg(text: str):
         return Part.parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# the commands that pack (pack, pack-text)
+
+PROBLEMS_SHOWN = 20  # problems a pack prints on stderr; pack-report.jsonl lists every one
+RESUME_HINT = "; run the same command again to resume: the shards published so far are kept"
+
+
+def add_parallel_args(parser: argparse.ArgumentParser, *, workers: str, default: str) -> None:
+    """``--workers`` (``workers``: what one is; ``default``: how many without it), ``--ray`` and
+    ``--part``, the way a pack is spread over processes, a Ray cluster or machines."""
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"{workers} (default: {default}; with --ray, Ray tasks, default the cluster's CPU count)",
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="run the pack as tasks on the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto, the "
+        "cluster started on this machine); SOURCE and DEST must be reachable from every node",
+    )
+    parser.add_argument(
+        "--part",
+        type=part_arg,
+        default=None,
+        metavar="I/N",
+        help="pack part I of N of the input (default: RANK/WORLD_SIZE or a job array's index, "
+        "else all); the last part to finish writes the index",
+    )
+
+
+def add_replace_args(parser: argparse.ArgumentParser, *, deletes: str, writer: str, names: str) -> None:
+    """``--overwrite`` (it deletes what the dataset records: ``deletes``) and ``--clobber`` (the
+    ``names`` that ``writer`` writes)."""
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset (or unfinished pack) at DEST: delete what its index and pack state record "
+        f"({deletes}) and nothing else; what is kept is listed",
+    )
+    parser.add_argument(
+        "--clobber",
+        action="store_true",
+        help=f"write over files at DEST with the names {writer} writes ({names}) that no index or pack state "
+        "there records; without it such a DEST is refused, naming them",
+    )
+
+
+def add_pack_tail(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int | None]) -> None:
+    """``--no-progress`` and the store options, last, and ``run``: a command a rerun resumes."""
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_store_args(parser)
+    parser.set_defaults(run=run, resume_hint=RESUME_HINT)
+
+
+def print_report(report: Any, line: Callable[[Any], str]) -> None:
+    """A pack's report: its first :data:`PROBLEMS_SHOWN` problems on stderr (``line(problem)``
+    each, then how many more ``pack-report.jsonl`` lists), then its summary on stdout."""
+    for problem in report.problems[:PROBLEMS_SHOWN]:
+        print(line(problem), file=sys.stderr)
+    more = len(report.problems) - PROBLEMS_SHOWN
+    if more > 0:
+        print(f"... and {more} more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
+    print(report.summary())
 
 
 DATASET_HELP = "local directory, a URL (s3://, https://, hf://datasets/..., gs://, az://), or its index file"

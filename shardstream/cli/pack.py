@@ -7,7 +7,18 @@ import os
 import sys
 
 from ..packing.stream import OnError
-from .options import _SIZE, add_store_args, class_list, part_arg, positive_int, request_config, s3_config, size_arg
+from .options import (
+    _SIZE,
+    add_pack_tail,
+    add_parallel_args,
+    add_replace_args,
+    class_list,
+    positive_int,
+    print_report,
+    request_config,
+    s3_config,
+    size_arg,
+)
 
 SMALL_SHARD_BYTES = 1 << 20  # a --shard-size without a unit below this is warned about
 
@@ -23,17 +34,10 @@ def shard_size_note(text: str, size: int) -> str | None:
     return None
 
 
-PROBLEMS_SHOWN = 20  # problems `shardstream pack` prints on stderr; pack-report.jsonl lists every one
-
-
-def print_problems(report) -> None:
-    """The pack's problems on stderr, as the report lists them: ``not packed: PATH: REASON``, or
-    ``warning: PATH: REASON`` for what was packed all the same; the first :data:`PROBLEMS_SHOWN`."""
-    for problem in report.problems[:PROBLEMS_SHOWN]:
-        print(f"{'warning' if problem.packed else 'not packed'}: {problem.path}: {problem.reason}", file=sys.stderr)
-    more = len(report.problems) - PROBLEMS_SHOWN
-    if more > 0:
-        print(f"... and {more} more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
+def problem_line(problem) -> str:
+    """A pack problem as ``shardstream pack`` prints it: ``not packed: PATH: REASON``, or
+    ``warning: PATH: REASON`` for what was packed all the same."""
+    return f"{'warning' if problem.packed else 'not packed'}: {problem.path}: {problem.reason}"
 
 
 def add_parsers(commands) -> None:
@@ -72,31 +76,7 @@ def add_parsers(commands) -> None:
         "list it in DEST/pack-report.jsonl",
     )
     p.add_argument("--skip-unreadable", action="store_true", help="the same as --on-error skip")
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help=f"processes writing shards (default: the CPU count, {os.cpu_count()}; with --ray, "
-        "Ray tasks, default the cluster's CPU count)",
-    )
-    p.add_argument(
-        "--ray",
-        nargs="?",
-        const="auto",
-        default=None,
-        metavar="ADDRESS",
-        help="run the pack as tasks on the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto, the "
-        "cluster started on this machine); SOURCE and DEST must be reachable from every node",
-    )
-    p.add_argument(
-        "--part",
-        type=part_arg,
-        default=None,
-        metavar="I/N",
-        help="pack part I of N of the input (default: RANK/WORLD_SIZE or a job array's index, "
-        "else all); the last part to finish writes the index",
-    )
+    add_parallel_args(p, workers="processes writing shards", default=f"the CPU count, {os.cpu_count()}")
     p.add_argument(
         "--labels-from-dirs",
         action="store_true",
@@ -133,18 +113,11 @@ def add_parsers(commands) -> None:
     )
     p.add_argument("--shuffle", action="store_true", help="spread samples over shards in a seeded random order")
     p.add_argument("--seed", type=int, default=0, help="seed of --shuffle (default: 0)")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a dataset (or unfinished pack) at DEST: delete what its index and pack state record "
-        "(shards, tables, index.bin, keys/, the report, .shardstream/) and nothing else; what is kept is listed",
-    )
-    p.add_argument(
-        "--clobber",
-        action="store_true",
-        help="write over files at DEST with the names this pack writes (NAME-NNNNNN.tar, their tables, index.bin, "
-        "keys/, pack-report.jsonl, .shardstream/) that no index or pack state there records; without it such a "
-        "DEST is refused, naming them",
+    add_replace_args(
+        p,
+        deletes="shards, tables, index.bin, keys/, the report, .shardstream/",
+        writer="this pack",
+        names="NAME-NNNNNN.tar, their tables, index.bin, keys/, pack-report.jsonl, .shardstream/",
     )
     p.add_argument(
         "--from-shards",
@@ -152,9 +125,7 @@ def add_parsers(commands) -> None:
         help="SOURCE is tar shards (a directory or prefix of .tar/.tar.gz/.tar.zst, or a brace pattern): "
         "repack their samples (resharding)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_store_args(p)
-    p.set_defaults(run=run, resume_hint="; run the same command again to resume: the shards published so far are kept")
+    add_pack_tail(p, run)
 
 
 def run(args: argparse.Namespace) -> int | None:
@@ -190,5 +161,4 @@ def run(args: argparse.Namespace) -> int | None:
         classes=args.classes,
         classes_from=args.classes_from,
     )
-    print_problems(report)
-    print(report.summary())
+    print_report(report, problem_line)

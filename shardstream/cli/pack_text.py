@@ -4,13 +4,19 @@ plus ``index.bin`` and ``tokens.bin`` (:func:`shardstream.tokens.pack.pack_token
 from __future__ import annotations
 
 import argparse
-import sys
 
-from .options import add_store_args, part_arg, positive_int, request_config, s3_config, size_arg
+from .options import (
+    add_pack_tail,
+    add_parallel_args,
+    add_replace_args,
+    positive_int,
+    print_report,
+    request_config,
+    s3_config,
+    size_arg,
+)
 
 __all__ = ["add_parsers"]
-
-PROBLEMS_SHOWN = 20  # problems printed on stderr; pack-report.jsonl lists every one
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -67,30 +73,10 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         help=f"tokens per shard at most; a document never splits (default: {DEFAULT_MAX_SHARD_TOKENS})",
     )
     p.add_argument("--name", default="tokens", help="shard name prefix: NAME-000000.tar ... (default: tokens)")
-    p.add_argument(
-        "--workers",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="processes tokenizing in parallel, one core each (default: 1, this process, with the tokenizer's own "
-        "threads; with --ray, Ray tasks, default the cluster's CPU count)",
-    )
-    p.add_argument(
-        "--part",
-        type=part_arg,
-        default=None,
-        metavar="I/N",
-        help="pack part I of N (default: RANK/WORLD_SIZE or a job array's index, else all); the last part to "
-        "finish writes the index",
-    )
-    p.add_argument(
-        "--ray",
-        nargs="?",
-        const="auto",
-        default=None,
-        metavar="ADDRESS",
-        help="run the pack as tasks on the Ray cluster at ADDRESS (default: RAY_ADDRESS, else auto); SOURCE and "
-        "DEST must be reachable from every node",
+    add_parallel_args(
+        p,
+        workers="processes tokenizing in parallel, one core each",
+        default="1, this process, with the tokenizer's own threads",
     )
     p.add_argument(
         "--on-error",
@@ -100,17 +86,11 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         "default), or stop naming its file and line (raise, or its older word fail); empty documents are "
         "always skipped and listed",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a dataset (or unfinished pack) at DEST: delete what its index and pack state record, "
-        "nothing else",
-    )
-    p.add_argument(
-        "--clobber",
-        action="store_true",
-        help="write over files at DEST with the names pack-text writes (NAME-NNNNNN.tar, their tables, index.bin, "
-        "tokens.bin, pack-report.jsonl, .shardstream/) that no index or pack state there records",
+    add_replace_args(
+        p,
+        deletes="shards, tables, index.bin, tokens.bin, docids/, the report, .shardstream/",
+        writer="pack-text",
+        names="NAME-NNNNNN.tar, their tables, index.bin, tokens.bin, pack-report.jsonl, .shardstream/",
     )
     p.add_argument(
         "--batch-size",
@@ -127,9 +107,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
         help="cut a local plain .jsonl file larger than SIZE into runs of lines of about SIZE that workers share "
         "(default: 32MiB)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_store_args(p)
-    p.set_defaults(run=run, resume_hint="; run the same command again to resume: the shards published so far are kept")
+    add_pack_tail(p, run)
 
 
 def run(args: argparse.Namespace) -> int | None:
@@ -160,10 +138,5 @@ def run(args: argparse.Namespace) -> int | None:
         s3=s3_config(args),
         requests=request_config(args),
     )
-    for problem in report.problems[:PROBLEMS_SHOWN]:
-        print(f"skipped: {problem.where}: {problem.reason}", file=sys.stderr)
-    more = len(report.problems) - PROBLEMS_SHOWN
-    if more > 0:
-        print(f"... and {more} more, all listed in {report.dest}/pack-report.jsonl", file=sys.stderr)
-    print(report.summary())
+    print_report(report, lambda problem: f"skipped: {problem.where}: {problem.reason}")
     return None

@@ -3,15 +3,12 @@ resumable after a crash, and split across machines (see :mod:`shardstream.packin
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from tqdm import tqdm
 
@@ -32,9 +29,9 @@ from .destination import wipe as wipe  # its old home, for older imports (as the
 from .journal import PackSpec
 from .labels import input_classes, write_classes
 from .listing import Listing, ensure_listing, read_label_bytes
-from .parts import Part, part_from_env
+from .parts import Part, part_and_workers
 from .sources import Problem, check_source
-from .stream import OnError, StreamJob, StreamResult, check_problem, die_with_parent, run_stream
+from .stream import OnError, StreamJob, StreamResult, check_problem, run_in_processes, run_stream
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
@@ -167,20 +164,7 @@ def pack(
     """
     started = time.perf_counter()
     on_error = OnError(on_error)
-    if ray is not None:
-        from .ray_run import cluster_cpus, connect
-
-        if part is not None and part.count > 1:
-            raise ValueError("ray= runs every part on the cluster; give no part")
-        connect(None if ray == "auto" else ray)
-        part, workers = Part(0, 1), workers or cluster_cpus()
-    part = part or part_from_env() or Part(0, 1)
-    if overwrite and part.count > 1:
-        raise ValueError(
-            "--overwrite with several parts would let one part wipe another's work; "
-            "empty DEST first, then run the parts"
-        )
-    workers = workers or os.cpu_count() or 1
+    part, workers = part_and_workers(part, workers, ray=ray, overwrite=overwrite)
     if workers < 1:
         raise ValueError(f"{workers=} must be >= 1")
     if shuffle_buffer < 1:
@@ -420,64 +404,13 @@ def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None 
     try:
         if len(jobs) == 1:
             return [run_stream(jobs[0], advance)]
-        context = multiprocessing.get_context("spawn")
-        messages = context.Queue()
-        processes = [context.Process(target=_stream_process, args=(job, messages), daemon=True) for job in jobs]
-        for process in processes:
-            process.start()
-        results: dict[int, StreamResult] = {}
-        error: BaseException | None = None
-        while len(results) < len(jobs) and error is None:
-            try:
-                kind, stream, value = messages.get(timeout=0.5)
-            except queue.Empty:
-                dead = [
-                    j.stream for j, p in zip(jobs, processes) if p.exitcode not in (None, 0) and j.stream not in results
-                ]
-                if dead:
-                    error = ShardstreamError(
-                        f"pack worker for stream {dead[0]} died; run the same command again to resume"
-                    )
-                continue
-            if kind == "progress":
-                advance(*value)
-            elif kind == "done":
-                results[stream] = value
-            else:
-                error = value
-        if error is not None:
-            for process in processes:
-                process.kill()
-            raise error
-        for process in processes:
-            process.join()
-        return [results[job.stream] for job in jobs]
+        return run_in_processes(jobs, run_stream, advance, name="pack", error=_worker_error)
     finally:
         if sys.exc_info()[0] is None:  # done: the total was the listing's estimate (skipped files never count)
             bar.total = bar.n
         bar.close()
 
 
-def _stream_process(job: StreamJob, messages: Any) -> None:
-    die_with_parent()
-    pending = [0, 0, time.monotonic()]
-
-    def advance(files: int, nbytes: int) -> None:
-        pending[0] += files
-        pending[1] += nbytes
-        if time.monotonic() - pending[2] > 0.2:
-            messages.put(("progress", job.stream, (pending[0], pending[1])))
-            pending[:] = [0, 0, time.monotonic()]
-
-    try:
-        result = run_stream(job, advance)
-        messages.put(("progress", job.stream, (pending[0], pending[1])))
-        messages.put(("done", job.stream, result))
-    except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
-        messages.put(
-            (
-                "error",
-                job.stream,
-                exc if isinstance(exc, ShardstreamError) else ShardstreamError(f"stream {job.stream}: {exc!r}"),
-            )
-        )
+def _worker_error(exc: BaseException, stream: int) -> BaseException:
+    """A pack worker's error as the parent raises it: ours as it is, any other named by its stream."""
+    return exc if isinstance(exc, ShardstreamError) else ShardstreamError(f"stream {stream}: {exc!r}")

@@ -5,11 +5,12 @@ dataset without talking to each other."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..config import slurm_array_env, torchrun_env
 
-__all__ = ["Part", "part_from_env"]
+__all__ = ["Part", "part_and_workers", "part_from_env"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,32 @@ def part_from_env() -> Part | None:
             raise ValueError(f"RANK={index!r} / WORLD_SIZE={count!r} must be integers with 0 <= index < count")
         return Part(i, n)
     return _slurm_array_part()
+
+
+def part_and_workers(part: Part | None, workers: int | None, *, ray: str | None, overwrite: bool) -> tuple[Part, int]:
+    """The part a pack run packs and its workers (``pack``, ``pack_tokens``): with ``ray``, the
+    whole pack (this process connects to the cluster, :func:`shardstream.packing.ray_run.connect`)
+    and ``workers`` tasks, default the cluster's CPUs; else ``part`` (default
+    :func:`part_from_env`, else the whole) and ``workers`` processes, default the CPU count.
+
+    Raises:
+        ValueError: a part of several with ``ray``; ``overwrite`` with several parts.
+        ShardstreamError: ray is not installed, or no cluster answers at ``ray``.
+    """
+    if ray is not None:
+        from .ray_run import cluster_cpus, connect
+
+        if part is not None and part.count > 1:
+            raise ValueError("ray= runs every part on the cluster; give no part")
+        connect(None if ray == "auto" else ray)
+        part, workers = Part(0, 1), workers or cluster_cpus()
+    part = part or part_from_env() or Part(0, 1)
+    if overwrite and part.count > 1:
+        raise ValueError(
+            "--overwrite with several parts would let one part wipe another's work; "
+            "empty DEST first, then run the parts"
+        )
+    return part, workers or os.cpu_count() or 1
 
 
 def _slurm_array_part() -> Part | None:

@@ -8,7 +8,8 @@ records each shard in the journal; when its worker process dies (killed, out of 
 node lost) Ray runs it again (``max_retries``) and it resumes after its last record. The
 driver shows one tqdm bar (files/s, MB/s, streams done) fed by a small counter actor, and
 writes the index when every task is done. The shards are the same bytes as a one-machine
-pack of the same source and options.
+pack of the same source and options. ``pack-text`` runs its streams on Ray the same way
+(:func:`run_stream_tasks`).
 
 Every node must reach SOURCE and DEST by the same name: an object store (``s3://``,
 ``gs://``, ``az://``) or a file system mounted at the same path everywhere.
@@ -26,7 +27,7 @@ from tqdm import tqdm
 from ..config import ray_address
 from ..errors import ShardstreamError
 
-__all__ = ["cluster_cpus", "connect", "map_on_ray", "run_streams_on_ray"]
+__all__ = ["cluster_cpus", "connect", "map_on_ray", "run_stream_tasks", "run_streams_on_ray"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -69,18 +70,19 @@ def cluster_cpus() -> int:
 
 
 class _Counter:
-    """Files and bytes packed, summed across tasks; the driver takes the sums it has not shown."""
+    """What the tasks did (files and bytes packed, or documents and tokens), summed across
+    tasks; the driver takes the sums it has not shown."""
 
     def __init__(self) -> None:
-        self.files = self.nbytes = 0
+        self.a = self.b = 0
 
-    def add(self, files: int, nbytes: int) -> None:
-        self.files += files
-        self.nbytes += nbytes
+    def add(self, a: int, b: int) -> None:
+        self.a += a
+        self.b += b
 
     def take(self) -> tuple[int, int]:
-        taken = (self.files, self.nbytes)
-        self.files = self.nbytes = 0
+        taken = (self.a, self.b)
+        self.a = self.b = 0
         return taken
 
 
@@ -88,9 +90,9 @@ def _stream_task(job: Any, counter: Any, run: Callable[..., Any]) -> Any:
     """One pack stream in a Ray worker, sending its progress to ``counter`` every 0.5 s."""
     pending = [0, 0, time.monotonic()]
 
-    def advance(files: int, nbytes: int) -> None:
-        pending[0] += files
-        pending[1] += nbytes
+    def advance(a: int, b: int) -> None:
+        pending[0] += a
+        pending[1] += b
         if time.monotonic() - pending[2] > _POLL_S:
             counter.add.remote(pending[0], pending[1])
             pending[:] = [0, 0, time.monotonic()]
@@ -133,15 +135,51 @@ def run_streams_on_ray(
         ShardstreamError: a task's worker died on every try, or nothing moved for
             ``stall_timeout_s`` seconds (the tasks are cancelled).
     """
+    payload = 0
+    with tqdm(
+        unit=" files", unit_scale=True, desc="packing on Ray", disable=not progress, file=sys.stderr, total=total_files
+    ) as bar:
+
+        def tick(files: int, nbytes: int) -> str:
+            nonlocal payload
+            payload += nbytes
+            bar.update(files)
+            return f"{payload / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.1f} MB/s"
+
+        return run_stream_tasks(
+            jobs, run, bar, tick, name="pack", stalled="the pack on Ray", stall_timeout_s=stall_timeout_s
+        )
+
+
+def run_stream_tasks(
+    jobs: list[Any],
+    run: Callable[[Any, Callable[[int, int], None]], Any],
+    bar: tqdm,
+    tick: Callable[[int, int], str],
+    *,
+    name: str,
+    stalled: str,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
+) -> list[Any]:
+    """Run ``run(job, advance)`` for every job (each with its ``stream`` number) as a Ray task
+    named ``shardstream-{name}-stream-N`` (1 CPU, retried ``TASK_RETRIES`` times when its
+    worker dies; ``run`` pickled into it) and wait for them all (``pack``, ``pack-text``): every
+    0.5 s, ``tick(a, b)`` gets the sums of the tasks' ``advance(a, b)`` since the last (it moves
+    ``bar``, and returns its rate, which ``bar`` shows with the streams done); the results in
+    ``jobs`` order.
+
+    Raises:
+        the first task's error as raised there (:func:`_translate`: ``{name} stream N``);
+        ShardstreamError: a task's worker died on every try, or no task advanced its first
+            count (nor finished) for ``stall_timeout_s`` (``{stalled} packed nothing for ...``).
+            The tasks left are cancelled.
+    """
     ray = _ray()
     counter = ray.remote(num_cpus=0)(_Counter).remote()
     task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)(_stream_task)
-    refs = [task.options(name=f"shardstream-pack-stream-{job.stream}").remote(job, counter, run) for job in jobs]
+    refs = [task.options(name=f"shardstream-{name}-stream-{job.stream}").remote(job, counter, run) for job in jobs]
     stream_of = {ref: job.stream for ref, job in zip(refs, jobs)}
-    bar = tqdm(
-        unit=" files", unit_scale=True, desc="packing on Ray", disable=not progress, file=sys.stderr, total=total_files
-    )
-    payload, moved_at, pending = 0, time.monotonic(), list(refs)
+    moved_at, pending = time.monotonic(), list(refs)
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=_POLL_S)
@@ -149,26 +187,22 @@ def run_streams_on_ray(
                 try:
                     ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - translated for the user
-                    raise _translate(exc, f"pack stream {stream_of[ref]}") from None
-            files, nbytes = ray.get(counter.take.remote(), timeout=60)
-            if files or ready:
+                    raise _translate(exc, f"{name} stream {stream_of[ref]}") from None
+            moved, other = ray.get(counter.take.remote(), timeout=60)
+            if moved or ready:
                 moved_at = time.monotonic()
             elif time.monotonic() - moved_at > stall_timeout_s:
                 raise ShardstreamError(
-                    f"the pack on Ray packed nothing for {stall_timeout_s:.0f} s ({len(pending)} streams "
-                    "unfinished); look at the cluster (`ray status`), then run the same command again to resume"
+                    f"{stalled} packed nothing for {stall_timeout_s:.0f} s ({len(pending)} streams unfinished); "
+                    "look at the cluster (`ray status`), then run the same command again to resume"
                 )
-            payload += nbytes
-            bar.update(files)
-            elapsed = max(bar.format_dict["elapsed"], 1e-9)
-            bar.set_postfix_str(f"{payload / 1e6 / elapsed:.1f} MB/s, {len(refs) - len(pending)}/{len(refs)} streams")
+            rate = tick(moved, other)
+            bar.set_postfix_str(f"{rate}, {len(refs) - len(pending)}/{len(refs)} streams")
         return ray.get(refs)
     except BaseException:
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
-    finally:
-        bar.close()
 
 
 def _map_batch(fn: Callable[[T], R], batch: list[T]) -> list[R]:

@@ -2,7 +2,8 @@
 the planned shards from the pack's listing (:mod:`shardstream.packing.listing`), read their
 files ahead on a thread pool, write and record the shards, and resume after the last record.
 Resharding (``from_shards``) streams input shards ``stream, stream + streams, ...`` instead.
-Runs in a worker process, or inline for ``workers=1``."""
+Runs in a worker process (:func:`run_in_processes`, which runs ``pack-text``'s streams too),
+or inline for ``workers=1``."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import collections
 import concurrent.futures
 import dataclasses
 import enum
+import multiprocessing
 import os
+import queue
 import random
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +27,7 @@ from ..errors import (
     DestinationError,
     MemberNameError,
     ShardNotFoundError,
+    ShardstreamError,
     SourceError,
     StorageError,
     UnreadableFileError,
@@ -46,7 +51,15 @@ from .journal import (
 from .listing import Listing
 from .sources import NEVER_STOPS, Problem, ProblemKind, Sample, SourceFile
 
-__all__ = ["OnError", "StreamJob", "StreamResult", "check_problem", "die_with_parent", "run_stream"]
+__all__ = [
+    "OnError",
+    "StreamJob",
+    "StreamResult",
+    "check_problem",
+    "die_with_parent",
+    "run_in_processes",
+    "run_stream",
+]
 
 
 class OnError(enum.Enum):
@@ -198,6 +211,92 @@ def die_with_parent() -> None:
         import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def run_in_processes(
+    jobs: Sequence[Any],
+    run: Callable[[Any, Callable[[int, int], None]], Any],
+    advance: Callable[[int, int], None],
+    *,
+    name: str,
+    error: Callable[[BaseException, int], BaseException],
+) -> list[Any]:
+    """``run(job, advance)`` for every job (each with its ``stream`` number) in a spawned worker
+    process of its own (``pack``, ``pack-text``): the workers' progress reaches ``advance`` here
+    (batched every 0.2 s); the results in ``jobs`` order. ``run``, ``error`` and the jobs are
+    pickled into the workers (module-level functions).
+
+    Raises:
+        the first error a worker met, as ``error(exc, stream)`` made it there;
+        ShardstreamError: a worker died (``{name} worker for stream N died``). Either way, or
+            when this process is interrupted, every worker is killed.
+    """
+    context = multiprocessing.get_context("spawn")
+    messages = context.Queue()
+    processes = [
+        context.Process(target=_worker_process, args=(job, messages, os.getpid(), run, error), daemon=True)
+        for job in jobs
+    ]
+    for process in processes:
+        process.start()
+    results: dict[int, Any] = {}
+    failure: BaseException | None = None
+    try:
+        while len(results) < len(jobs) and failure is None:
+            try:
+                kind, stream, value = messages.get(timeout=0.5)
+            except queue.Empty:
+                dead = [
+                    j.stream for j, p in zip(jobs, processes) if p.exitcode not in (None, 0) and j.stream not in results
+                ]
+                if dead:
+                    failure = ShardstreamError(
+                        f"{name} worker for stream {dead[0]} died; run the same command again to resume"
+                    )
+                continue
+            if kind == "progress":
+                advance(*value)
+            elif kind == "done":
+                results[stream] = value
+            else:
+                failure = value
+    finally:
+        if failure is not None or len(results) < len(jobs):
+            for process in processes:
+                process.kill()
+    if failure is not None:
+        raise failure
+    for process in processes:
+        process.join()
+    return [results[job.stream] for job in jobs]
+
+
+def _worker_process(
+    job: Any,
+    messages: Any,
+    parent: int,
+    run: Callable[[Any, Callable[[int, int], None]], Any],
+    error: Callable[[BaseException, int], BaseException],
+) -> None:
+    """A worker of :func:`run_in_processes`: its progress, then its result or error, to ``messages``."""
+    die_with_parent()
+    if os.getppid() != parent:  # the parent died before this process asked to die with it
+        os._exit(1)
+    pending = [0, 0, time.monotonic()]
+
+    def advance(a: int, b: int) -> None:
+        pending[0] += a
+        pending[1] += b
+        if time.monotonic() - pending[2] > 0.2:
+            messages.put(("progress", job.stream, (pending[0], pending[1])))
+            pending[:] = [0, 0, time.monotonic()]
+
+    try:
+        result = run(job, advance)
+        messages.put(("progress", job.stream, (pending[0], pending[1])))
+        messages.put(("done", job.stream, result))
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
+        messages.put(("error", job.stream, error(exc, job.stream)))
 
 
 _ERRORS = {

@@ -36,7 +36,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -213,7 +213,39 @@ def _buffers(chunk: Any) -> list[Any]:
     return [memoryview(chunk)]
 
 
-class BlockShards:
+_Table = TypeVar("_Table")
+
+
+class TokenShards(Generic[_Table]):
+    """What the shard sets of a token dataset's items (:class:`BlockShards`,
+    :class:`~shardstream.tokens.packed.PackedShards`) share: their shards are the token
+    dataset's (``tokens``), and a table is read in the background (:meth:`request_table`).
+    """
+
+    foreign = False
+    classes: list[str] | None = None
+    tokens: TokenIndex
+
+    def url(self, shard: int) -> str:
+        return self.tokens.shard_url(shard)
+
+    def size_bytes(self, shard: int) -> int | None:
+        return int(self.tokens.index.manifest.shard_bytes[shard])
+
+    def crc32_hex(self, shard: int) -> str | None:
+        return self.tokens.index.manifest.crc32_hex(shard)
+
+    def table(self, shard: int) -> _Table:
+        raise NotImplementedError
+
+    def request_table(
+        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
+    ) -> Callable[[], _Table]:
+        """Start reading shard ``shard``'s table in the background; returns the function that waits for it."""
+        return _background().submit(self.table, shard).result
+
+
+class BlockShards(TokenShards[BlockTable]):
     """A token dataset's shards as shards of blocks (module doc): a
     :class:`~shardstream.reading.shards.ShardSet` whose ``sample_counts`` are the blocks that
     start in each shard and whose tables are :class:`BlockTable` s.
@@ -222,9 +254,6 @@ class BlockShards:
         tokens: the opened token dataset.
         seq_len: tokens a block feeds the model (a block holds ``seq_len + 1``).
     """
-
-    foreign = False
-    classes: list[str] | None = None
 
     def __init__(self, tokens: TokenIndex, seq_len: int) -> None:
         self.tokens, self.seq_len = tokens, seq_len
@@ -240,16 +269,7 @@ class BlockShards:
     def __repr__(self) -> str:
         return f"BlockShards({self.tokens!r}, seq_len={self.seq_len}, num_blocks={self.num_blocks})"
 
-    def url(self, shard: int) -> str:
-        return self.tokens.shard_url(shard)
-
-    def size_bytes(self, shard: int) -> int | None:
-        return int(self.tokens.index.manifest.shard_bytes[shard])
-
-    def crc32_hex(self, shard: int) -> str | None:
-        return self.tokens.index.manifest.crc32_hex(shard)
-
-    def table(self, shard: int) -> BlockTable:  # type: ignore[override]
+    def table(self, shard: int) -> BlockTable:
         """Shard ``shard``'s blocks: reads its document lengths, and the next shards' first
         tokens and lengths where its last block runs past its end (ranged reads)."""
         tokens, seq_len = self.tokens, self.seq_len
@@ -284,13 +304,6 @@ class BlockShards:
             doc_ends=np.concatenate(ends) if ends else np.zeros(0, np.int64),
             tail=tail,
         )
-
-    def request_table(
-        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
-    ) -> Callable[[], BlockTable]:
-        """Start reading shard ``shard``'s table in the background; returns the function that waits for it."""
-        future = _background().submit(self.table, shard)
-        return future.result
 
 
 def _head_lengths(tokens: TokenIndex, shard: int, take: int) -> np.ndarray:
@@ -373,17 +386,26 @@ class TokenBlockUnit:
         return f"token_block:{self.seq_len}"
 
     def items_of(self, shards: ShardSet) -> ShardSet:
-        index = getattr(shards, "index", None)
-        if index is None:
-            raise ValueError(
-                f"{shards!r}: token blocks read a token dataset by its index (a directory or prefix written by "
-                "shardstream pack-text or import-tokens), not bare shard URLs"
-            )
-        tokens = TokenIndex.of_index(index)
-        return BlockShards(tokens, self.seq_len)
+        return BlockShards(token_index_of(shards, "token blocks"), self.seq_len)
 
     def stages(self) -> Sequence[Any]:
         return ()
+
+
+def token_index_of(shards: ShardSet, what: str) -> TokenIndex:
+    """The :class:`TokenIndex` of the token dataset ``shards`` reads, for an item unit's
+    ``items_of`` (``what``: its items, as the error names them).
+
+    Raises:
+        ValueError: ``shards`` has no index (bare shard URLs).
+    """
+    index = getattr(shards, "index", None)
+    if index is None:
+        raise ValueError(
+            f"{shards!r}: {what} read a token dataset by its index (a directory or prefix written by "
+            "shardstream pack-text or import-tokens), not bare shard URLs"
+        )
+    return TokenIndex.of_index(index)
 
 
 def blocks_of(tokens: TokenIndex, seq_len: int) -> int:

@@ -297,18 +297,15 @@ def import_megatron(
             prefixes of one name (ids would repeat).
         DestinationError: ``dest`` holds files already.
     """
-    given = [prefixes] if isinstance(prefixes, (str, os.PathLike)) else list(prefixes)
-    if not given:
-        raise ValueError("import_megatron needs at least one PREFIX (PREFIX.bin and PREFIX.idx)")
-    sources = [_open_megatron(p) for p in _megatron_prefixes(given)]
+    given = _given(prefixes, "import_megatron needs at least one PREFIX (PREFIX.bin and PREFIX.idx)")
     return _import(
-        sources,
+        "megatron",
+        [_open_megatron(p) for p in _megatron_prefixes(given)],
         dest,
         vocab_size=vocab_size,
         eod_id=eod_id,
         max_shard_tokens=max_shard_tokens,
-        tokenizer=_tokenizer_record(tokenizer),
-        source="megatron: " + ", ".join(s.path for s in sources),
+        tokenizer=tokenizer,
         name=name,
         s3=s3,
         requests=requests,
@@ -435,21 +432,19 @@ def import_datatrove(
             not below ``vocab_size``, or two files of one name.
         DestinationError: ``dest`` holds files already.
     """
-    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    if not given:
-        raise ValueError("import_datatrove needs at least one .ds file")
+    given = _given(paths, "import_datatrove needs at least one .ds file")
     sources = [_open_datatrove(p) for p in _datatrove_files(given)]
     if tokenizer is None:
         named = {s.tokenizer for s in sources if s.tokenizer}
         tokenizer = named.pop() if len(named) == 1 else None
     return _import(
+        "datatrove",
         sources,
         dest,
         vocab_size=vocab_size,
         eod_id=eod_id,
         max_shard_tokens=max_shard_tokens,
-        tokenizer=_tokenizer_record(tokenizer),
-        source="datatrove: " + ", ".join(s.path for s in sources),
+        tokenizer=tokenizer,
         name=name,
         s3=s3,
         requests=requests,
@@ -458,6 +453,16 @@ def import_datatrove(
 
 
 # the import itself
+
+
+def _given(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], missing: str
+) -> list[str | os.PathLike[str]]:
+    """An importer's inputs as a list (one path, or a sequence of them); ValueError ``missing`` when none."""
+    given = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not given:
+        raise ValueError(missing)
+    return given
 
 
 def _tokenizer_record(tokenizer: str | dict[str, Any] | None) -> dict[str, Any] | None:
@@ -569,19 +574,23 @@ class _Shards:
 
 
 def _import(
+    kind: str,
     sources: list[_Source],
     dest: str | os.PathLike[str],
     *,
     vocab_size: int | None,
     eod_id: int | None,
     max_shard_tokens: int,
-    tokenizer: dict[str, Any] | None,
-    source: str,
+    tokenizer: str | dict[str, Any] | None,
     name: str,
     s3: S3Config | None,
     requests: RequestConfig | None,
     on_tokens: Callable[[int], None] | None,
 ) -> ImportReport:
+    """What :func:`import_megatron` and :func:`import_datatrove` do with the inputs they opened
+    (``kind``: which, recorded as the source with their paths)."""
+    recorded_tokenizer = _tokenizer_record(tokenizer)
+    source = f"{kind}: " + ", ".join(s.path for s in sources)
     started = time.perf_counter()
     if max_shard_tokens < 1:
         raise ValueError(f"max_shard_tokens must be positive, not {max_shard_tokens}")
@@ -654,7 +663,7 @@ def _import(
         shards.rows,
         vocab_size=vocab_size,
         eod_id=eod_id,
-        tokenizer=tokenizer,
+        tokenizer=recorded_tokenizer,
         source=source,
         lengths=shards.lengths,
     )

@@ -44,9 +44,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import json
-import multiprocessing
 import os
-import queue
 import sys
 import time
 from collections.abc import Iterator
@@ -70,8 +68,8 @@ from ..packing.journal import (
     remove_stream_partials,
 )
 from ..packing.ownership import refuse_foreign, top_level_names
-from ..packing.parts import Part, part_from_env
-from ..packing.stream import die_with_parent
+from ..packing.parts import Part, part_and_workers
+from ..packing.stream import run_in_processes
 from ..storage import Store, open_store
 from .docids import DOCIDS_DIR, build_docid_index
 from .format import TOKENS_INDEX_NAME, TokenManifest, TokenShardRow, token_dtype
@@ -274,20 +272,7 @@ def pack_tokens(
     """
     started = time.perf_counter()
     on_error = on_error_of(on_error.value if isinstance(on_error, enum.Enum) else on_error, where="pack_tokens")
-    if ray is not None:
-        from ..packing.ray_run import cluster_cpus, connect
-
-        if part is not None and part.count > 1:
-            raise ValueError("ray= runs every part on the cluster; give no part")
-        connect(None if ray == "auto" else ray)
-        part, workers = Part(0, 1), workers or cluster_cpus()
-    part = part or part_from_env() or Part(0, 1)
-    if overwrite and part.count > 1:
-        raise ValueError(
-            "--overwrite with several parts would let one part wipe another's work; "
-            "empty DEST first, then run the parts"
-        )
-    workers = workers or os.cpu_count() or 1
+    part, workers = part_and_workers(part, workers, ray=ray, overwrite=overwrite)
     for label, value in (
         ("workers", workers),
         ("max_shard_tokens", max_shard_tokens),
@@ -860,174 +845,48 @@ def _run_jobs(jobs: list[TextJob], *, progress: bool) -> list[TextStreamResult]:
     try:
         if len(jobs) == 1 and jobs[0].spec.workers == 1:
             return [run_text_stream(jobs[0], advance)]  # the tokenizer's own threads as they are
-        context = multiprocessing.get_context("spawn")
-        messages = context.Queue()
-        processes = [
-            context.Process(target=_stream_process, args=(job, messages, os.getpid()), daemon=True) for job in jobs
-        ]
-        for process in processes:
-            process.start()
-        results: dict[int, TextStreamResult] = {}
-        error: BaseException | None = None
-        try:
-            while len(results) < len(jobs) and error is None:
-                try:
-                    kind, stream, value = messages.get(timeout=0.5)
-                except queue.Empty:
-                    dead = [
-                        j.stream
-                        for j, p in zip(jobs, processes)
-                        if p.exitcode not in (None, 0) and j.stream not in results
-                    ]
-                    if dead:
-                        error = ShardstreamError(
-                            f"pack-text worker for stream {dead[0]} died; run the same command again to resume"
-                        )
-                    continue
-                if kind == "progress":
-                    advance(*value)
-                elif kind == "done":
-                    results[stream] = value
-                else:
-                    error = value
-        finally:
-            if error is not None or len(results) < len(jobs):
-                for process in processes:
-                    process.kill()
-        if error is not None:
-            raise error
-        for process in processes:
-            process.join()
-        return [results[job.stream] for job in jobs]
+        return run_in_processes(jobs, _run_alone, advance, name="pack-text", error=_worker_error)
     finally:
         if docs:  # the rate of the whole run, not of the last update
             bar.set_postfix_str(f"{docs / max(bar.format_dict['elapsed'], 1e-9):,.0f} docs/s")
         bar.close()
 
 
-def _stream_process(job: TextJob, messages: Any, parent: int) -> None:
-    die_with_parent()
-    if os.getppid() != parent:  # the parent died before this process asked to die with it
-        os._exit(1)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker: N workers use N cores
-    pending = [0, 0, time.monotonic()]
-
-    def advance(num_docs: int, num_tokens: int) -> None:
-        pending[0] += num_docs
-        pending[1] += num_tokens
-        if time.monotonic() - pending[2] > 0.2:
-            messages.put(("progress", job.stream, (pending[0], pending[1])))
-            pending[:] = [0, 0, time.monotonic()]
-
-    try:
-        result = run_text_stream(job, advance)
-        messages.put(("progress", job.stream, (pending[0], pending[1])))
-        messages.put(("done", job.stream, result))
-    except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
-        messages.put(
-            (
-                "error",
-                job.stream,
-                exc
-                if isinstance(exc, ShardstreamError | ValueError)
-                else ShardstreamError(f"pack-text stream {job.stream}: {exc!r}"),
-            )
-        )
-
-
-class _Counter:
-    """Documents and tokens packed, summed across Ray tasks; the driver takes what it has not shown."""
-
-    def __init__(self) -> None:
-        self.docs = self.tokens = 0
-
-    def add(self, docs: int, tokens: int) -> None:
-        self.docs += docs
-        self.tokens += tokens
-
-    def take(self) -> tuple[int, int]:
-        taken = (self.docs, self.tokens)
-        self.docs = self.tokens = 0
-        return taken
-
-
-def _ray_task(job: TextJob, counter: Any) -> TextStreamResult:
-    """One stream in a Ray worker (1 CPU: the tokenizer's own threads off), progress to ``counter``."""
+def _run_alone(job: TextJob, advance: Any) -> TextStreamResult:
+    """:func:`run_text_stream` in a worker process or Ray task of its own: one core a worker
+    (the tokenizer's own threads off), so N workers use N cores."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    pending = [0, 0, time.monotonic()]
+    return run_text_stream(job, advance)
 
-    def advance(num_docs: int, num_tokens: int) -> None:
-        pending[0] += num_docs
-        pending[1] += num_tokens
-        if time.monotonic() - pending[2] > 0.5:
-            counter.add.remote(pending[0], pending[1])
-            pending[:] = [0, 0, time.monotonic()]
 
-    result = run_text_stream(job, advance)
-    counter.add.remote(pending[0], pending[1])
-    return result
+def _worker_error(exc: BaseException, stream: int) -> BaseException:
+    """A worker's error as the parent raises it: ours (and ValueError) as it is, any other named by its stream."""
+    if isinstance(exc, ShardstreamError | ValueError):
+        return exc
+    return ShardstreamError(f"pack-text stream {stream}: {exc!r}")
 
 
 def _run_on_ray(jobs: list[TextJob], *, progress: bool) -> list[TextStreamResult]:
     """Each stream as a Ray task (1 CPU; retried when its worker dies, resuming after its last
-    record), one progress bar here (:mod:`shardstream.packing.ray_run` does the same for ``pack``).
+    record), one progress bar here (:func:`shardstream.packing.ray_run.run_stream_tasks`, as for
+    ``pack``).
 
     Raises:
         the first task's error as raised there; ShardstreamError: a task's worker died on every
         try, or nothing moved for ``STALL_TIMEOUT_S``.
     """
-    import ray
+    from ..packing.ray_run import run_stream_tasks
 
-    from ..packing.ray_run import STALL_TIMEOUT_S, TASK_RETRIES
+    docs = 0
+    with tqdm(unit=" tokens", unit_scale=True, desc="pack-text on Ray", disable=not progress, file=sys.stderr) as bar:
 
-    counter = ray.remote(num_cpus=0)(_Counter).remote()
-    task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES, retry_exceptions=False)(_ray_task)
-    refs = [task.options(name=f"shardstream-pack-text-stream-{job.stream}").remote(job, counter) for job in jobs]
-    stream_of = {ref: job.stream for ref, job in zip(refs, jobs)}
-    bar = tqdm(unit=" tokens", unit_scale=True, desc="pack-text on Ray", disable=not progress, file=sys.stderr)
-    docs, moved_at, pending = 0, time.monotonic(), list(refs)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
-            for ref in ready:
-                try:
-                    ray.get(ref)
-                except Exception as exc:  # noqa: BLE001 - translated for the user
-                    raise _ray_error(ray, exc, stream_of[ref], TASK_RETRIES) from None
-            taken_docs, tokens = ray.get(counter.take.remote(), timeout=60)
-            if taken_docs or ready:
-                moved_at = time.monotonic()
-            elif time.monotonic() - moved_at > STALL_TIMEOUT_S:
-                raise ShardstreamError(
-                    f"pack-text on Ray packed nothing for {STALL_TIMEOUT_S:.0f} s ({len(pending)} streams unfinished); "
-                    "look at the cluster (`ray status`), then run the same command again to resume"
-                )
-            docs += taken_docs
-            bar.update(tokens)
-            elapsed = max(bar.format_dict["elapsed"], 1e-9)
-            bar.set_postfix_str(f"{docs / elapsed:,.0f} docs/s, {len(refs) - len(pending)}/{len(refs)} streams")
-        return ray.get(refs)
-    except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise
-    finally:
-        bar.close()
+        def tick(num_docs: int, num_tokens: int) -> str:
+            nonlocal docs
+            docs += num_docs
+            bar.update(num_tokens)
+            return f"{docs / max(bar.format_dict['elapsed'], 1e-9):,.0f} docs/s"
 
-
-def _ray_error(ray: Any, exc: BaseException, stream: int, retries: int) -> BaseException:
-    what = f"pack-text stream {stream}"
-    if isinstance(exc, ray.exceptions.RayTaskError):
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, ShardstreamError | ValueError | OSError):
-            return cause
-        return ShardstreamError(f"{what} failed on the cluster: {cause!r}")
-    if isinstance(exc, ray.exceptions.WorkerCrashedError | ray.exceptions.NodeDiedError):
-        return ShardstreamError(
-            f"{what}: its worker died {retries + 1} times ({exc.__class__.__name__}); "
-            "run the same command again to resume"
-        )
-    return ShardstreamError(f"{what} failed on the cluster: {exc!r}")
+        return run_stream_tasks(jobs, _run_alone, bar, tick, name="pack-text", stalled="pack-text on Ray")
 
 
 # ------------------------------------------------------------------------------------------ merge

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from ..reading.shards import ShardSet
 from ..tarstream import Batch
-from .blocks import _background, _Cursor
+from .blocks import TokenShards, _Cursor, token_index_of
 from .format import TokenIndex
 
 __all__ = ["PackedDocumentUnit", "PackedShards", "PackedTable", "pack_bins"]
@@ -154,16 +154,13 @@ class PackedTable:
             yield out
 
 
-class PackedShards:
+class PackedShards(TokenShards[PackedTable]):
     """A token dataset's shards as shards of packed bins (module doc): a
     :class:`~shardstream.reading.shards.ShardSet` whose ``sample_counts`` are bins.
 
     Args:
         tokens: the opened token dataset; seq_len: a bin's tokens; window: documents packed together.
     """
-
-    foreign = False
-    classes: list[str] | None = None
 
     def __init__(self, tokens: TokenIndex, seq_len: int, window: int = DEFAULT_WINDOW) -> None:
         self.tokens, self.seq_len, self.window = tokens, seq_len, window
@@ -184,15 +181,6 @@ class PackedShards:
         starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         return pack_bins(lengths, self.seq_len, self.window), starts
 
-    def url(self, shard: int) -> str:
-        return self.tokens.shard_url(shard)
-
-    def size_bytes(self, shard: int) -> int | None:
-        return int(self.tokens.index.manifest.shard_bytes[shard])
-
-    def crc32_hex(self, shard: int) -> str | None:
-        return self.tokens.index.manifest.crc32_hex(shard)
-
     def table(self, shard: int) -> PackedTable:
         bins, starts = self._bins(shard)
         return PackedTable(
@@ -204,11 +192,6 @@ class PackedShards:
             dtype=self.tokens.dtype,
             window=self.window,
         )
-
-    def request_table(
-        self, shard: int, *, on_retry: Callable[[BaseException], None] | None = None, cache: Any = None
-    ) -> Callable[[], PackedTable]:
-        return _background().submit(self.table, shard).result
 
 
 @dataclass(frozen=True)
@@ -234,13 +217,7 @@ class PackedDocumentUnit:
         return f"packed_documents:{self.seq_len}:{self.window}"
 
     def items_of(self, shards: ShardSet) -> ShardSet:
-        index = getattr(shards, "index", None)
-        if index is None:
-            raise ValueError(
-                f"{shards!r}: packed documents read a token dataset by its index (shardstream pack-text or "
-                "import-tokens), not bare shard URLs"
-            )
-        return PackedShards(TokenIndex.of_index(index), self.seq_len, self.window)
+        return PackedShards(token_index_of(shards, "packed documents"), self.seq_len, self.window)
 
     def stages(self) -> Sequence[Any]:
         return ()
