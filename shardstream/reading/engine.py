@@ -63,6 +63,7 @@ __all__ = ["ReadingEngine", "lane_fetch", "read_mixed", "repeat_over_skips", "sh
 
 log = logging.getLogger("shardstream")
 _OUT_BATCH = 64  # samples a shuffling reader hands on (and counts) together
+_RUNS_AT_ONCE = 4096  # runs of a lane whose URLs, sizes and ranges are made together (memory, first sample)
 
 
 class ReadingEngine:
@@ -126,7 +127,6 @@ class ReadingEngine:
         a reader that mixes lanes or shuffles, as batches)."""
         if plan.skip >= plan.count:
             return
-        emissions = plan.emissions()
         labels: Iterator[np.ndarray] = plan.labels()
         lane_runs = [plan.lane_runs(lane) for lane in range(plan.lanes)]
         if plan.lanes > 1:  # each lane gets its share of the reader's read-ahead bounds
@@ -137,10 +137,9 @@ class ReadingEngine:
             yield from self._read_runs(lane_runs[0], fetch, stats, file_runs=file_runs)
             return
         skipped = np.zeros(0, dtype=bool)  # by arrival index: delivered before the resume
-        if plan.skip:
-            delivered = np.fromiter(itertools.islice(emissions, plan.skip), dtype=np.int64, count=plan.skip)
-            skipped = np.zeros(int(delivered.max()) + 1, dtype=bool)
-            skipped[delivered] = True
+        emissions = plan.emissions()
+        if plan.skip:  # a resume: where the buffer stood, worked out at once, not stepped through
+            skipped, emissions = plan.resumed_emissions()
             head: list[np.ndarray] = []
             while sum(map(len, head)) < len(skipped):
                 head.append(next(labels))
@@ -192,6 +191,10 @@ class ReadingEngine:
         beside the shard's, up to ``max_inflight_shards + 1`` runs ahead), so it is at hand
         when the bytes come; the tables of runs cut from a shard come first (their byte
         ranges are read from them), asked for together."""
+        if len(runs) > _RUNS_AT_ONCE:  # a piece of 10^6 shards: its URLs and streams made a window at a time
+            for at in range(0, len(runs), _RUNS_AT_ONCE):
+                yield from self._read_runs(runs[at : at + _RUNS_AT_ONCE], fetch, stats, file_runs=file_runs)
+            return
         shards, counts = self.shards, self.shards.sample_counts
         assert counts is not None  # internal invariant: only planned reads come here
         cache = self._cache()
