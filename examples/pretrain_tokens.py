@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from shardstream import TokenBlocks, TokenIndex, collate_blocks, loader_state_dict
+from shardstream import Part, TokenBlocks, TokenIndex, collate_blocks, loader_state_dict
 from shardstream.tokens import pack_tokens
 
 WORDS = (
@@ -134,7 +134,9 @@ def main() -> None:
         args.workdir.mkdir(parents=True, exist_ok=True)
         make_corpus(corpus, args.docs)
         train_tokenizer(corpus, tokenizer)
-        pack_tokens(corpus, data, tokenizer=tokenizer, id_field="id", max_shard_tokens=4096, progress=False)
+        # rank 0 packs it all: Part(0, 1), not the part torchrun's RANK/WORLD_SIZE would pick
+        whole = Part(0, 1)
+        pack_tokens(corpus, data, tokenizer=tokenizer, id_field="id", max_shard_tokens=4096, part=whole, progress=False)
     if world > 1:
         torch.distributed.barrier()
 

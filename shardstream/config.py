@@ -80,6 +80,7 @@ ENVIRONMENT = {
     "STORAGE_EMULATOR_HOST": "a GCS emulator's address (gcsfs's)",
     "AZURE_STORAGE_CONNECTION_STRING": "Azure's account and credentials (adlfs's)",
     "AZURE_STORAGE_ACCOUNT_NAME": "Azure's account (adlfs's)",
+    "TOKENIZERS_PARALLELISM": "set to false in pack-text's worker processes: one core each (Hugging Face tokenizers')",
 }
 """Every environment variable shardstream reads, with what it is for (the libraries below it,
 botocore, gcsfs, adlfs, read theirs too: docs/stores.md)."""
@@ -96,6 +97,19 @@ def env(name: str, default: str | None = None) -> str | None:
     if name not in ENVIRONMENT:
         raise KeyError(f"{name}: not one of the environment variables shardstream reads (config.ENVIRONMENT)")
     return os.environ.get(name, default)
+
+
+def set_env(name: str, value: str) -> None:
+    """Set environment variable ``name`` (one of :data:`ENVIRONMENT`) for this process and
+    the ones it starts: what shardstream tells a library below it (``TOKENIZERS_PARALLELISM``
+    in a pack-text worker).
+
+    Raises:
+        KeyError: ``name`` is not listed in :data:`ENVIRONMENT`.
+    """
+    if name not in ENVIRONMENT:
+        raise KeyError(f"{name}: not one of the environment variables shardstream uses (config.ENVIRONMENT)")
+    os.environ[name] = value
 
 
 def env_items(prefix: str) -> tuple[tuple[str, str], ...]:

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..config import FetchConfig, RequestConfig, S3Config, on_error_of
+from ..config import FetchConfig, RequestConfig, S3Config, on_error_of, set_env
 from ..errors import DestinationError, IndexFormatError, ShardstreamError, SourceError, UnreadableFileError
 from ..index import MANIFEST_NAME, Manifest
 from ..index.status import SPEC_NAME, STATE_DIR
@@ -855,7 +855,7 @@ def _run_jobs(jobs: list[TextJob], *, progress: bool) -> list[TextStreamResult]:
 def _run_alone(job: TextJob, advance: Any) -> TextStreamResult:
     """:func:`run_text_stream` in a worker process or Ray task of its own: one core a worker
     (the tokenizer's own threads off), so N workers use N cores."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    set_env("TOKENIZERS_PARALLELISM", "false")
     return run_text_stream(job, advance)
 
 
