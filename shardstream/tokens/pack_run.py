@@ -29,6 +29,7 @@ from ..packing.journal import (
 from ..packing.stream import run_in_processes
 from ..storage import Store, open_store
 from .format import TokenShardRow, token_dtype
+from .records import read_chunk
 from .sources import (
     EMPTY,
     NEVER_STOPS,
@@ -36,7 +37,6 @@ from .sources import (
     UNREADABLE,
     Chunk,
     TextProblem,
-    read_chunk,
 )
 from .tokenize import TextTokenizer
 from .writer import LengthHistogram, write_token_shard
