@@ -71,8 +71,8 @@ def test_a_node_cache_serves_later_epochs_only_with_node_affinity(dataset):
 
 
 def _parts(length, part, ramp):
-    """Ranged GETs counted by hand: ramping from part/16, doubling up to part."""
-    n, size, done = 0, (max(1, part // 16) if ramp else part), 0
+    """Ranged GETs counted by hand: ramping from part/64 (at least 64 KiB, at most part), doubling up to part."""
+    n, size, done = 0, (max(min(part, 64 << 10), part // 64) if ramp else part), 0
     while done < length:
         done += size
         n += 1

@@ -17,7 +17,7 @@ rank 0.
   0 with ``workers=0``.
 - ``t_lanes``: a worker's lanes open one after another (each when the worker first draws a
   sample from it; their interleave is fixed): lane ``k`` costs its table GET and its first
-  ramping part, ``2 latency + (table + p/16) / r(k)``, with ``r(k) = min(bandwidth_per_stream,
+  ramping part, ``2 latency + (table + p/64) / r(k)``, with ``r(k) = min(bandwidth_per_stream,
   link / (G k / L))`` one GET's share while ``k`` lanes of every worker read; the last lane
   only its two latencies. An epoch of cache hits only: no latency, ``link`` the cache disk.
 - ``t_turns``: a lane that reads one shard at a time (``max_inflight_shards // lanes`` = 1)
@@ -31,7 +31,7 @@ The first batch
 epoch), where ``t_cpu = a x cpu_s_per_sample x max(1, node workers / cores_per_node)`` and
 ``t_fill`` is the last lane's wait: it needs ``a x share / lanes`` samples (``share``: its
 source's part of the worker's samples) at that source's bytes per sample, read by its ramping
-GETs (``p/16``, doubling to ``p``) up to the one that covers them (``m`` GETs, ``C`` bytes,
+GETs (``p/64``, doubling to ``p``) up to the one that covers them (``m`` GETs, ``C`` bytes,
 the last of size ``s``) while the ``g - 1`` GETs beside it have read ~``s/2`` each: ``t_fill =
 (C + (g - 1) s / 2) / (g x r(L)) + (ceil(m / g) - 1) x latency``, the largest over the
 worker's sources. ``a``, the arrivals one worker needs before its first batch leaves its
@@ -95,7 +95,7 @@ class Lanes:
     def open_s(self) -> float:
         """Until the worker's last lane has sent its first GET: lanes open one after another
         (each when the worker first draws from it), each a table GET, then its first ramp part
-        (``part / 16``), at one GET's share of the node with ``k`` lanes of every worker open."""
+        (``part / 64``), at one GET's share of the node with ``k`` lanes of every worker open."""
         part = max((r["part"] for r in self.readers), default=0)
         first = (ramp_sizes(part) or [max(1, part)])[0]
         t = 2 * self.lat  # the last lane's table GET and first part GET
@@ -105,7 +105,7 @@ class Lanes:
 
     def fill_s(self, arrivals: float) -> float:
         """The last lane's bytes before the first batch: ``arrivals x share / lanes`` samples,
-        in its ramping GETs (``part / 16`` doubling) to the one covering them, plus what the
+        in its ramping GETs (``part / 64`` doubling) to the one covering them, plus what the
         GETs alongside it have read by then (each ~half the covering GET), at its share of the
         node; plus a latency per round of GETs after the first."""
         worst = 0.0

@@ -16,7 +16,7 @@ What the reader sends to a remote store, per epoch; retries are not counted:
    sends no GET; a miss is fetched and written in).
 3. **data**: ranged GETs of the lane's ``part_bytes`` (``p``) over the run's byte range
    ``L`` bytes long: ``ceil(L / p)``; the first run of each lane ramps (its GETs start at
-   ``p / 16`` and double up to ``p``: :func:`~shardstream.storage.producer.part_ranges`).
+   ``p / 64`` and double up to ``p``: :func:`~shardstream.storage.producer.part_ranges`).
    With a node cache: a hit sends none; a miss fills the whole shard (GETs from the run's
    first byte to the end, the first run of a lane ramping, then from 0 to that byte), and
    its egress is the whole shard; a fill that bypasses the cache (a shard larger than it, or
@@ -47,7 +47,7 @@ __all__ = ["EpochReads", "Traffic", "epoch_reads", "gets", "ramp_sizes", "table_
 
 
 def ramp_sizes(part: int) -> list[int]:
-    """The sizes of a ramping read's GETs before they reach ``part`` bytes (``part / 16``,
+    """The sizes of a ramping read's GETs before they reach ``part`` bytes (``part / 64``,
     doubling), as :func:`~shardstream.storage.producer.part_ranges` cuts them: three parts'
     bytes hold the ramp (under two parts) and one whole part."""
     sizes = (end - start for start, end in part_ranges(0, 3 * part, part, ramp=True))
@@ -56,7 +56,7 @@ def ramp_sizes(part: int) -> list[int]:
 
 def gets(length: np.ndarray, part: np.ndarray, ramp: np.ndarray) -> np.ndarray:
     """Ranged GETs reading ``length`` bytes in parts of ``part`` (arrays, one entry per read),
-    ramping (``ramp``: from ``part / 16``, doubling) as
+    ramping (``ramp``: from ``part / 64``, doubling) as
     :func:`~shardstream.storage.producer.part_ranges` cuts them."""
     length = np.asarray(length, np.int64)
     part = np.broadcast_to(np.asarray(part, np.int64), length.shape)

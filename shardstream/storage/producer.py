@@ -148,6 +148,8 @@ class Producer:
             item: concurrent.futures.Future[list[bytes]] = concurrent.futures.Future()
             task.add_done_callback(lambda t, item=item: _copy_outcome(t, item))
             shard.items.put((item, start, end))
+            if ramp and start == first:  # the reader's first part has the link to itself
+                await asyncio.wait([task])
         shard.waiting_on = f"{shard.store.label} ({shard.store.endpoint})"
         shard.items.put(END)
 
@@ -223,10 +225,10 @@ class Producer:
 
 def part_ranges(first: int, last: int, part_bytes: int, *, ramp: bool) -> Iterator[tuple[int, int]]:
     """``(start, end)`` byte ranges of the ranged GETs for bytes ``first`` to ``last`` of a
-    shard. With ``ramp`` (the first shard a reader waits for) they start at ``part_bytes / 16``
-    and double up to ``part_bytes``, so the first sample does not wait for a full part sharing
-    the link with the others."""
-    size = max(1, part_bytes // 16) if ramp else part_bytes
+    shard. With ``ramp`` (the first shard a reader waits for) they start at ``part_bytes / 64``
+    (at least 64 KiB) and double up to ``part_bytes``, so the first sample does not wait for a
+    full part; the producer sends that first GET alone, the others once it is in."""
+    size = max(min(part_bytes, 64 << 10), part_bytes // 64) if ramp else part_bytes
     start = first
     while start < last:
         end = min(start + size, last)
