@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import DestinationError, IndexFormatError, SourceNotFoundError
-from ..format import member_header, padded_size, split_key
+from ..format import BLOCK_BYTES, member_header_size, split_key
 from ..shuffle import shuffle_buffer
 from ..storage import Store, is_remote_url, open_store, split_url
 from .label_file import parse_label_file
@@ -148,6 +148,7 @@ class Listing:
         """``(shard, sample)`` for the samples of shards ``[first, end)``, in order, reading
         only the listing files that hold them. A source file's path is its local path or URL."""
         remote = is_remote_url(source_url)
+        base = source_url if not remote and source_url.endswith("/") else source_url + "/"  # as os.path.join
         for number, (start, count, _) in enumerate(self.files):
             if start + count <= first or start >= end:
                 continue
@@ -175,11 +176,13 @@ class Listing:
                         member, entry = fields[i].decode(), fields[i + 1]
                         if entry[:1] == b"=":
                             files.append(SourceFile(member, "", len(entry) - 1, data=entry[1:]))
-                            continue
-                        size, _, rel = entry.partition(b":")
-                        name = rel.decode() if rel else member
-                        path = f"{source_url}/{name}" if remote else os.path.join(source_url, name)
-                        files.append(SourceFile(member, path, int(size), rel=name if rel else None))
+                        else:
+                            size, _, rel = entry.partition(b":")
+                            if rel:
+                                name = rel.decode()
+                                files.append(SourceFile(member, base + name, int(size), rel=name))
+                            else:
+                                files.append(SourceFile(member, base + member, int(size)))
                     yield shard, Sample(split_key(files[0].member_name)[0], tuple(files))
 
 
@@ -201,7 +204,11 @@ def _entry(file: SourceFile) -> bytes:
 
 def sample_tar_bytes(sample: Sample) -> int:
     """Bytes the sample takes in a tar shard (headers and padding), as the writer counts them."""
-    return sum(len(member_header(f.member_name, f.size or 0)) + padded_size(f.size or 0) for f in sample.files)
+    total = 0
+    for file in sample.files:
+        size = file.size or 0
+        total += member_header_size(file.member_name, size) + size + (-size & (BLOCK_BYTES - 1))
+    return total
 
 
 def plan_shards(samples: Iterator[Sample], limits: ShardLimits) -> Iterator[tuple[bool, Sample]]:

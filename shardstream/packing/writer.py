@@ -6,18 +6,25 @@ where a shard ends, which the listing's plan (:mod:`.listing`) applies too."""
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..format import END_OF_ARCHIVE, member_header, padded_size
+from ..format import BLOCK_BYTES, END_OF_ARCHIVE, member_header
 from ..index import TABLE_SUFFIX, TableSpool
 from ..storage import ShardSink, Store, write_pieces
 
+try:  # ISA-L's CRC-32: the values of zlib.crc32, several times faster
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib where it is absent
+    from zlib import crc32
+
 __all__ = ["AbortsOnError", "PublishedShard", "RotatingTarWriter", "ShardLimits"]
 
-_ZEROS = bytes(512)
+_ZEROS = bytes(BLOCK_BYTES)
+_BLOCK_MASK = BLOCK_BYTES - 1
+_FLUSH_BYTES = 1 << 20  # a local shard's pieces are written in runs of about this many bytes
+_FLUSH_PIECES = 768  # ... or of this many pieces (writev takes up to IOV_MAX, 1024)
 
 
 @dataclass(frozen=True)
@@ -131,22 +138,30 @@ class RotatingTarWriter(AbortsOnError):
         May first publish the shard in progress (calling ``on_commit``) if the sample does
         not fit in it.
         """
-        headers = [member_header(member_name, len(payload)) for member_name, payload in members]
-        size = sum(len(h) + padded_size(len(p)) for h, (_, p) in zip(headers, members))
+        pieces: list[bytes] = []
+        entries = []
+        offset = 0
+        for member_name, payload in members:
+            length = len(payload)
+            header = member_header(member_name, length)
+            pad = -length & _BLOCK_MASK
+            entries.append((member_name, offset + len(header), length))
+            if pad:
+                pieces += (header, payload, _ZEROS[:pad])
+            else:
+                pieces += (header, payload)
+            offset += len(header) + length + pad
+        size = offset
         limits = self.limits
         if self._sink is not None and limits is not None and limits.ends_before(self._bytes, self._num_samples, size):
             self._publish()
         if self._sink is None:
             self._sink = self.store.open_writer(self.shard_names(self.seq))
-        entries = []
-        pieces: list[bytes] = []
-        offset = self._bytes
-        for header, (member_name, payload) in zip(headers, members):
-            entries.append((member_name, offset + len(header), len(payload)))
-            pad = padded_size(len(payload)) - len(payload)
-            pieces += (header, payload, _ZEROS[:pad]) if pad else (header, payload)
-            offset += len(header) + len(payload) + pad
-        self._write(pieces)
+            self._write_many = getattr(self._sink, "write_many", None)
+        if self._bytes:
+            base = self._bytes
+            entries = [(name, base + start, length) for name, start, length in entries]
+        self._write(pieces, size)
         self._table.add(key, entries)
         self._num_samples += 1
         self._num_members += len(entries)
@@ -172,26 +187,40 @@ class RotatingTarWriter(AbortsOnError):
 
     def abort(self) -> None:
         """Drop the shard in progress (published shards stay)."""
+        self._pending = []
         if self._sink is not None:
             self._sink.abort()
             self._sink = None
 
-    def _write(self, pieces: Sequence[bytes]) -> None:
-        """Write ``pieces`` in order, with one system call for a local shard."""
+    def _write(self, pieces: Sequence[bytes], size: int) -> None:
+        """Write ``pieces`` (``size`` bytes in all) in order: a local shard's gather in runs
+        written with one system call each (:meth:`_flush`), others' go out at once."""
         assert self._sink is not None  # internal: write_sample opened it
-        write_many = getattr(self._sink, "write_many", None)
-        if write_many is not None:
-            write_many(pieces)
-        else:
+        for piece in pieces:
+            self._crc32 = crc32(piece, self._crc32)
+        self._bytes += size
+        if self._write_many is None:
             for piece in pieces:
                 self._sink.write(piece)
-        for piece in pieces:
-            self._crc32 = zlib.crc32(piece, self._crc32)
-            self._bytes += len(piece)
+            return
+        self._pending += pieces
+        self._pending_bytes += size
+        if self._pending_bytes >= _FLUSH_BYTES or len(self._pending) >= _FLUSH_PIECES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the pieces gathered for a local shard (one ``writev``)."""
+        if self._pending:
+            pending, self._pending, self._pending_bytes = self._pending, [], 0
+            assert self._write_many is not None
+            self._write_many(pending)
 
     def _next_shard(self) -> None:
         """Start shard number ``seq`` afresh (opened by its first sample)."""
         self._sink = None
+        self._write_many: Callable[[Sequence[bytes]], None] | None = None
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._crc32 = self._bytes = self._num_samples = self._num_members = 0
         self._table = TableSpool(self.shard_names(self.seq))
 
@@ -199,7 +228,8 @@ class RotatingTarWriter(AbortsOnError):
         """Publish the shard in progress (its upload completes, or its temporary file is
         renamed into place), then its sample table (streamed from its spool), then call
         ``on_commit``: how every writer publishes a shard."""
-        self._write([END_OF_ARCHIVE])
+        self._write([END_OF_ARCHIVE], len(END_OF_ARCHIVE))
+        self._flush()
         assert self._sink is not None
         self._sink.commit()
         published = PublishedShard(
