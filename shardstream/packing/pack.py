@@ -31,7 +31,7 @@ from .labels import input_classes, write_classes
 from .listing import Listing, ensure_listing, read_label_bytes
 from .parts import Part, part_and_workers
 from .sources import Problem, check_source
-from .stream import OnError, StreamJob, StreamResult, check_problem, run_in_processes, run_stream
+from .stream import OnError, StreamJob, StreamResult, Workers, check_problem, run_stream
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 
@@ -228,21 +228,6 @@ def pack(
 
     listed_problems: list[Problem] = []
     with _spooled_list(files_from) as list_path:
-        total_files = None
-        if spec.listed:
-            listing = list_once(
-                store,
-                spec,
-                list_path=list_path,
-                on_error=on_error,
-                shuffle_buffer=shuffle_buffer,
-                s3=s3,
-                requests=requests,
-                found=listed_problems,
-            )
-            total_files = sum(
-                listing.files_in(*listing.shard_range(s, spec.num_streams)) for s in spec.streams_of_part(part.index)
-            )
         jobs = [
             StreamJob(
                 spec=spec,
@@ -257,12 +242,34 @@ def pack(
             )
             for stream in spec.streams_of_part(part.index)
         ]
-        if ray is not None:
-            from .ray_run import run_streams_on_ray
+        # worker processes start (and import) while the listing is made; they run once it is
+        workers = Workers(jobs, run_stream, error=_worker_error) if ray is None and len(jobs) > 1 else None
+        try:
+            total_files = None
+            if spec.listed:
+                listing = list_once(
+                    store,
+                    spec,
+                    list_path=list_path,
+                    on_error=on_error,
+                    shuffle_buffer=shuffle_buffer,
+                    s3=s3,
+                    requests=requests,
+                    found=listed_problems,
+                )
+                total_files = sum(
+                    listing.files_in(*listing.shard_range(s, spec.num_streams))
+                    for s in spec.streams_of_part(part.index)
+                )
+            if ray is not None:
+                from .ray_run import run_streams_on_ray
 
-            results = run_streams_on_ray(jobs, run_stream, progress=progress, total_files=total_files)
-        else:
-            results = _run_jobs(jobs, progress=progress, total_files=total_files)
+                results = run_streams_on_ray(jobs, run_stream, progress=progress, total_files=total_files)
+            else:
+                results = _run_jobs(jobs, progress=progress, total_files=total_files, workers=workers)
+        finally:
+            if workers is not None:
+                workers.kill()  # where they did not finish (they have exited where they did)
 
     problems = (*listed_problems, *(p for r in results for p in r.problems))
     listed = " and --files-from" if files_from else ""
@@ -379,8 +386,11 @@ class _spooled_list:
             os.unlink(self.tmp)
 
 
-def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None = None) -> list[StreamResult]:
-    """Run streams inline (one) or in spawned worker processes, driving one progress bar."""
+def _run_jobs(
+    jobs: list[StreamJob], *, progress: bool, total_files: int | None = None, workers: Workers | None = None
+) -> list[StreamResult]:
+    """Run streams inline (one) or in spawned worker processes (``workers``, started already),
+    driving one progress bar."""
     bar = tqdm(
         unit=" files",
         unit_scale=True,
@@ -402,9 +412,9 @@ def _run_jobs(jobs: list[StreamJob], *, progress: bool, total_files: int | None 
             bar.set_postfix_str(f"{payload / 1e6 / max(bar.format_dict['elapsed'], 1e-9):.1f} MB/s", refresh=False)
 
     try:
-        if len(jobs) == 1:
-            return [run_stream(jobs[0], advance)]
-        return run_in_processes(jobs, run_stream, advance, name="pack", error=_worker_error)
+        if workers is None:
+            return [run_stream(job, advance) for job in jobs]
+        return workers.run(advance, name="pack")
     finally:
         if sys.exc_info()[0] is None:  # done: the total was the listing's estimate (skipped files never count)
             bar.total = bar.n

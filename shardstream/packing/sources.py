@@ -209,11 +209,13 @@ def group_samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sa
     """
     by_key: dict[str, dict[str, SourceFile]] = {}
     for file in files:
-        problem = name_problem(file.member_name, file.path)
-        if problem is not None:
-            on_problem(problem)
-            continue
-        key, ext = split_key(file.member_name)
+        name = file.member_name
+        key, ext = split_key(name)
+        if ext in RESERVED_FIELDS or "\n" in name or "\r" in name or not name.isascii():
+            problem = name_problem(name, file.path)  # the usual name passes these checks at once
+            if problem is not None:
+                on_problem(problem)
+                continue
         members = by_key.setdefault(key, {})
         other = members.get(ext.lower())
         if other is not None:
@@ -237,8 +239,10 @@ def group_samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sa
             )
     samples = []
     for key in sorted(by_key):
-        sample = Sample(key, tuple(sorted(by_key[key].values(), key=lambda f: f.member_name)))
-        if len(sample.files) > 1:
+        members = by_key[key]
+        sample = Sample(key, tuple(sorted(members.values(), key=lambda f: f.member_name)))
+        # only where two extensions (lower-cased) share their last dot part can it warn
+        if len(members) > 1 and len({ext.rpartition(".")[2] for ext in members}) < len(members):
             merged = merged_problem(sample)
             if merged is not None:
                 on_problem(merged)

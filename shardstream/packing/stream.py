@@ -55,6 +55,7 @@ __all__ = [
     "OnError",
     "StreamJob",
     "StreamResult",
+    "Workers",
     "check_problem",
     "die_with_parent",
     "run_in_processes",
@@ -138,7 +139,9 @@ def _count(
     result: StreamResult, members: list[tuple[str, bytes]], advance: Callable[[int, int], None], *, made: int = 0
 ) -> None:
     """Count a sample written: its files (``members`` less the ``made`` ones pack made) and bytes."""
-    size = sum(len(p) for _, p in members)
+    size = 0
+    for _, payload in members:
+        size += len(payload)
     result.num_files += len(members) - made
     result.num_samples += 1
     result.payload_bytes += size
@@ -231,44 +234,78 @@ def run_in_processes(
         ShardstreamError: a worker died (``{name} worker for stream N died``). Either way, or
             when this process is interrupted, every worker is killed.
     """
-    context = multiprocessing.get_context("spawn")
-    messages = context.Queue()
-    processes = [
-        context.Process(target=_worker_process, args=(job, messages, os.getpid(), run, error), daemon=True)
-        for job in jobs
-    ]
-    for process in processes:
-        process.start()
-    results: dict[int, Any] = {}
-    failure: BaseException | None = None
-    try:
-        while len(results) < len(jobs) and failure is None:
-            try:
-                kind, stream, value = messages.get(timeout=0.5)
-            except queue.Empty:
-                dead = [
-                    j.stream for j, p in zip(jobs, processes) if p.exitcode not in (None, 0) and j.stream not in results
-                ]
-                if dead:
-                    failure = ShardstreamError(
-                        f"{name} worker for stream {dead[0]} died; run the same command again to resume"
-                    )
-                continue
-            if kind == "progress":
-                advance(*value)
-            elif kind == "done":
-                results[stream] = value
-            else:
-                failure = value
-    finally:
-        if failure is not None or len(results) < len(jobs):
-            for process in processes:
+    return Workers(jobs, run, error=error).run(advance, name=name)
+
+
+class Workers:
+    """The worker processes of :func:`run_in_processes`, started at once: each imports what it
+    needs, then waits for :meth:`run` (so a pack's workers start while its listing is made).
+    :meth:`kill` them where :meth:`run` is not reached."""
+
+    def __init__(
+        self,
+        jobs: Sequence[Any],
+        run: Callable[[Any, Callable[[int, int], None]], Any],
+        *,
+        error: Callable[[BaseException, int], BaseException],
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.jobs = jobs
+        self.messages = context.Queue()
+        self.go = context.Event()
+        self.processes = [
+            context.Process(
+                target=_worker_process, args=(job, self.messages, os.getpid(), run, error, self.go), daemon=True
+            )
+            for job in jobs
+        ]
+        try:
+            for process in self.processes:
+                process.start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.pid is not None:
                 process.kill()
-    if failure is not None:
-        raise failure
-    for process in processes:
-        process.join()
-    return [results[job.stream] for job in jobs]
+
+    def run(self, advance: Callable[[int, int], None], *, name: str) -> list[Any]:
+        """Let the workers run their jobs; see :func:`run_in_processes`."""
+        jobs, processes, messages = self.jobs, self.processes, self.messages
+        self.go.set()
+        results: dict[int, Any] = {}
+        failure: BaseException | None = None
+        try:
+            while len(results) < len(jobs) and failure is None:
+                try:
+                    kind, stream, value = messages.get(timeout=0.5)
+                except queue.Empty:
+                    dead = [
+                        j.stream
+                        for j, p in zip(jobs, processes)
+                        if p.exitcode not in (None, 0) and j.stream not in results
+                    ]
+                    if dead:
+                        failure = ShardstreamError(
+                            f"{name} worker for stream {dead[0]} died; run the same command again to resume"
+                        )
+                    continue
+                if kind == "progress":
+                    advance(*value)
+                elif kind == "done":
+                    results[stream] = value
+                else:
+                    failure = value
+        finally:
+            if failure is not None or len(results) < len(jobs):
+                self.kill()
+        if failure is not None:
+            raise failure
+        for process in processes:
+            process.join()
+        return [results[job.stream] for job in jobs]
 
 
 def _worker_process(
@@ -277,11 +314,13 @@ def _worker_process(
     parent: int,
     run: Callable[[Any, Callable[[int, int], None]], Any],
     error: Callable[[BaseException, int], BaseException],
+    go: Any,
 ) -> None:
     """A worker of :func:`run_in_processes`: its progress, then its result or error, to ``messages``."""
     die_with_parent()
     if os.getppid() != parent:  # the parent died before this process asked to die with it
         os._exit(1)
+    go.wait()
     pending = [0, 0, time.monotonic()]
 
     def advance(a: int, b: int) -> None:
@@ -395,9 +434,7 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
             data = source_store.read_bytes(file.path[len(source_store.url) + 1 :])
             expected = len(data)  # one GET: the object as it is now
         else:
-            with open(file.path, "rb") as f:
-                expected = os.fstat(f.fileno()).st_size
-                data = f.read()
+            data, expected = _read_local(file.path)
     except (FileNotFoundError, ShardNotFoundError):
         return None, Problem(file.path, ProblemKind.VANISHED, "vanished before it was read")
     except StorageError:
@@ -417,6 +454,23 @@ def _read_file(file: SourceFile, source_store: Store | None) -> tuple[bytes | No
             f"changed size since the pack listed SOURCE ({file.size} -> {len(data)} bytes): packed as it is now",
         )
     return data, None
+
+
+def _read_local(path: str) -> tuple[bytes, int]:
+    """A local file's bytes to its end, and its size when opened (``open(path, "rb").read()``
+    and its ``fstat``, in fewer calls: one read where the file is as large as it was)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        expected = os.fstat(fd).st_size
+        data = os.read(fd, expected + 1)
+        if len(data) != expected:  # it grew or shrank since: read on to its end
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    return data, expected
 
 
 def _read_sample(
@@ -464,6 +518,8 @@ def _read_sample(
 def _with_sizes(sample: Sample) -> Sample:
     """Stat the files of a sample this stream reads (the walk leaves sizes to the reader,
     so each file is stat-ed by one stream only); the read-ahead budget needs them."""
+    if all(file.size is not None or file.data is not None for file in sample.files):
+        return sample  # the listing gave every size
     files = []
     for file in sample.files:
         if file.size is None and file.data is None:
@@ -473,6 +529,11 @@ def _with_sizes(sample: Sample) -> Sample:
                 pass  # reading it will report why
         files.append(file)
     return Sample(sample.key, tuple(files))
+
+
+_LOCAL_THREADS = 4
+_LOCAL_BATCH_SAMPLES = 32
+_LOCAL_BATCH_BYTES = 4 << 20
 
 
 def _read_ahead(
@@ -489,7 +550,7 @@ def _read_ahead(
     Local files are read in batches of up to 32 samples or 4 MiB per task (a task per small
     file costs more than reading it from the page cache); S3 objects one per task, 32 at once.
     """
-    threads, batch_samples = (32, 1) if source_store is not None else (4, 32)
+    threads, batch_samples = (32, 1) if source_store is not None else (_LOCAL_THREADS, _LOCAL_BATCH_SAMPLES)
     ahead: collections.deque[tuple[int, concurrent.futures.Future[Any]]] = collections.deque()
     inflight = 0
 
@@ -504,8 +565,9 @@ def _read_ahead(
                 if source_store is None:
                     sample = _with_sizes(sample)
                 batch.append(sample)
-                batch_bytes += sum(f.size or 0 for f in sample.files)
-                if len(batch) < batch_samples and batch_bytes < 4 << 20:
+                for file in sample.files:
+                    batch_bytes += file.size or 0
+                if len(batch) < batch_samples and batch_bytes < _LOCAL_BATCH_BYTES:
                     continue
                 ahead.append((batch_bytes, pool.submit(read_batch, batch)))
                 inflight += batch_bytes
