@@ -5,15 +5,18 @@
     python bench/pack.py --tiny 1000000       # a million 100-byte files: speed and peak RSS
 
 All tools read the same files from a warm page cache and write to the same disk; the S3
-runs go to a local SeaweedFS started here. Printed: seconds, files/s, MB/s and the ratios
-against the targets (shardstream to local disk >= 0.8x GNU tar and >= 2x ShardWriter; to
-S3 >= 0.7x its own local-disk speed; --tiny: peak RSS <= 300 MB).
+runs go to a local SeaweedFS started here. Printed: seconds, files/s, MB/s, CPU seconds per GB
+of payload (user + system of the whole process tree: a command's and its children's, from
+``getrusage(RUSAGE_CHILDREN)`` deltas; ShardWriter's from this process's own) and the ratios
+against the targets (shardstream to local disk >= 0.8x GNU tar's wall time, <= 2.5x its CPU
+per GB, and >= 2x ShardWriter; to S3 >= 0.7x its own local-disk speed; --tiny: peak RSS <= 300 MB).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -42,6 +45,13 @@ def tree_rss_bytes(pid: int) -> tuple[int, int]:
         largest = max(largest, rss.get(p, 0))
         todo.extend(children.get(p, []))
     return total, largest
+
+
+def cpu_s(who: int) -> float:
+    """User + system CPU seconds of ``who`` (``resource.RUSAGE_SELF`` or ``RUSAGE_CHILDREN``:
+    every child waited for, with the children they waited for)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_measured(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
@@ -143,6 +153,14 @@ def main() -> None:
         help="scratch directory for outputs (default: a temp dir); /dev/shm/... takes the disk out of the comparison",
     )
     parser.add_argument("--skip-s3", action="store_true", help="only the local-disk runs")
+    parser.add_argument("--skip-shardwriter", action="store_true", help="leave webdataset's ShardWriter out")
+    parser.add_argument(
+        "--cold-bytecode",
+        action="store_true",
+        help="let every shardstream process compile its modules, as under PYTHONDONTWRITEBYTECODE with no "
+        "__pycache__ (default: a private bytecode cache, PYTHONPYCACHEPREFIX, filled by a warm-up pack first, "
+        "as an installed package has its .pyc)",
+    )
     args = parser.parse_args()
     scratch = Path(args.out or tempfile.mkdtemp(prefix="shardstream-bench-pack-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -153,6 +171,28 @@ def main() -> None:
             speed(args, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def bytecode_env(scratch: Path, args: argparse.Namespace) -> dict[str, str] | None:
+    """The environment of the shardstream runs: with ``--cold-bytecode`` this one (each
+    process compiles what it imports when PYTHONDONTWRITEBYTECODE is set and there is no
+    __pycache__); else a private bytecode cache (PYTHONPYCACHEPREFIX under ``scratch``, so
+    nothing outside it is written), filled by a pack of a few files with the same workers."""
+    if args.cold_bytecode:
+        print("bytecode: compiled by every shardstream process (--cold-bytecode)")
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(scratch / "pycache")
+    few = scratch / "warm-up-src"
+    few.mkdir()
+    for i in range(4):
+        (few / f"{i}.bin").write_bytes(b"x")
+    command = [SHARDSTREAM, "pack", str(few), str(scratch / "warm-up-out"), "--workers", str(args.workers)]
+    subprocess.run([*command, "--no-progress"], env=env, check=True, capture_output=True)
+    shutil.rmtree(few)
+    shutil.rmtree(scratch / "warm-up-out")
+    print("bytecode: cached, as an installed package has it (PYTHONPYCACHEPREFIX filled by a warm-up pack)")
+    return env
 
 
 def tiny(args: argparse.Namespace, scratch: Path) -> None:
@@ -181,39 +221,48 @@ def speed(args: argparse.Namespace, scratch: Path) -> None:
     print(f"corpus {root}: {files} files, {payload / 1e6:.0f} MB; warming the page cache ...", flush=True)
     warm(root)
     results: dict[str, float] = {}
+    cpu_per_gb: dict[str, float] = {}
+    py_env = bytecode_env(scratch, args)
 
     def measure(label: str, command: list[str] | None = None, call=None, env=None) -> None:
         out = scratch / label.replace(" ", "-").replace(":", "")
         out.mkdir()
         subprocess.run(["sync"], check=True)  # the previous run's writeback must not slow this one
         if command is not None:
+            cpu = cpu_s(resource.RUSAGE_CHILDREN)
             seconds, _, _ = run_measured([c.replace("{out}", str(out)) for c in command], env=env)
+            cpu = cpu_s(resource.RUSAGE_CHILDREN) - cpu
         else:
+            cpu = cpu_s(resource.RUSAGE_SELF)
             started = time.perf_counter()
             call(out)
             seconds = time.perf_counter() - started
+            cpu = cpu_s(resource.RUSAGE_SELF) - cpu
         results[label] = seconds
+        cpu_per_gb[label] = cpu / (payload / 1e9)
         print(
-            f"{label:28s} {seconds:7.1f} s {files / seconds:9.0f} files/s {payload / 1e6 / seconds:8.0f} MB/s",
+            f"{label:28s} {seconds:7.1f} s {files / seconds:9.0f} files/s {payload / 1e6 / seconds:8.0f} MB/s "
+            f"{cpu:6.1f} CPU-s {cpu_per_gb[label]:5.2f} CPU-s/GB",
             flush=True,
         )
         shutil.rmtree(out)
 
     measure("GNU tar cf", ["tar", "-cf", "{out}/all.tar", "-C", str(root), "."])
-    measure("webdataset ShardWriter", call=lambda out: shardwriter_pack(root, out))
+    if not args.skip_shardwriter:
+        measure("webdataset ShardWriter", call=lambda out: shardwriter_pack(root, out))
     measure(
         "shardstream -> disk",
         [SHARDSTREAM, "pack", str(root), "{out}", "--workers", str(args.workers), "--no-progress"],
+        env=py_env,
     )
     local = results["shardstream -> disk"]
-    ratios = [
-        ("shardstream disk / GNU tar", results["GNU tar cf"] / local, 0.8),
-        ("shardstream disk / ShardWriter", results["webdataset ShardWriter"] / local, 2.0),
-    ]
+    ratios = [("shardstream disk / GNU tar", results["GNU tar cf"] / local, 0.8)]
+    if not args.skip_shardwriter:
+        ratios.append(("shardstream disk / ShardWriter", results["webdataset ShardWriter"] / local, 2.0))
     if not args.skip_s3:
         with SeaweedS3Server() as server:
             server.create_bucket("bench")
-            env = {**os.environ, **server.info.env()}
+            env = {**(py_env or os.environ), **server.info.env()}
             server_cpu_s = process_cpu_s(server.pid)
             measure("S3 limit: multipart PUT", call=lambda out: s3_upload_limit(server.info, payload))
             server_cpu_s = process_cpu_s(server.pid) - server_cpu_s
@@ -236,6 +285,12 @@ def speed(args: argparse.Namespace, scratch: Path) -> None:
     for label, ratio, target in ratios:
         verdict = f"target >= {target}x: {'met' if ratio >= target else 'NOT met'}" if target else "no target"
         print(f"{label:36s} {ratio:5.2f}x ({verdict})")
+    cpu_ratio = cpu_per_gb["shardstream -> disk"] / cpu_per_gb["GNU tar cf"]
+    print(
+        f"{'shardstream disk CPU/GB / GNU tar':36s} {cpu_ratio:5.2f}x "
+        f"({cpu_per_gb['shardstream -> disk']:.2f} vs {cpu_per_gb['GNU tar cf']:.2f} CPU-s/GB; "
+        f"target <= 2.5x: {'met' if cpu_ratio <= 2.5 else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":
