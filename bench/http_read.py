@@ -45,7 +45,6 @@ import importlib
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # servers.nginx
 
 import corpus
+from procs import rusage_cpu_s
 
 _FIRST: dict[str, float] = {}  # where the reader's start-up ended (its process runs one reader)
 
@@ -66,7 +66,7 @@ def mark_first(samples: int = 0, nbytes: int = 0) -> None:
     limit: its first bytes). Records the clock and the process's CPU seconds since it started;
     ``samples`` and ``nbytes``, what it has read by then, are left out of the steady figures."""
     if not _FIRST:
-        _FIRST.update(at=time.perf_counter(), cpu=_cpu_s(), samples=samples, bytes=nbytes)
+        _FIRST.update(at=time.perf_counter(), cpu=rusage_cpu_s(), samples=samples, bytes=nbytes)
 
 
 def read_limit(
@@ -158,11 +158,6 @@ SWEEP = {  # in flight, bytes a GET, socket reads of up to 2 MiB
 KEEP = "keep-8x16-2m"  # the keep floor: limit-8x16-2m's GETs, bodies kept, members copied out
 
 
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def reader_main(name: str, url: str, shards_json: str) -> None:
     """Run one reader; print its measurements as one JSON line. Its CPU (user + system of the
     process) is split at its first sample (a limit: its first bytes; :func:`mark_first`):
@@ -183,7 +178,7 @@ def reader_main(name: str, url: str, shards_json: str) -> None:
         for module in ("numpy", "stream", "shardstream.index"):
             importlib.import_module(module)
     started = time.perf_counter()
-    at_start = {"at": started, "cpu": _cpu_s(), "samples": 0, "bytes": 0}
+    at_start = {"at": started, "cpu": rusage_cpu_s(), "samples": 0, "bytes": 0}
     if name in SWEEP:
         inflight, part, wide = SWEEP[name]
         nbytes = read_limit(url, shards, inflight, part, wide)  # type: ignore[arg-type]
@@ -191,7 +186,7 @@ def reader_main(name: str, url: str, shards_json: str) -> None:
     else:
         samples = read_keep(url, shards, *SWEEP["limit-8x16-2m"][:2]) if name == KEEP else read_shardstream(url)
         nbytes = total_bytes
-    seconds, cpu = time.perf_counter() - started, _cpu_s()
+    seconds, cpu = time.perf_counter() - started, rusage_cpu_s()
     mark = _FIRST or at_start  # nothing read: steady from construction
     steady_samples = samples - int(mark["samples"])
     steady_bytes = nbytes - mark["bytes"] if not samples else total_bytes * steady_samples / samples

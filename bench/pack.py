@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import photo_corpus, tiny_corpus
-from procs import process_cpu_s, processes
+from procs import process_cpu_s, processes, rusage_cpu_s
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 
@@ -45,13 +45,6 @@ def tree_rss_bytes(pid: int) -> tuple[int, int]:
         largest = max(largest, rss.get(p, 0))
         todo.extend(children.get(p, []))
     return total, largest
-
-
-def cpu_s(who: int) -> float:
-    """User + system CPU seconds of ``who`` (``resource.RUSAGE_SELF`` or ``RUSAGE_CHILDREN``:
-    every child waited for, with the children they waited for)."""
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
 
 
 def run_measured(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int, int]:
@@ -229,15 +222,15 @@ def speed(args: argparse.Namespace, scratch: Path) -> None:
         out.mkdir()
         subprocess.run(["sync"], check=True)  # the previous run's writeback must not slow this one
         if command is not None:
-            cpu = cpu_s(resource.RUSAGE_CHILDREN)
+            cpu = rusage_cpu_s(resource.RUSAGE_CHILDREN)
             seconds, _, _ = run_measured([c.replace("{out}", str(out)) for c in command], env=env)
-            cpu = cpu_s(resource.RUSAGE_CHILDREN) - cpu
+            cpu = rusage_cpu_s(resource.RUSAGE_CHILDREN) - cpu
         else:
-            cpu = cpu_s(resource.RUSAGE_SELF)
+            cpu = rusage_cpu_s(resource.RUSAGE_SELF)
             started = time.perf_counter()
             call(out)
             seconds = time.perf_counter() - started
-            cpu = cpu_s(resource.RUSAGE_SELF) - cpu
+            cpu = rusage_cpu_s(resource.RUSAGE_SELF) - cpu
         results[label] = seconds
         cpu_per_gb[label] = cpu / (payload / 1e9)
         print(

@@ -4,6 +4,7 @@ figures."""
 from __future__ import annotations
 
 import os
+import resource
 from typing import NamedTuple
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
@@ -20,6 +21,13 @@ def _stat(pid: int | str) -> Proc:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return Proc(int(fields[1]), (int(fields[11]) + int(fields[12])) * TICK_S, int(fields[21]) * PAGE_BYTES)
+
+
+def rusage_cpu_s(who: int = resource.RUSAGE_SELF) -> float:
+    """User + system CPU seconds of this process, all its threads (``RUSAGE_SELF``), or of its
+    children waited for, with the children they waited for (``RUSAGE_CHILDREN``)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def process_cpu_s(pid: int) -> float:

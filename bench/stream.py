@@ -138,7 +138,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import CACHE, boto3_client, import_mosaic, photo_corpus, small_corpus, tiny_corpus, write_once
 from pack import tree_rss_bytes
-from procs import process_cpu_s
+from procs import process_cpu_s, rusage_cpu_s
 
 BUCKET = "bench"
 IMAGE_EXT = "jpg"
@@ -379,8 +379,8 @@ def mark_first(samples: int = 0, nbytes: int = 0, *, timed: bool = True) -> None
     if not _FIRST:
         _FIRST.update(
             at=time.perf_counter() if timed else None,
-            self_cpu=_cpu_s(resource.RUSAGE_SELF),
-            children_cpu=_cpu_s(resource.RUSAGE_CHILDREN),
+            self_cpu=rusage_cpu_s(resource.RUSAGE_SELF),
+            children_cpu=rusage_cpu_s(resource.RUSAGE_CHILDREN),
             samples=samples,
             bytes=nbytes,
         )
@@ -1079,9 +1079,9 @@ def reader_main(name: str, setup_path: str) -> None:
     Torch's threads are limited by OMP_NUM_THREADS=1 from the parent (importing torch here
     would add its memory to readers that do not use it).
     """
-    harness_cpu = _cpu_s(resource.RUSAGE_SELF)
+    harness_cpu = rusage_cpu_s(resource.RUSAGE_SELF)
     setup = Setup(**json.loads(Path(setup_path).read_text()))
-    harness_cpu = _cpu_s(resource.RUSAGE_SELF) - harness_cpu  # the bench's, not the reader's start-up
+    harness_cpu = rusage_cpu_s(resource.RUSAGE_SELF) - harness_cpu  # the bench's, not the reader's start-up
     reader = READERS[name]
     samples = nbytes = damaged = 0
     capped = False
@@ -1090,7 +1090,7 @@ def reader_main(name: str, setup_path: str) -> None:
     if reader.prepare is not None:
         reader.prepare(setup)
     started = time.perf_counter()
-    at_start = {"self_cpu": _cpu_s(resource.RUSAGE_SELF), "children_cpu": _cpu_s(resource.RUSAGE_CHILDREN)}
+    at_start = {"self_cpu": rusage_cpu_s(resource.RUSAGE_SELF), "children_cpu": rusage_cpu_s(resource.RUSAGE_CHILDREN)}
     progress = reader.read(setup)
     for count, size, bad in progress:
         if count:
@@ -1100,9 +1100,9 @@ def reader_main(name: str, setup_path: str) -> None:
             capped = True
             break
     seconds = time.perf_counter() - started
-    self_cpu = _cpu_s(resource.RUSAGE_SELF)
+    self_cpu = rusage_cpu_s(resource.RUSAGE_SELF)
     progress.close()  # its DataLoader workers exit and are reaped: their CPU counts too
-    children_cpu = _cpu_s(resource.RUSAGE_CHILDREN)
+    children_cpu = rusage_cpu_s(resource.RUSAGE_CHILDREN)
     # Nothing read: no first sample, steady from construction.
     mark = _FIRST or {**at_start, "at": None, "samples": 0, "bytes": 0}
     result = {
@@ -1119,12 +1119,6 @@ def reader_main(name: str, setup_path: str) -> None:
         "steady_bytes": nbytes - mark["bytes"],
     }
     print(RESULT_TAG + json.dumps(result), flush=True)
-
-
-def _cpu_s(who: int) -> float:
-    """User + system CPU seconds of this process (all its threads) or of its reaped children."""
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
 
 
 # ---------------------------------------------------------------- the parent: run, tabulate, judge
