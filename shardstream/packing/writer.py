@@ -139,13 +139,13 @@ class RotatingTarWriter(AbortsOnError):
         not fit in it.
         """
         pieces: list[bytes] = []
-        entries = []
+        starts = []  # each payload's offset in the sample
         offset = 0
         for member_name, payload in members:
             length = len(payload)
             header = member_header(member_name, length)
             pad = -length & _BLOCK_MASK
-            entries.append((member_name, offset + len(header), length))
+            starts.append(offset + len(header))
             if pad:
                 pieces += (header, payload, _ZEROS[:pad])
             else:
@@ -158,9 +158,8 @@ class RotatingTarWriter(AbortsOnError):
         if self._sink is None:
             self._sink = self.store.open_writer(self.shard_names(self.seq))
             self._write_many = getattr(self._sink, "write_many", None)
-        if self._bytes:
-            base = self._bytes
-            entries = [(name, base + start, length) for name, start, length in entries]
+        base = self._bytes  # where the sample starts in its shard
+        entries = [(name, base + start, len(payload)) for (name, payload), start in zip(members, starts)]
         self._write(pieces, size)
         self._table.add(key, entries)
         self._num_samples += 1
