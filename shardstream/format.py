@@ -109,6 +109,7 @@ def member_header(member_name: str, size: int) -> bytes:
 def member_header_size(member_name: str, size: int) -> int:
     """``len(member_header(member_name, size))``, without making the header where it is one
     block (the common case)."""
+    # 25 characters are at most 100 UTF-8 bytes (4 a character): no encoding needed to know
     if size < _MAX_FAST_SIZE and (len(member_name) <= 25 or len(member_name.encode("utf-8", "surrogateescape")) <= 100):
         return BLOCK_BYTES
     return len(member_header(member_name, size))
