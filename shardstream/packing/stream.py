@@ -216,6 +216,22 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+_KEPT_FREE_HEAP_BYTES = 128 << 20  # twice the read-ahead budget of _read_ahead
+
+
+def keep_freed_heap() -> None:
+    """Let a worker process's ``malloc`` (glibc) keep up to 128 MiB of freed heap instead of
+    handing it back to the kernel at once (``M_TRIM_THRESHOLD``). A pack reads each file into a
+    fresh buffer that is freed a moment later; returning those pages and faulting them in again
+    took a tenth of a pack's CPU (perf: ``exc_page_fault`` under the read threads' ``read``)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+        if mallopt is not None:
+            mallopt(-1, _KEPT_FREE_HEAP_BYTES)  # M_TRIM_THRESHOLD
+
+
 def run_in_processes(
     jobs: Sequence[Any],
     run: Callable[[Any, Callable[[int, int], None]], Any],
@@ -320,6 +336,7 @@ def _worker_process(
     die_with_parent()
     if os.getppid() != parent:  # the parent died before this process asked to die with it
         os._exit(1)
+    keep_freed_heap()
     go.wait()
     pending = [0, 0, time.monotonic()]
 
