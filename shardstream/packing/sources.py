@@ -6,8 +6,8 @@ silently.
 
 - A local directory is walked depth first, each directory's entries sorted by name: the
   samples of its files first (grouped by key, sorted by key), then its subdirectories in name
-  order. Up to 64 directories ahead of the one consumed are scanned on 4 threads (for
-  network file systems, where a scan waits on the server).
+  order. The next directory is scanned while one is consumed; where scans wait (network
+  file systems, a cold disk), up to 64 directories ahead on 4 threads.
 - An object-store prefix (``s3://``, ``gs://``, ``az://``) is walked the same way, one
   "directory" (``Delimiter="/"``) at a time, directories listed concurrently.
 - A file list (newline- or NUL-separated paths relative to the source directory) is taken
@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import operator
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -44,11 +46,13 @@ __all__ = [
 ]
 
 LIST_THREADS = 16  # store "directories" listed at once (each LIST a round trip)
-LOCAL_LIST_THREADS = 4  # local directories scanned at once (page-cached scans are CPU-bound: more threads only contend)
+LOCAL_LIST_THREADS = 4  # local directories scanned at once where scans wait (ordered_walk)
 LIST_WINDOW = 64  # directories listed ahead of the one consumed
 
 
-@dataclass(frozen=True, slots=True)
+# SourceFile and Sample are not frozen: a listing makes one of each per file and per sample
+# (10^10 at most), and a frozen dataclass's __init__ costs four times a plain one's.
+@dataclass(slots=True)
 class SourceFile:
     """A member to pack: its member name (relative, ``/``-separated), where to read it (a
     local path, or an ``s3://`` URL), and its size in bytes when the listing gave it (None
@@ -67,7 +71,7 @@ class SourceFile:
     data: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sample:
     """Files sharing a key, members sorted by name."""
 
@@ -240,14 +244,21 @@ def group_samples(files: Iterable[SourceFile], on_problem: OnProblem) -> list[Sa
     samples = []
     for key in sorted(by_key):
         members = by_key[key]
-        sample = Sample(key, tuple(sorted(members.values(), key=lambda f: f.member_name)))
-        # only where two extensions (lower-cased) share their last dot part can it warn
-        if len(members) > 1 and len({ext.rpartition(".")[2] for ext in members}) < len(members):
+        if len(members) == 1:
+            samples.append(Sample(key, tuple(members.values())))
+            continue
+        sample = Sample(key, tuple(sorted(members.values(), key=_member_name)))
+        # only where two extensions (lower-cased) share their last dot part can it warn, and
+        # distinct extensions without a dot cannot
+        if "." in "".join(members) and len({ext.rpartition(".")[2] for ext in members}) < len(members):
             merged = merged_problem(sample)
             if merged is not None:
                 on_problem(merged)
         samples.append(sample)
     return samples
+
+
+_member_name = operator.attrgetter("member_name")
 
 
 def merged_problem(sample: Sample) -> Problem | None:
@@ -339,22 +350,45 @@ def ordered_walk(
 ) -> Iterator[tuple[str, list[SourceFile], list[str], list[Problem]]]:
     """``(rel, files, subdirs, problems)`` of each directory in walk order (a directory's
     files, then its subdirectories in order, depth first; ``rel`` is ``""`` for the root, else
-    ``"a/b/"``), while up to ``window`` directories ahead are listed on ``threads`` threads."""
+    ``"a/b/"``).
+
+    Up to ``window`` directories ahead of the one consumed are listed, on one thread while
+    listing is CPU-bound (a page-cached local tree: more threads would only take turns at the
+    GIL, each ``stat`` handing it over; a third slower, measured), on ``threads`` threads once
+    it waits (wall time past twice its CPU time and 10 ms: an object store, a network file
+    system, a cold disk)."""
     futures: dict[str, concurrent.futures.Future] = {}
     pending = [""]  # directories not consumed yet; the next one is last
-    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-list") as pool:
+    waited_s = cpu_s = 0.0
+    one = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shardstream-list")
+    many = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="shardstream-list")
+    pool = one
+    with one, many:
         try:
             while pending:
                 for rel in reversed(pending[-window:]):
                     if rel not in futures:
-                        futures[rel] = pool.submit(list_dir, rel)
+                        futures[rel] = pool.submit(_timed, list_dir, rel)
                 rel = pending.pop()
-                files, subdirs, problems = futures.pop(rel).result()
+                (files, subdirs, problems), wall, cpu = futures.pop(rel).result()
+                waited_s, cpu_s = waited_s + wall - cpu, cpu_s + cpu
+                if waited_s > max(0.01, 2 * cpu_s):
+                    pool = many
                 pending.extend(reversed(subdirs))
                 yield rel, files, subdirs, problems
         finally:
             for future in futures.values():
                 future.cancel()
+
+
+def _timed(list_dir: ListDir, rel: str) -> tuple[tuple[list[SourceFile], list[str], list[Problem]], float, float]:
+    """``list_dir(rel)``, the seconds it took and the CPU seconds of its thread."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    result = list_dir(rel)
+    return result, time.perf_counter() - wall, time.thread_time() - cpu
+
+
+_entry_name = operator.attrgetter("name")
 
 
 def _local_lister(root: str) -> ListDir:
@@ -363,14 +397,16 @@ def _local_lister(root: str) -> ListDir:
         problems: list[Problem] = []
         try:
             with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(it, key=_entry_name)
         except OSError as exc:
             return [], [], [Problem(path, ProblemKind.UNREADABLE, f"cannot list directory: {exc.strerror or exc}")]
         files: list[SourceFile] = []
         subdirs: list[str] = []
         for entry in entries:
             try:
-                if entry.is_dir(follow_symlinks=False):
+                if entry.is_file(follow_symlinks=False):  # the usual entry: no symlink to follow
+                    files.append(SourceFile(rel + entry.name, entry.path, entry.stat(follow_symlinks=False).st_size))
+                elif entry.is_dir(follow_symlinks=False):
                     subdirs.append(f"{rel}{entry.name}/")
                 elif entry.is_file():
                     files.append(SourceFile(rel + entry.name, entry.path, entry.stat().st_size))
