@@ -206,3 +206,42 @@ def test_a_planned_shard_whose_files_all_vanished_is_recorded_empty(tmp_path):
     }
     got = read_back(dest)
     assert "class0/0005.bin" not in got and got == all_files(src)  # all_files skips the symlink too
+
+
+def _tree_lister(fanout: int, depth: int, *, wait_s: float, seen: list[int], running: list[int], lock: threading.Lock):
+    """A lister of a made-up tree (``fanout`` folders a level, ``depth`` levels) that waits
+    ``wait_s`` per folder outside the GIL (as a network file system's scan does) and records
+    how many scans ran at once."""
+
+    def list_dir(rel: str):
+        with lock:
+            running[0] += 1
+            seen.append(running[0])
+        time.sleep(wait_s)
+        with lock:
+            running[0] -= 1
+        level = rel.count("/")
+        subdirs = [f"{rel}d{i}/" for i in range(fanout)] if level < depth else []
+        return [], subdirs, []
+
+    return list_dir
+
+
+@pytest.mark.parametrize("wait_s, widens", [(0.0, False), (0.02, True)])
+def test_ordered_walk_lists_on_more_threads_only_where_scans_wait(wait_s: float, widens: bool) -> None:
+    """A page-cached scan (no wait) is listed one folder at a time, ahead of the consumer (more
+    threads only take turns at the GIL); scans that wait are listed many at once. Either way the
+    walk order is the same depth-first order."""
+    from shardstream.packing.sources import ordered_walk
+
+    seen: list[int] = []
+    lister = _tree_lister(4, 3, wait_s=wait_s, seen=seen, running=[0], lock=threading.Lock())
+    order = [rel for rel, *_ in ordered_walk(lister, threads=4, window=16)]
+    expected = [""]
+    for a in range(4):
+        expected.append(f"d{a}/")
+        for b in range(4):
+            expected.append(f"d{a}/d{b}/")
+            expected += [f"d{a}/d{b}/d{c}/" for c in range(4)]
+    assert order == expected
+    assert (max(seen) > 1) is widens, seen
