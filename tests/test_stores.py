@@ -638,3 +638,24 @@ def test_a_body_waiting_in_the_socket_is_taken_up_to_receive_bytes_a_read(nginx_
     pieces = loop.run(read(), 60)
     assert b"".join(pieces) == payload
     assert 256 << 10 < max(map(len, pieces)) <= RECEIVE_BYTES, f"receive buffers granted: {granted} bytes"
+
+
+@pytest.mark.parametrize("already", [0, 1, 511, 512, 4000, 70_000])
+def test_local_write_resumes_after_a_short_writev(tmp_path, already: int) -> None:
+    """After a short ``writev`` (a signal, a full disk freed), the local sink writes exactly the
+    rest, resuming mid-piece, across more pieces than one ``writev`` takes (IOV_MAX)."""
+    import random
+
+    from shardstream.storage.local import _IOV_MAX, _write_rest
+
+    rng = random.Random(already)
+    pieces = [rng.randbytes(rng.choice([0, 1, 37, 512, 3000])) for _ in range(_IOV_MAX + 300)]
+    whole = b"".join(pieces)
+    path = tmp_path / "out.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(fd, whole[:already])  # what the short writev wrote
+        _write_rest(fd, pieces, already)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == whole

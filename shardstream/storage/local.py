@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -183,6 +185,20 @@ class LocalStore:
         return _LocalSink(path)
 
 
+def _write_rest(fd: int, pieces: Sequence[bytes | memoryview], written: int) -> None:
+    """Write what is left of ``pieces`` after a short ``writev`` of ``written`` bytes."""
+    pending = collections.deque(memoryview(p) for p in pieces if len(p))  # an empty piece never goes out
+    while pending:
+        while written and pending:  # drop what went out; a short write resumes mid-piece
+            if written >= len(pending[0]):
+                written -= len(pending.popleft())
+            else:
+                pending[0] = pending[0][written:]
+                written = 0
+        if pending:
+            written = os.writev(fd, list(itertools.islice(pending, _IOV_MAX)))
+
+
 class _LocalSink:
     """Writes ``.NAME.partial-PID`` beside the target and renames it on commit."""
 
@@ -202,15 +218,12 @@ class _LocalSink:
         if self._file is None:
             raise ValueError(f"{self.path}: write after commit or abort")
         try:
-            pending = [memoryview(p) for p in pieces if p]
-            while pending:
-                written = os.writev(self._file.fileno(), pending[:_IOV_MAX])
-                while written and pending:  # drop what went out; a short write resumes mid-piece
-                    if written >= len(pending[0]):
-                        written -= len(pending.pop(0))
-                    else:
-                        pending[0] = pending[0][written:]
-                        written = 0
+            fd = self._file.fileno()
+            for first in range(0, len(pieces), _IOV_MAX):
+                run = pieces[first : first + _IOV_MAX]
+                written = os.writev(fd, run)
+                if written < sum(map(len, run)):  # a short write (a signal, a full disk): the rest in turn
+                    _write_rest(fd, run, written)
         except OSError as exc:
             raise self._error(exc) from exc
 
