@@ -13,8 +13,10 @@ and to name the endpoint in error messages.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -81,6 +83,8 @@ ENVIRONMENT = {
     "AZURE_STORAGE_CONNECTION_STRING": "Azure's account and credentials (adlfs's)",
     "AZURE_STORAGE_ACCOUNT_NAME": "Azure's account (adlfs's)",
     "TOKENIZERS_PARALLELISM": "set to false in pack-text's worker processes: one core each (Hugging Face tokenizers')",
+    "OPENBLAS_NUM_THREADS": "set to 1, where unset, for the worker processes of pack and pack-text: they do no linear "
+    "algebra, and each idle OpenBLAS thread spins about 0.1 CPU-s when numpy is imported",
 }
 """Every environment variable shardstream reads, with what it is for (the libraries below it,
 botocore, gcsfs, adlfs, read theirs too: docs/stores.md)."""
@@ -110,6 +114,28 @@ def set_env(name: str, value: str) -> None:
     if name not in ENVIRONMENT:
         raise KeyError(f"{name}: not one of the environment variables shardstream uses (config.ENVIRONMENT)")
     os.environ[name] = value
+
+
+@contextlib.contextmanager
+def child_env(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables (each one of :data:`ENVIRONMENT`) for the processes started
+    in the block, where the user has not set them; this process's own environment is as before
+    once the block ends.
+
+    Raises:
+        KeyError: a name is not listed in :data:`ENVIRONMENT`.
+    """
+    unknown = [name for name in values if name not in ENVIRONMENT]
+    if unknown:
+        raise KeyError(f"{unknown[0]}: not one of the environment variables shardstream uses (config.ENVIRONMENT)")
+    added = [name for name in values if name not in os.environ]
+    try:
+        for name in added:
+            os.environ[name] = values[name]
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def env_items(prefix: str) -> tuple[tuple[str, str], ...]:

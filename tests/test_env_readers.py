@@ -100,3 +100,37 @@ def test_azure_variables(monkeypatch):
         "AZURE_STORAGE_ACCOUNT_NAME": "acct",
         "AZURE_STORAGE_CONNECTION_STRING": "AccountName=acct;AccountKey=k",
     }
+
+
+def _worker_openblas_threads(job, advance) -> str | None:
+    """A pack worker's job: what OPENBLAS_NUM_THREADS it was started with."""
+    return config.env("OPENBLAS_NUM_THREADS")
+
+
+def _as_is(exc: BaseException, stream: int) -> BaseException:
+    return exc
+
+
+@pytest.mark.parametrize("user_value", [None, "3"])
+def test_pack_workers_start_with_one_openblas_thread_unless_the_user_says(monkeypatch, user_value) -> None:
+    """The worker processes pack starts get OPENBLAS_NUM_THREADS=1 (they do no linear algebra;
+    idle OpenBLAS threads spin at numpy's import) unless the user set it; this process's own
+    environment is as it was."""
+    from types import SimpleNamespace
+
+    from shardstream.packing.stream import run_in_processes
+
+    if user_value is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", user_value)
+    jobs = [SimpleNamespace(stream=0), SimpleNamespace(stream=1)]
+    seen = run_in_processes(jobs, _worker_openblas_threads, lambda a, b: None, name="test", error=_as_is)
+    assert seen == [user_value or "1"] * 2
+    assert config.env("OPENBLAS_NUM_THREADS") == user_value
+
+
+def test_child_env_takes_only_listed_names() -> None:
+    with pytest.raises(KeyError, match="NOT_A_SHARDSTREAM_VARIABLE"):
+        with config.child_env({"NOT_A_SHARDSTREAM_VARIABLE": "1"}):
+            pass

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import FetchConfig, RequestConfig, S3Config
+from ..config import FetchConfig, RequestConfig, S3Config, child_env
 from ..errors import (
     DecodeError,
     DestinationError,
@@ -253,6 +253,9 @@ def run_in_processes(
     return Workers(jobs, run, error=error).run(advance, name=name)
 
 
+_WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}  # numpy's idle BLAS threads would spin at import (config.ENVIRONMENT)
+
+
 class Workers:
     """The worker processes of :func:`run_in_processes`, started at once: each imports what it
     needs, then waits for :meth:`run` (so a pack's workers start while its listing is made).
@@ -276,8 +279,9 @@ class Workers:
             for job in jobs
         ]
         try:
-            for process in self.processes:
-                process.start()
+            with child_env(_WORKER_ENV):
+                for process in self.processes:
+                    process.start()
         except BaseException:
             self.kill()
             raise
