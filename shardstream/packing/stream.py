@@ -11,6 +11,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import enum
+import gc
 import multiprocessing
 import os
 import queue
@@ -345,6 +346,7 @@ def _worker_process(
     if os.getppid() != parent:  # the parent died before this process asked to die with it
         os._exit(1)
     keep_freed_heap()
+    gc.freeze()  # the modules just imported live as long as the worker: full collections skip them
     go.wait()
     pending = [0, 0, time.monotonic()]
 
