@@ -6,8 +6,9 @@ silently.
 
 - A local directory is walked depth first, each directory's entries sorted by name: the
   samples of its files first (grouped by key, sorted by key), then its subdirectories in name
-  order. The next directory is scanned while one is consumed; where scans wait (network
-  file systems, a cold disk), up to 64 directories ahead on 4 threads.
+  order. Up to 64 directories ahead of the one consumed are scanned, on one thread while
+  scans are CPU-bound (a page-cached tree), on 4 once they wait (network file systems, a
+  cold disk).
 - An object-store prefix (``s3://``, ``gs://``, ``az://``) is walked the same way, one
   "directory" (``Delimiter="/"``) at a time, directories listed concurrently.
 - A file list (newline- or NUL-separated paths relative to the source directory) is taken
