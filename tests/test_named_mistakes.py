@@ -5,6 +5,7 @@ and the class names of an index (ShardDataset.classes / class_to_idx)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import warnings
 
@@ -85,6 +86,10 @@ def test_dataset_batches_under_a_batching_loader_say_batch_size_none(issue_datas
         ValueError, match=r"batches them again \(batch_size=8\); read it with DataLoader\(dataset, batch_size=None\)"
     ):
         list(DataLoader(dataset, batch_size=8, num_workers=num_workers))
+    # The error's traceback holds that DataLoader's iterator in a reference cycle, its workers
+    # alive: one slow to start would begin its pass while the next DataLoader's run (and be
+    # told apart from them: the epochs' check). Collecting it shuts them down first.
+    gc.collect()
     batches = list(DataLoader(dataset, batch_size=None, num_workers=num_workers))
     assert sorted(k for b in batches for k in b["__key__"]) == sorted(keys)
 
