@@ -118,7 +118,7 @@ def test_pack_workers_start_with_one_openblas_thread_unless_the_user_says(monkey
     environment is as it was."""
     from types import SimpleNamespace
 
-    from shardstream.packing.stream import run_in_processes
+    from shardstream.packing.workers import run_in_processes
 
     if user_value is None:
         monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)

@@ -6,6 +6,7 @@
 - :mod:`.destination`: what every writer shares: the option checks, the destination's checks
   and claim, the index written once every part is done, the :class:`PackReport`;
 - :mod:`.stream`: one pack stream: samples -> shuffle buffer -> shards, journaled;
+- :mod:`.workers`: the worker processes that run the streams (and ``pack-text``'s);
 - :mod:`.writer`: one shard: deterministic tar members, published with its sample table the
   same way by every writer, and where it ends (``ShardLimits``, the listing's rule too);
 - :mod:`.encode`: a sample dict from code -> tar members (the value table, the key rules);

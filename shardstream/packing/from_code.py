@@ -45,7 +45,8 @@ from .journal import STATE_DIR, JournaledWriter, PackSpec, read_stream_state, re
 from .labels import write_classes
 from .parts import Part, part_from_env
 from .sources import Problem, ProblemKind
-from .stream import OnError, die_with_parent
+from .stream import OnError
+from .workers import die_with_parent
 
 __all__ = ["pack_samples"]
 

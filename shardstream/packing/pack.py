@@ -31,7 +31,8 @@ from .labels import input_classes, write_classes
 from .listing import Listing, ensure_listing, read_label_bytes
 from .parts import Part, part_and_workers
 from .sources import Problem, check_source
-from .stream import OnError, StreamJob, StreamResult, Workers, check_problem, run_stream
+from .stream import OnError, StreamJob, StreamResult, check_problem, run_stream
+from .workers import Workers
 
 __all__ = ["OnError", "PackReport", "Part", "pack"]
 

@@ -2,8 +2,7 @@
 the planned shards from the pack's listing (:mod:`shardstream.packing.listing`), read their
 files ahead on a thread pool, write and record the shards, and resume after the last record.
 Resharding (``from_shards``) streams input shards ``stream, stream + streams, ...`` instead.
-Runs in a worker process (:func:`run_in_processes`, which runs ``pack-text``'s streams too),
-or inline for ``workers=1``."""
+Runs in a worker process (:mod:`.workers`), or inline for ``workers=1``."""
 
 from __future__ import annotations
 
@@ -11,24 +10,18 @@ import collections
 import concurrent.futures
 import dataclasses
 import enum
-import gc
-import multiprocessing
 import os
-import queue
 import random
-import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import FetchConfig, RequestConfig, S3Config, child_env
+from ..config import FetchConfig, RequestConfig, S3Config
 from ..errors import (
     DecodeError,
     DestinationError,
     MemberNameError,
     ShardNotFoundError,
-    ShardstreamError,
     SourceError,
     StorageError,
     UnreadableFileError,
@@ -56,10 +49,7 @@ __all__ = [
     "OnError",
     "StreamJob",
     "StreamResult",
-    "Workers",
     "check_problem",
-    "die_with_parent",
-    "run_in_processes",
     "run_stream",
 ]
 
@@ -205,164 +195,6 @@ def _skip_consumed(samples: Iterator[Sample], state: Any, *, url: str) -> Iterat
             f"{state.last_key!r}, {found}); restore it, or pack again with --overwrite"
         )
     return samples
-
-
-def die_with_parent() -> None:
-    """A worker process (of a pack or of pack_samples) must not outlive a killed parent (a
-    rerun would race with it)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-_KEPT_FREE_HEAP_BYTES = 128 << 20  # twice the read-ahead budget of _read_ahead
-_HEAP_ALLOCATION_BYTES = 32 << 20  # the largest mmap threshold glibc takes (64-bit)
-
-
-def keep_freed_heap() -> None:
-    """Let a worker process's ``malloc`` (glibc) keep up to 128 MiB of freed heap instead of
-    handing it back to the kernel at once (``M_TRIM_THRESHOLD``), and serve blocks up to 32 MiB
-    from the heap (``M_MMAP_THRESHOLD``; setting the first fixes the second at 128 KiB, which
-    would map and unmap every larger file). A pack reads each file into a fresh buffer that is
-    freed a moment later; returning those pages and faulting them in again took a tenth of a
-    pack's CPU (perf: ``exc_page_fault`` under the read threads' ``read``)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-        if mallopt is not None:
-            mallopt(-1, _KEPT_FREE_HEAP_BYTES)  # M_TRIM_THRESHOLD
-            mallopt(-3, _HEAP_ALLOCATION_BYTES)  # M_MMAP_THRESHOLD
-
-
-def run_in_processes(
-    jobs: Sequence[Any],
-    run: Callable[[Any, Callable[[int, int], None]], Any],
-    advance: Callable[[int, int], None],
-    *,
-    name: str,
-    error: Callable[[BaseException, int], BaseException],
-) -> list[Any]:
-    """``run(job, advance)`` for every job (each with its ``stream`` number) in a spawned worker
-    process of its own (``pack``, ``pack-text``): the workers' progress reaches ``advance`` here
-    (batched every 0.2 s); the results in ``jobs`` order. ``run``, ``error`` and the jobs are
-    pickled into the workers (module-level functions).
-
-    Raises:
-        the first error a worker met, as ``error(exc, stream)`` made it there;
-        ShardstreamError: a worker died (``{name} worker for stream N died``). Either way, or
-            when this process is interrupted, every worker is killed.
-    """
-    return Workers(jobs, run, error=error).run(advance, name=name)
-
-
-_WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}  # numpy's idle BLAS threads would spin at import (config.ENVIRONMENT)
-
-
-class Workers:
-    """The worker processes of :func:`run_in_processes`, started at once: each imports what it
-    needs, then waits for :meth:`run` (so a pack's workers start while its listing is made).
-    :meth:`kill` them where :meth:`run` is not reached."""
-
-    def __init__(
-        self,
-        jobs: Sequence[Any],
-        run: Callable[[Any, Callable[[int, int], None]], Any],
-        *,
-        error: Callable[[BaseException, int], BaseException],
-    ) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.jobs = jobs
-        self.messages = context.Queue()
-        self.go = context.Event()
-        self.processes = [
-            context.Process(
-                target=_worker_process, args=(job, self.messages, os.getpid(), run, error, self.go), daemon=True
-            )
-            for job in jobs
-        ]
-        try:
-            with child_env(_WORKER_ENV):
-                for process in self.processes:
-                    process.start()
-        except BaseException:
-            self.kill()
-            raise
-
-    def kill(self) -> None:
-        for process in self.processes:
-            if process.pid is not None:
-                process.kill()
-
-    def run(self, advance: Callable[[int, int], None], *, name: str) -> list[Any]:
-        """Let the workers run their jobs; see :func:`run_in_processes`."""
-        jobs, processes, messages = self.jobs, self.processes, self.messages
-        self.go.set()
-        results: dict[int, Any] = {}
-        failure: BaseException | None = None
-        try:
-            while len(results) < len(jobs) and failure is None:
-                try:
-                    kind, stream, value = messages.get(timeout=0.5)
-                except queue.Empty:
-                    dead = [
-                        j.stream
-                        for j, p in zip(jobs, processes)
-                        if p.exitcode not in (None, 0) and j.stream not in results
-                    ]
-                    if dead:
-                        failure = ShardstreamError(
-                            f"{name} worker for stream {dead[0]} died; run the same command again to resume"
-                        )
-                    continue
-                if kind == "progress":
-                    advance(*value)
-                elif kind == "done":
-                    results[stream] = value
-                else:
-                    failure = value
-        finally:
-            if failure is not None or len(results) < len(jobs):
-                self.kill()
-        if failure is not None:
-            raise failure
-        for process in processes:
-            process.join()
-        return [results[job.stream] for job in jobs]
-
-
-def _worker_process(
-    job: Any,
-    messages: Any,
-    parent: int,
-    run: Callable[[Any, Callable[[int, int], None]], Any],
-    error: Callable[[BaseException, int], BaseException],
-    go: Any,
-) -> None:
-    """A worker of :func:`run_in_processes`: its progress, then its result or error, to ``messages``."""
-    die_with_parent()
-    if os.getppid() != parent:  # the parent died before this process asked to die with it
-        os._exit(1)
-    keep_freed_heap()
-    gc.freeze()  # the modules just imported live as long as the worker: full collections skip them
-    go.wait()
-    pending = [0, 0, time.monotonic()]
-
-    def advance(a: int, b: int) -> None:
-        pending[0] += a
-        pending[1] += b
-        if time.monotonic() - pending[2] > 0.2:
-            messages.put(("progress", job.stream, (pending[0], pending[1])))
-            pending[:] = [0, 0, time.monotonic()]
-
-    try:
-        result = run(job, advance)
-        messages.put(("progress", job.stream, (pending[0], pending[1])))
-        messages.put(("done", job.stream, result))
-    except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
-        messages.put(("error", job.stream, error(exc, job.stream)))
 
 
 _ERRORS = {

@@ -26,7 +26,7 @@ from ..packing.journal import (
     recorded_streams,
     remove_stream_partials,
 )
-from ..packing.stream import run_in_processes
+from ..packing.workers import run_in_processes
 from ..storage import Store, open_store
 from .format import TokenShardRow, token_dtype
 from .records import read_chunk
