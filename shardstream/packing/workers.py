@@ -29,7 +29,7 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-_KEPT_FREE_HEAP_BYTES = 128 << 20  # twice the read-ahead budget of _read_ahead
+_KEPT_FREE_HEAP_BYTES = 128 << 20  # twice a stream's read-ahead budget (stream._read_ahead)
 _HEAP_ALLOCATION_BYTES = 32 << 20  # the largest mmap threshold glibc takes (64-bit)
 
 
