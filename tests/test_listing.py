@@ -75,6 +75,34 @@ def test_a_listed_pack_matches_the_writers_rotation(tmp_path):
     assert all(packed[n] == written[n] for n in shards)
 
 
+def test_a_listing_in_many_files_packs_the_same_shards(tmp_path, monkeypatch):
+    """A listing past LIST_FILE_ENTRIES files is cut into listing files of whole shards; each
+    file's entry in list-done.json counts its shards and files, and the streams (spawned
+    workers, reading only the files of their shards) write what a one-file listing gives."""
+    import shardstream.packing.listing as listing_module
+
+    src = nested_tree(tmp_path / "src")
+    options = {"max_shard_bytes": 6_000}
+    pack_with(src, tmp_path / "one", **options)
+    monkeypatch.setattr(listing_module, "LIST_FILE_ENTRIES", 7)
+    pack_with(src, tmp_path / "many", workers=2, **options)
+    store = open_store(tmp_path / "many")
+    spec = PackSpec.from_json(store.read_bytes(SPEC_NAME), url="spec")
+    listing = Listing.load(store, spec.digest)
+    assert len(listing.files) > 5
+    first = 0
+    for number, (start, count, files) in enumerate(listing.files):
+        assert start == first and count > 0
+        first += count
+        lines = store.read_bytes(listing_module.list_file_name(number)).split(b"\n")[1:]
+        entries = sum(line.count(b"\0") // 2 + 1 for line in lines)  # member\0size\0member\0size
+        assert files == entries
+        assert entries >= 7 or number == len(listing.files) - 1  # cut at the first shard boundary past 7
+    assert first == listing.num_shards
+    assert sum(files for _, _, files in listing.files) == listing.num_files == len(all_files(src))
+    assert dataset_files(tmp_path / "many") == dataset_files(tmp_path / "one")
+
+
 def upload_tree(src: Path, url: str, s3: S3Config) -> None:
     store = open_store(url, s3=s3)
     for path in sorted(src.rglob("*")):

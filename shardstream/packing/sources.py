@@ -477,6 +477,9 @@ def iter_source_samples(
 def _not_samples_left_out(files: list[SourceFile], on_problem: OnProblem) -> list[SourceFile]:
     """A walked folder's files less those that are no sample, each reported (never a reason to
     stop): hidden files (``.DS_Store``, macOS's ``._x.jpg``) and Hugging Face metadata files."""
+    names = "\0" + "\0".join(map(_member_name, files))
+    if "\0." not in names and "/." not in names and "metadata." not in names:
+        return files  # the usual folder holds neither: one look at all its names
     kept = []
     for file in files:
         name = file.member_name.rsplit("/", 1)[-1]
