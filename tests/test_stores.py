@@ -640,6 +640,44 @@ def test_a_body_waiting_in_the_socket_is_taken_up_to_receive_bytes_a_read(nginx_
     assert 256 << 10 < max(map(len, pieces)) <= RECEIVE_BYTES, f"receive buffers granted: {granted} bytes"
 
 
+def test_a_body_read_as_pieces_keeps_the_socket_read(nginx_server, web_root):
+    """aiohttp stops reading a socket whose body buffer passes its limit (512 KiB in aiohttp
+    3.14) and starts again when it is taken: two ``epoll_ctl`` calls and their Python, at
+    every read once reads grow to 2 MiB. Read by :func:`aiohttp_pieces`, the buffer holds two
+    such reads first, and the pieces are taken as they come, so the reading hardly ever stops.
+    As in the test above, a roomy socket and a pause before the body is read make the reads
+    large."""
+    import aiohttp
+
+    from shardstream.storage.requests import RECEIVE_BYTES, aiohttp_pieces
+
+    folder = web_root / f"kept-{next(_names)}"
+    folder.mkdir()
+    payload = os.urandom(64 << 20)
+    (folder / "big.bin").write_bytes(payload)
+
+    def roomy_socket(addr_info: Any) -> socket.socket:
+        family, kind, proto, _, _ = addr_info
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        return sock
+
+    async def read() -> tuple[list[bytes], int]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(socket_factory=roomy_socket)) as session:
+            async with session.get(f"{nginx_server.url}/{folder.name}/big.bin") as response:
+                await asyncio.sleep(0.5)
+                protocol, stops = response.connection.protocol, []
+                pause = protocol.pause_reading
+                protocol.pause_reading = lambda: (stops.append(1), pause())[1]
+                return [piece async for piece in aiohttp_pieces(response)], len(stops)
+
+    pieces, stops = loop.run(read(), 60)
+    assert b"".join(pieces) == payload
+    wide = sum(len(piece) > RECEIVE_BYTES // 2 for piece in pieces)
+    assert wide >= 4, f"only {wide} of {len(pieces)} reads took more than 1 MiB"
+    assert stops <= 2, f"socket reading stopped {stops} times in {len(pieces)} reads"
+
+
 @pytest.mark.parametrize("already", [0, 1, 511, 512, 4000, 70_000])
 def test_local_write_resumes_after_a_short_writev(tmp_path, already: int) -> None:
     """After a short ``writev`` (a signal, a full disk freed), the local sink writes exactly the
