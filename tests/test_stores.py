@@ -606,6 +606,28 @@ def test_retry_after_is_read_safely(header, expected_s):
     assert retry_after_s(header, 0.5, 30.0) == expected_s
 
 
+def test_https_verifies_against_the_system_cas_unless_ssl_cert_file_names_others(
+    nginx_tls_server, web_root, monkeypatch
+):
+    """Without SSL_CERT_FILE / SSL_CERT_DIR an https store verifies with aiohttp's own context
+    of the system's CAs (made once at its import), so a self-signed certificate is refused and
+    the error names the fix; with SSL_CERT_FILE naming its CA, the same object reads."""
+    from shardstream.errors import StorageConnectionError
+    from shardstream.storage import http
+
+    folder = web_root / f"tls-{next(_names)}"
+    folder.mkdir()
+    (folder / "x.bin").write_bytes(b"payload")
+    url = f"{nginx_tls_server.url}/{folder.name}"
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    assert http._ssl_context() is True
+    with pytest.raises(StorageConnectionError, match=r"is not trusted .*point SSL_CERT_FILE at the CA bundle"):
+        open_store(url).read_bytes("x.bin")
+    monkeypatch.setenv("SSL_CERT_FILE", str(nginx_tls_server.ca_file))
+    assert open_store(url).read_bytes("x.bin") == b"payload"
+
+
 def test_a_body_waiting_in_the_socket_is_taken_up_to_receive_bytes_a_read(nginx_server, web_root):
     """Where more than 256 KiB of a body wait in the socket (a server that sends faster than the
     reader takes), reads grow past asyncio's 256 KiB, up to ``RECEIVE_BYTES`` (2 MiB): fewer

@@ -52,9 +52,14 @@ _sessions: PerProcess[tuple[RequestConfig, str | None, str | None], Any] = PerPr
 _open_requests = OpenRequests()
 
 
-def _ssl_context() -> ssl.SSLContext:
-    """The system's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (OpenSSL's own variables)."""
+def _ssl_context() -> ssl.SSLContext | bool:
+    """``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` (OpenSSL's own variables) as a context, or, where
+    neither is set, True: aiohttp's own verifying context of the system's CAs, made once at its
+    import (making another loaded the CA bundle again: 30-55 ms, on every reader process's way to
+    its first sample, plain-http endpoints too)."""
     cafile, capath = ssl_cert_paths()
+    if cafile is None and capath is None:
+        return True
     return ssl.create_default_context(cafile=cafile, capath=capath)
 
 
