@@ -199,7 +199,10 @@ def _entry(file: SourceFile) -> bytes:
         return b"%s\0=%s" % (member, file.data)
     if file.rel is not None:
         return b"%s\0%d:%s" % (member, file.size or 0, file.rel.encode())
-    return b"%s\0%d" % (member, file.size or 0)
+    return _FILE_ENTRY % (member, file.size or 0)
+
+
+_FILE_ENTRY = b"%s\0%d"  # the usual entry: member name and size (write_listing makes it inline too)
 
 
 def sample_tar_bytes(sample: Sample) -> int:
@@ -272,7 +275,7 @@ def write_listing(
                 num_files += 1
                 num_bytes += size
                 # the usual entry made here, not by a call a file (a tenth of a local listing's CPU)
-                entries.append(b"%s\0%d" % (file.member_name.encode(), size) if file.rel is None else _entry(file))
+                entries.append(_FILE_ENTRY % (file.member_name.encode(), size) if file.rel is None else _entry(file))
             else:
                 entries.append(_entry(file))
         body.append(b"\0".join(entries))

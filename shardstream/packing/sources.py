@@ -477,8 +477,8 @@ def iter_source_samples(
 def _not_samples_left_out(files: list[SourceFile], on_problem: OnProblem) -> list[SourceFile]:
     """A walked folder's files less those that are no sample, each reported (never a reason to
     stop): hidden files (``.DS_Store``, macOS's ``._x.jpg``) and Hugging Face metadata files."""
-    names = "\0" + "\0".join(map(_member_name, files))
-    if "\0." not in names and "/." not in names and "metadata." not in names:
+    names = "\0" + "\0".join(map(_member_name, files)) + "\0"
+    if "\0." not in names and "/." not in names and not any(f"{m}\0" in names for m in METADATA_NAMES):
         return files  # the usual folder holds neither: one look at all its names
     kept = []
     for file in files:
