@@ -132,6 +132,33 @@ def test_output_does_not_depend_on_the_process(stdlib_tree, packed, tmp_path):
         assert dataset_files(out) == dataset_files(dest)
 
 
+def test_workers_are_forked_where_no_other_thread_runs_else_spawned(stdlib_tree, packed, tmp_path):
+    """A script with no thread of its own gets forked workers (nothing imported again; a spawned
+    worker runs the script's top level again as ``__mp_main__``); one running a thread gets
+    spawned workers (a fork could inherit a held lock). Both write the one-worker bytes."""
+    import sys
+
+    dest, _ = packed
+    script = tmp_path / "packer.py"
+    script.write_text(
+        "import os, sys, threading, time\n"
+        "if __name__ == '__mp_main__':\n"
+        "    open(os.path.join(sys.argv[2], f'imported-{os.getpid()}'), 'w').close()\n"
+        "if __name__ == '__main__':\n"
+        "    from shardstream import pack\n"
+        "    if sys.argv[3] == 'thread':\n"
+        "        stop = threading.Event()\n"
+        "        threading.Thread(target=stop.wait, daemon=True).start()\n"
+        f"    pack({str(stdlib_tree)!r}, sys.argv[1], max_shard_bytes=256 << 10, workers=2, progress=False)\n"
+    )
+    for mode, imports in (("alone", 0), ("thread", 2)):
+        out, marks = tmp_path / mode, tmp_path / f"marks-{mode}"
+        marks.mkdir()
+        subprocess.run([sys.executable, str(script), str(out), str(marks), mode], check=True, timeout=300)
+        assert len(list(marks.iterdir())) == imports, mode
+        assert dataset_files(out) == dataset_files(dest), mode
+
+
 def test_rotation_on_sample_count(stdlib_tree, tmp_path):
     report = pack(stdlib_tree / "json", tmp_path, max_samples_per_shard=2, progress=False)
     index = read_index(tmp_path)

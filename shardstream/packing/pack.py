@@ -91,8 +91,9 @@ def pack(
             input file, naming it; ``"skip"`` packs the rest and lists each skipped file in
             ``dest/pack-report.jsonl``.
         workers: processes writing shards in parallel (None: the CPU count, the CLI's default;
-            the default here, 1, writes in this process), started with ``spawn``: a script
-            calling ``pack(workers > 1)`` needs the usual ``if __name__ == "__main__":`` guard.
+            the default here, 1, writes in this process), forked on Linux where this process
+            runs no other Python thread (the CLI), else spawned: a script calling
+            ``pack(workers > 1)`` needs the usual ``if __name__ == "__main__":`` guard.
             All parts of one pack must use the same number.
         part: pack only this part of the input (another machine packs the others); default
             from ``RANK`` / ``WORLD_SIZE`` (torchrun) or a job array, else the whole input.
@@ -244,7 +245,7 @@ def pack(
             for stream in spec.streams_of_part(part.index)
         ]
         # worker processes start (and import) while the listing is made; they run once it is
-        workers = Workers(jobs, run_stream, error=_worker_error) if ray is None and len(jobs) > 1 else None
+        workers = Workers(jobs, run_stream, error=_worker_error, fork_if_alone=True) if ray is None and len(jobs) > 1 else None
         try:
             total_files = None
             if spec.listed:
@@ -390,7 +391,7 @@ class _spooled_list:
 def _run_jobs(
     jobs: list[StreamJob], *, progress: bool, total_files: int | None = None, workers: Workers | None = None
 ) -> list[StreamResult]:
-    """Run streams inline (one) or in spawned worker processes (``workers``, started already),
+    """Run streams inline (one) or in worker processes (``workers``, started already),
     driving one progress bar."""
     bar = tqdm(
         unit=" files",

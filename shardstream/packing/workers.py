@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import queue
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,7 +59,7 @@ def run_in_processes(
     error: Callable[[BaseException, int], BaseException],
 ) -> list[Any]:
     """``run(job, advance)`` for every job (each with its ``stream`` number) in a spawned worker
-    process of its own (``pack``, ``pack-text``): the workers' progress reaches ``advance`` here
+    process of its own (``pack-text``): the workers' progress reaches ``advance`` here
     (batched every 0.2 s); the results in ``jobs`` order. ``run``, ``error`` and the jobs are
     pickled into the workers (module-level functions).
 
@@ -76,7 +77,11 @@ _WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1"}  # numpy's idle BLAS threads would s
 class Workers:
     """The worker processes of :func:`run_in_processes`, started at once: each imports what it
     needs, then waits for :meth:`run` (so a pack's workers start while its listing is made).
-    :meth:`kill` them where :meth:`run` is not reached."""
+    :meth:`kill` them where :meth:`run` is not reached.
+
+    They are spawned (a fresh interpreter each, importing shardstream again: about 0.35 CPU-s
+    apiece), or with ``fork_if_alone`` forked where :func:`can_fork` says so (nothing to import
+    again; a pack's worker imports competed with its listing for the cores)."""
 
     def __init__(
         self,
@@ -84,8 +89,9 @@ class Workers:
         run: Callable[[Any, Callable[[int, int], None]], Any],
         *,
         error: Callable[[BaseException, int], BaseException],
+        fork_if_alone: bool = False,
     ) -> None:
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context("fork" if fork_if_alone and can_fork() else "spawn")
         self.jobs = jobs
         self.messages = context.Queue()
         self.go = context.Event()
@@ -143,6 +149,15 @@ class Workers:
         for process in processes:
             process.join()
         return [results[job.stream] for job in jobs]
+
+
+def can_fork() -> bool:
+    """Whether worker processes may be forked from this one: on Linux, where no other Python
+    thread runs here (one could hold a lock, such as logging's, that the child would wait on for
+    ever; CPython 3.12+ warns of such a fork). Native thread pools that run no code of the
+    child's may stay: numpy's OpenBLAS shuts its pool down around a fork (``pthread_atfork``),
+    and CPython counts no thread of it then (checked with 3.13)."""
+    return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
 def _worker_process(
