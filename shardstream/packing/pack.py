@@ -244,8 +244,10 @@ def pack(
             )
             for stream in spec.streams_of_part(part.index)
         ]
-        # worker processes start (and import) while the listing is made; they run once it is
-        workers = Workers(jobs, run_stream, error=_worker_error, fork_if_alone=True) if ray is None and len(jobs) > 1 else None
+        # worker processes start (forked, or spawned and importing) while the listing is made; they run once it is
+        workers = None
+        if ray is None and len(jobs) > 1:
+            workers = Workers(jobs, run_stream, error=_worker_error, fork_if_alone=True)
         try:
             total_files = None
             if spec.listed:
