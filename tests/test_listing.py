@@ -275,11 +275,12 @@ def test_ordered_walk_lists_on_more_threads_only_where_scans_wait(wait_s: float,
     assert (max(seen) > 1) is widens, seen
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins threads to a CPU (Linux)")
 def test_ordered_walk_does_not_widen_for_a_loaded_machines_preemptions() -> None:
-    """Scans that only compute, on a machine with five runnable processes a CPU, lose more
-    wall time to the kernel's run queue than they spend on the CPU; that is no wait of their
-    own, and the walk stays on one thread (it widened in CI's loaded runs when wall less CPU
-    was read as waiting)."""
+    """Scans that only compute, on a CPU shared with four CPU-bound processes, lose more wall
+    time to the kernel's run queue than they spend on the CPU; that is no wait of their own, and
+    the walk stays on one thread (it widened in CI's loaded runs when wall less CPU was read as
+    waiting). The walk's threads and the burners are pinned to one CPU: the others stay free."""
     from shardstream.packing.sources import ordered_walk
 
     def busy(rel: str):
@@ -287,7 +288,7 @@ def test_ordered_walk_does_not_widen_for_a_loaded_machines_preemptions() -> None
         with lock:
             running[0] += 1
             seen.append(running[0])
-        while time.thread_time() - cpu < 0.0005:  # 0.5 ms of CPU a folder
+        while time.thread_time() - cpu < 0.001:  # 1 ms of CPU a folder
             pass
         with lock:
             running[0] -= 1
@@ -298,16 +299,20 @@ def test_ordered_walk_does_not_widen_for_a_loaded_machines_preemptions() -> None
     seen: list[int] = []
     lost: list[float] = []
     running, lock = [0], threading.Lock()
-    spin = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
-    burners = [subprocess.Popen([sys.executable, "-S", "-c", spin]) for _ in range(5 * len(os.sched_getaffinity(0)))]
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    spin = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+    burners = [subprocess.Popen([sys.executable, "-S", "-c", spin]) for _ in range(4)]
     try:
+        os.sched_setaffinity(0, {cpu})  # this thread, and the walk's threads it starts
         time.sleep(0.3)  # the burners are running
         order = [rel for rel, *_ in ordered_walk(busy, threads=4, window=16)]
     finally:
+        os.sched_setaffinity(0, allowed)
         for burner in burners:
             burner.kill()
             burner.wait(timeout=10)
     assert len(order) == 85
-    cpu_s = 0.0005 * len(lost)
+    cpu_s = 0.001 * len(lost)
     assert sum(lost) > max(0.05, 2 * cpu_s), f"not loaded enough to mean anything: {sum(lost):.3f} s lost"
     assert max(seen) == 1, seen
