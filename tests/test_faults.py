@@ -167,8 +167,11 @@ def fast_failing(config, endpoint_url: str):
 
 
 def test_a_stalled_server_is_named_as_such(dataset_url, s3_config):
-    with FaultProxy(s3_config.endpoint_url, rates={"delay": 1.0}, match=shard_gets, delay_s=3.0) as proxy:
-        dataset = ShardDataset(dataset_url, s3=fast_failing(s3_config, proxy.endpoint_url), shuffle=False)
+    # the read timeout (0.5 s) must fire before the attempt's bound (connect + read): 2 s of slack
+    # for a loaded machine to send the request in, not 0.5
+    with FaultProxy(s3_config.endpoint_url, rates={"delay": 1.0}, match=shard_gets, delay_s=4.0) as proxy:
+        config = dataclasses.replace(fast_failing(s3_config, proxy.endpoint_url), connect_timeout_s=2.0)
+        dataset = ShardDataset(dataset_url, s3=config, shuffle=False)
         with pytest.raises(
             StorageConnectionError,
             match=(
