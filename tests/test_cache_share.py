@@ -156,7 +156,10 @@ def test_a_process_killed_mid_download_holds_no_one_up(tmp_path, s3_server, shar
     root = cache_dir / "shardstream-cache-v1"
     info = s3_server.info
     shard_gets = lambda method, path: method == "GET" and path.endswith(".tar")  # noqa: E731
-    with FaultProxy(info.endpoint_url, rates={"trickle": 1.0}, match=shard_gets, trickle_s=0.05) as proxy:
+    # 16 KiB every 0.25 s: a ~140 KB shard takes 2 s to download, so the one seen under way is
+    # still under way when the kill lands on a loaded machine (at 0.05 s, 0.45 s: CI once lost
+    # that race)
+    with FaultProxy(info.endpoint_url, rates={"trickle": 1.0}, match=shard_gets, trickle_s=0.25) as proxy:
         env = {**os.environ, **info.env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
         slow = start(url, cache_dir, 2 * dataset_bytes, tmp_path / "killed.json", env, seed=0, epochs=1)
         deadline = time.monotonic() + 120
