@@ -46,6 +46,7 @@ from ..storage import Store, is_remote_url, open_store, pin_urls, split_url, wri
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import Hashed, compression_of, iter_members_at
 from .ownership import recorded_names, refuse_foreign
+from .workers import can_fork
 
 __all__ = ["build_index", "shard_urls_of"]
 
@@ -239,7 +240,8 @@ def _scan_all(
 ) -> dict[str, _Scanned]:
     """Each shard's scan (its table written under ``tables_url``), by URL: on the Ray cluster
     at ``ray``, in this process (``workers`` <= 1), or in ``workers`` processes (forked for
-    local shards, spawned for remote ones); ``on_shard`` told of each as it is done."""
+    local shards where :func:`.workers.can_fork`, else spawned); ``on_shard`` told of each as it
+    is done."""
     scanned: dict[str, _Scanned] = {}
     if ray is not None:
         from .ray_run import cluster_cpus, connect, map_on_ray
@@ -260,10 +262,11 @@ def _scan_all(
     else:
         import multiprocessing
 
-        # local shards: fork (nothing imported again); S3: spawn, as this process runs the S3
-        # event loop's thread, which a fork would copy mid-flight (call from under
-        # ``if __name__ == "__main__":``, as spawn needs)
-        context = multiprocessing.get_context("spawn" if any(map(is_remote_url, urls)) else "fork")
+        # local shards: fork where it is safe (nothing imported again); S3: spawn, as this process
+        # runs the S3 event loop's thread, which a fork would copy mid-flight; so does any other
+        # thread (workers.can_fork). Call from under ``if __name__ == "__main__":``, as spawn needs.
+        local = not any(map(is_remote_url, urls))
+        context = multiprocessing.get_context("fork" if local and can_fork() else "spawn")
         with concurrent.futures.ProcessPoolExecutor(min(workers, len(urls)), mp_context=context) as pool:
             futures = {pool.submit(_scan, url, s3, tables_url, requests): url for url in urls}
             for future in concurrent.futures.as_completed(futures):
