@@ -308,18 +308,21 @@ class _Spread:
     def heads(self, headers: np.ndarray) -> np.ndarray:
         where = np.searchsorted(self.starts, headers, side="right") - 1
         at = headers - self.starts[where]
-        inside = headers + _HEAD_BYTES <= self.ends[where]
-        # a piece at a time (``headers`` ascending: a piece's rows are consecutive); a header
-        # that runs into the next piece (at most one a piece) is joined from the two
-        firsts = np.flatnonzero(np.diff(where, prepend=-1)).tolist()
-        ats, rows = at.tolist(), []
-        for k, a, b in zip(where[firsts].tolist(), firsts, [*firsts[1:], len(ats)]):
-            piece = self.pieces[k]
-            rows += [piece[x : x + _HEAD_BYTES] for x in ats[a:b]]
-        for m in np.flatnonzero(~inside).tolist():
+        out = np.empty((len(headers), _HEAD_BYTES), np.uint8)
+        # a piece at a time (``headers`` ascending: a piece's rows are consecutive), gathered by
+        # numpy from a view of the piece as overlapping rows (no Python object a member); a
+        # header that runs into the next piece (at most one a piece) is joined from the two
+        firsts = np.flatnonzero(np.diff(where, prepend=-1))
+        for k, a, b in zip(where[firsts].tolist(), firsts.tolist(), [*firsts[1:].tolist(), len(at)]):
+            piece = np.frombuffer(self.pieces[k], np.uint8)
+            fits = len(piece) - _HEAD_BYTES + 1  # rows that start there lie wholly inside the piece
+            if fits > 0:
+                rows = np.lib.stride_tricks.as_strided(piece, (fits, _HEAD_BYTES), (1, 1), writeable=False)
+                out[a:b] = rows[np.minimum(at[a:b], fits - 1)]
+        for m in np.flatnonzero(headers + _HEAD_BYTES > self.ends[where]).tolist():
             h = int(headers[m])
-            rows[m] = self.span(h, h + _HEAD_BYTES)
-        return np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), _HEAD_BYTES)
+            out[m] = np.frombuffer(self.span(h, h + _HEAD_BYTES), np.uint8)
+        return out
 
 
 def iter_sliced_batches(chunks: Iterable[Chunk | Pieces], run: RunSlices, *, base_offset: int = 0) -> Iterator[Batch]:
@@ -387,36 +390,43 @@ def _cut_short(run: RunSlices, pos: int, i: int) -> CorruptShardError:
 
 
 def _mismatches(found: np.ndarray, expected: dict[str, np.ndarray], checked: np.ndarray) -> list[int]:
-    """Positions of the members whose header's first bytes (``found``, a row each) do not
-    hold the ``expected`` bytes (:func:`_expected_headers`; names only where ``checked``) or
-    type "0" (a regular file)."""
-    bad = (found[:, 124:135] != expected["size"]).any(axis=1) | (found[:, 156] != ord("0"))
-    width = expected["name"].shape[1]
-    bad |= (found[:, :width] != expected["name"]).any(axis=1) & checked
+    """Positions of the members whose header's first bytes (``found``, a uint8 row each) do
+    not hold the ``expected`` bytes (:func:`_expected_headers`; names only where ``checked``)
+    or type "0" (a regular file). Fields are compared whole, as fixed-width byte strings (one
+    comparison a member and field, not one a byte)."""
+    size, name = expected["size"], expected["name"]
+    bad = found[:, 124:135].view(size.dtype)[:, 0] != size
+    bad |= found[:, 156] != ord("0")
+    bad |= (found[:, : name.itemsize].view(name.dtype)[:, 0] != name) & checked
     return np.flatnonzero(bad).tolist()
 
 
 def _expected_headers(
     names: np.ndarray, name_starts: np.ndarray, name_lengths: np.ndarray, sizes: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """Per member, bytes :mod:`shardstream.format` writes in its header (uint8 rows): "name",
-    the name and the NUL after it (where ``name_lengths`` > 0), and "size", its 11 octal
-    digits."""
+    """Per member, bytes :mod:`shardstream.format` writes in its header, each a fixed-width
+    byte string (numpy ``S``): "name", the name and the NULs after it (where ``name_lengths``
+    > 0), and "size", its 11 octal digits."""
     width = min(int(name_lengths.max(initial=0)) + 1, 100)
-    size = (((sizes[:, None] >> np.arange(30, -1, -3)) & 7) + 48).astype(np.uint8)
-    columns = np.arange(width)
-    if len(names):
-        name = names[np.minimum(name_starts[:, None] + columns, len(names) - 1)]
-    else:
-        name = np.zeros((len(sizes), width), np.uint8)
-    name[columns >= name_lengths[:, None]] = 0
-    return {"name": name, "size": size}
+    size = np.empty((len(sizes), 11), np.uint8)
+    for digit, shift in enumerate(range(30, -1, -3)):
+        size[:, digit] = (sizes >> shift) & 7
+    size += ord("0")
+    # each member's name and the bytes after it, ``width`` wide: rows of a strided view over
+    # the names (padded, so the last has its full width), the bytes past each name zeroed
+    padded = np.zeros(len(names) + width, np.uint8)
+    padded[: len(names)] = names
+    name = np.lib.stride_tricks.as_strided(padded, (len(names) + 1, width), (1, 1), writeable=False)[name_starts]
+    name *= np.arange(width) < name_lengths[:, None]
+    return {"name": name.view(f"S{width}")[:, 0], "size": size.view("S11")[:, 0]}
 
 
 def _ascii_runs(names: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """bool per name: all its bytes are ASCII."""
     if not len(starts):
         return np.zeros(0, bool)
+    if names.max(initial=0) < 128:  # nearly always: one pass, no running count
+        return np.ones(len(starts), bool)
     high = np.concatenate([[0], np.cumsum(names >= 128)])
     return high[starts + lengths] == high[starts]
 
