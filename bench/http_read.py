@@ -143,9 +143,7 @@ def read_shardstream(url: str) -> int:
         samples += 1
         for key, value in sample.items():
             if not key.startswith("__"):
-                view = memoryview(value)
-                for i in range(0, len(view), 4096):
-                    view[i]
+                bytes(memoryview(value)[::4096])  # as the keep floor touches each member
     return samples
 
 
