@@ -314,10 +314,10 @@ class _Spread:
         # header that runs into the next piece (at most one a piece) is joined from the two
         firsts = np.flatnonzero(np.diff(where, prepend=-1))
         for k, a, b in zip(where[firsts].tolist(), firsts.tolist(), [*firsts[1:].tolist(), len(at)]):
-            piece = np.frombuffer(self.pieces[k], np.uint8)
+            piece = self.pieces[k]
             fits = len(piece) - _HEAD_BYTES + 1  # rows that start there lie wholly inside the piece
             if fits > 0:
-                rows = np.lib.stride_tricks.as_strided(piece, (fits, _HEAD_BYTES), (1, 1), writeable=False)
+                rows = np.ndarray((fits, _HEAD_BYTES), np.uint8, piece, 0, (1, 1))
                 out[a:b] = rows[np.minimum(at[a:b], fits - 1)]
         for m in np.flatnonzero(headers + _HEAD_BYTES > self.ends[where]).tolist():
             h = int(headers[m])
@@ -416,7 +416,7 @@ def _expected_headers(
     # the names (padded, so the last has its full width), the bytes past each name zeroed
     padded = np.zeros(len(names) + width, np.uint8)
     padded[: len(names)] = names
-    name = np.lib.stride_tricks.as_strided(padded, (len(names) + 1, width), (1, 1), writeable=False)[name_starts]
+    name = np.ndarray((len(names) + 1, width), np.uint8, padded, 0, (1, 1))[name_starts]
     name *= np.arange(width) < name_lengths[:, None]
     return {"name": name.view(f"S{width}")[:, 0], "size": size.view("S11")[:, 0]}
 
