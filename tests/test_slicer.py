@@ -20,6 +20,7 @@ from shardstream import ShardDataset, open_index, pack
 from shardstream.errors import CorruptShardError
 from shardstream.format import split_key
 from shardstream.index.table import ShardTable
+from shardstream.reading import slicer
 from shardstream.reading.slicer import RunSlices, iter_sliced_batches
 from shardstream.tarstream import Pieces
 
@@ -99,7 +100,14 @@ def as_parts(pieces: list[bytes], rng: random.Random) -> list[Pieces]:
     return parts
 
 
-def test_pieces_of_any_size_give_the_same_samples():
+@pytest.fixture(params=["numpy", "slices"])
+def header_gather(request, monkeypatch):
+    """Each way the headers of received pieces are gathered (by numpy from pieces holding many,
+    by a slice each from pieces holding few), whatever the random pieces' sizes."""
+    monkeypatch.setattr(slicer, "_GATHER_ROWS", 0 if request.param == "numpy" else 1 << 30)
+
+
+def test_pieces_of_any_size_give_the_same_samples(header_gather):
     data = make_tar(members(60))
     table, expected = table_of(data), reference(data)
     rng = random.Random(1)
@@ -107,7 +115,7 @@ def test_pieces_of_any_size_give_the_same_samples():
         assert sliced(data, table, chunks=cut(data, rng)) == expected
 
 
-def test_pieces_grouped_as_ranged_get_bodies_give_the_same_samples():
+def test_pieces_grouped_as_ranged_get_bodies_give_the_same_samples(header_gather):
     """A shard as the S3 reader hands it on: parts (Pieces) of pieces of any size, so
     members and headers span pieces and parts; also a subset of the samples."""
     data = make_tar(members(60))
@@ -120,7 +128,22 @@ def test_pieces_grouped_as_ranged_get_bodies_give_the_same_samples():
         assert sliced(data, table, chunks=parts, samples=wanted) == [expected[i] for i in wanted]
 
 
-def test_every_header_is_checked_wherever_the_pieces_cut_it():
+def test_headers_gathered_from_pieces_are_the_shards_bytes(header_gather):
+    """The first bytes of each member's header, gathered from pieces of any size (a header
+    inside a piece, across two, in a piece shorter than it) from wherever a part starts, are
+    the shard's own bytes there."""
+    data = make_tar(members(60))
+    table = table_of(data)
+    rng = random.Random(4)
+    for _ in range(20):
+        origin = int(rng.choice(table.offsets.tolist())) - 512  # a part starts at a header
+        headers = table.offsets[table.offsets - 512 >= origin] - 512
+        found = slicer._Spread(cut(data[origin:], rng), origin).heads(headers)
+        want = b"".join(data[h : h + slicer._HEAD_BYTES] for h in headers.tolist())
+        assert found.tobytes() == want
+
+
+def test_every_header_is_checked_wherever_the_pieces_cut_it(header_gather):
     """Each member's header is checked, not a sample of them: one damaged name byte in any
     member's header (inside a piece, across two, at a part's edge) is refused, naming that
     header's byte, and the samples before it come out as tarfile reads them."""
