@@ -44,11 +44,11 @@ BATCH_SAMPLES = 4096  # samples checked and counted together, at most ...
 BATCH_BYTES = 16 << 20  # ... and about this many bytes of them (a remote part; a first sample waits for no more)
 _HEAD_BYTES = 157  # a header's bytes that are checked: name (0-99), size (124-135), type (156)
 _IOV_MAX = 1024  # buffers one preadv takes (Linux's IOV_MAX)
-# Headers a received piece must hold on average for numpy to gather them (about 20,000
-# instructions a piece, some 400 fewer a header than a Python slice each; callgrind of
+# Headers a received piece must hold on average for numpy to gather them (about 19,000
+# instructions a piece, some 1,200 fewer a header than a Python slice each; callgrind of
 # bench/slicer.py at --piece-kib 64, 256 and 1024): reads from a fast server come in pieces
-# of ~1 MiB (~100 headers of 18 KB samples), from a slow one of 64-256 KiB.
-_GATHER_ROWS = 48
+# of ~1 MiB (~100 headers of 18 KB samples), from a slow one of 64-256 KiB (7-27).
+_GATHER_ROWS = 16
 _ROW_BYTES = 1024  # FileRun's scratch: a member's padding and header, at the end of a row of this
 
 
