@@ -32,10 +32,10 @@ from .reading.assign import NodeAffinity, WorkerSlot
 from .reading.batching import Batcher, CollateBatcher, RunBatcher
 from .reading.engine import ReadingEngine
 from .reading.epochs import PassState
+from .reading.filerun import FileRun
 from .reading.mixture import Source
 from .reading.plan import PlanRun, WorkerPlan
 from .reading.shards import ShardSet
-from .reading.slicer import FileRun
 from .reading.stages import ItemUnit, PassContext, PassProgress, Stage
 from .reading.stats import ReaderStats, StatsSnapshot
 from .storage import RemoteStore, ShardSink, Store, register_store

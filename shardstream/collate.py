@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from .reading.batching import parse_label
-from .reading.slicer import FileRun
+from .reading.filerun import FileRun
 from .storage.shm import SharedFile
 
 __all__ = ["ByteBatch", "ByteCollate"]

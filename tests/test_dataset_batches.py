@@ -23,8 +23,9 @@ from shardstream import ShardDataset, loader_state_dict, pack
 from shardstream.collate import ByteBatch, ByteCollate
 from shardstream.errors import CorruptShardError
 from shardstream.packing.build import build_index
-from shardstream.reading import slicer
-from shardstream.reading.slicer import FileRun, RunSlices
+from shardstream.reading import filerun
+from shardstream.reading.filerun import FileRun
+from shardstream.reading.slicer import RunSlices
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -219,7 +220,7 @@ def test_three_members_with_the_label_at_any_place_and_batches_past_a_shard(
         return
     want = reference_batches(three_members, batch_size, collate, shuffle=False)
     no_slicing(monkeypatch)
-    monkeypatch.setattr(slicer, "_IOV_MAX", 3)
+    monkeypatch.setattr(filerun, "_IOV_MAX", 3)
     got, length = dataset_batches(three_members, batch_size, collate, shuffle=False)
     assert got == want and length == -(-120 // batch_size)
 

@@ -139,7 +139,7 @@ def test_headers_gathered_from_pieces_are_the_shards_bytes(header_gather):
         origin = int(rng.choice(table.offsets.tolist())) - 512  # a part starts at a header
         headers = table.offsets[table.offsets - 512 >= origin] - 512
         found = slicer._Spread(cut(data[origin:], rng), origin).heads(headers)
-        want = b"".join(data[h : h + slicer._HEAD_BYTES] for h in headers.tolist())
+        want = b"".join(data[h : h + slicer.HEAD_BYTES] for h in headers.tolist())
         assert found.tobytes() == want
 
 

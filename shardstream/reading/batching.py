@@ -2,7 +2,7 @@
 
 A :class:`Batcher` makes one batch from a list of samples (:meth:`Batcher.from_samples`);
 one that can also read a batch straight from local shard files implements
-:class:`RunBatcher` (:meth:`RunBatcher.from_runs`, over :class:`~.slicer.FileRun` s, the
+:class:`RunBatcher` (:meth:`RunBatcher.from_runs`, over :class:`~.filerun.FileRun` s, the
 public read-only view of a run). :class:`shardstream.collate.ByteCollate` is a
 ``RunBatcher``; a plain DataLoader ``collate_fn`` is wrapped in a :class:`CollateBatcher`;
 :class:`shardstream.dali.DaliLoader`'s encoder is a ``Batcher``. The reader asks
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import DecodeError
-from .slicer import FileRun
+from .filerun import FileRun
 
 __all__ = [
     "Batcher",
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 RunPiece = tuple[FileRun, int, int]
-"""Samples ``i`` to ``j - 1`` of a :class:`~.slicer.FileRun`: ``(run, i, j)``."""
+"""Samples ``i`` to ``j - 1`` of a :class:`~.filerun.FileRun`: ``(run, i, j)``."""
 
 
 @runtime_checkable
@@ -118,7 +118,7 @@ def batches(
 ) -> Iterator[Any]:
     """A batch of each ``batch_size`` consecutive samples of ``items`` (the last short).
 
-    ``items`` are samples or :class:`~.slicer.FileRun` s (unread runs of samples). A batch
+    ``items`` are samples or :class:`~.filerun.FileRun` s (unread runs of samples). A batch
     made of file runs alone goes to the batcher's ``from_runs`` and is counted here by
     ``count``; one that mixes them with samples, or that ``from_runs`` declines, is made from
     samples (the runs' samples read here, and counted)."""

@@ -52,11 +52,12 @@ from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
 from ..storage.producer import lane_fetch, share_buffer, source_fetch
 from ..tarstream import Batch, Hashed, ShardStream, iter_sample_batches, stream_chunks
+from .filerun import FileRun
 from .mixplan import MixWorkerPlan
 from .plan import PlanRun, WorkerPlan, ramp_samples, without
 from .repeat import Repeater
 from .shards import ItemTable, ShardSet
-from .slicer import FileRun, RunSlices, iter_sliced_batches
+from .slicer import RunSlices, iter_sliced_batches
 from .stats import ReaderStats
 
 __all__ = ["ReadingEngine", "lane_fetch", "read_mixed", "repeat_over_skips", "share_buffer", "shuffled", "source_fetch"]
@@ -122,7 +123,7 @@ class ReadingEngine:
         they are read.
 
         With ``file_runs``, such a reader hands on each run of a local shard with a table
-        whose samples all hold the same members as a :class:`~.slicer.FileRun`, unread, for
+        whose samples all hold the same members as a :class:`~.filerun.FileRun`, unread, for
         the consumer to read straight into its own buffers (its other runs, and every run of
         a reader that mixes lanes or shuffles, as batches)."""
         if plan.skip >= plan.count:
@@ -238,7 +239,7 @@ class ReadingEngine:
     ) -> Iterator[Batch | FileRun]:
         """The wanted samples of one run, in batches, checked against the index; with
         ``file_runs``, a run of a local shard (read in place, table at hand, the same members
-        in every sample, no checksum to verify) as one unread :class:`~.slicer.FileRun`.
+        in every sample, no checksum to verify) as one unread :class:`~.filerun.FileRun`.
 
         Members are sliced at the offsets of the shard's table (``table_of()``) and each
         header is checked against it (:mod:`shardstream.reading.slicer`); a whole shard whose

@@ -15,12 +15,12 @@ from ..tarstream import Batch
 from .assign import NodeAffinity, WorkerSlot
 from .engine import ReadingEngine, read_mixed
 from .epochs import PassState
+from .filerun import FileRun
 from .mixplan import MIX_MODES, MixturePlan, MixWorkerPlan, real_plan
 from .mixture import Coverage, CoverageBase, Selection, Source, epoch_counts, selection
 from .plan import Segment, WorkerPlan
 from .schedule import EpochSchedule, Schedule
 from .shards import ShardSet
-from .slicer import FileRun
 
 __all__ = ["MixtureSchedule", "refused", "schedule_for"]
 

@@ -35,10 +35,10 @@ from ..tarstream import Batch
 from .assign import NodeAffinity, WorkerSlot, assign_shards
 from .engine import ReadingEngine
 from .epochs import PassState
+from .filerun import FileRun
 from .mixture import Source
 from .plan import EpochPlan, NodeLayout, Segment, ShardOrder, WorkerPlan, per_rank
 from .shards import ShardSet
-from .slicer import FileRun
 
 __all__ = [
     "STATE_FORMAT",

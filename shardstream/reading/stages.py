@@ -45,8 +45,8 @@ from .assign import WorkerSlot
 from .batching import Batcher, RunPiece, batches, reads_runs
 from .engine import ReadingEngine, repeat_over_skips, shuffled
 from .epochs import PassState
+from .filerun import FileRun
 from .shards import ShardSet
-from .slicer import FileRun
 from .stats import ReaderStats
 
 __all__ = [
