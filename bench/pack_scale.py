@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # server
 from servers.faultproxy import FaultProxy
 
 from shardstream import S3Config
-from shardstream.packing import journal
-from shardstream.packing.journal import PackSpec, StreamRecord, merge
+from shardstream.packing import merge as merging
+from shardstream.packing.journal import SPEC_NAME, PackSpec, StreamRecord
+from shardstream.packing.merge import merge
 from shardstream.packing.sources import iter_source_samples
 from shardstream.storage import open_store
 from shardstream.testing import SeaweedS3Server
@@ -126,7 +127,7 @@ def merge_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config) 
             seed=0,
             listed=listed,
         )
-        store.write_bytes(journal.SPEC_NAME, spec.to_json())
+        store.write_bytes(SPEC_NAME, spec.to_json())
 
         def row(stream: int, seq: int, spec: PackSpec = spec, per_stream: int = per_stream) -> dict:
             number = spec.shard_number(stream * per_stream if spec.listed else stream, seq)
@@ -170,11 +171,11 @@ def merge_part(args: argparse.Namespace, server: SeaweedS3Server, s3: S3Config) 
             ]
         )
         for label, in_flight in settings:
-            journal.MERGE_READS_IN_FLIGHT = in_flight
+            merging.MERGE_READS_IN_FLIGHT = in_flight
             started = time.perf_counter()
             totals, _ = merge(store, spec)
             seconds = time.perf_counter() - started
-            journal.MERGE_READS_IN_FLIGHT = 32
+            merging.MERGE_READS_IN_FLIGHT = 32
             assert totals["num_shards"] == shards, totals
             results[label] = {"shards": shards, "seconds": seconds}
             print(f"merge of {shards} shards, {label}: {seconds:.1f} s ({shards / seconds:,.0f} shards/s)")

@@ -63,7 +63,8 @@ def test_workers_are_deterministic_and_parts_give_the_same_dataset(tmp_path):
 
 
 def subprocess_merge(dest: Path, *, check: bool) -> None:
-    from shardstream.packing.journal import SPEC_NAME, PackSpec, merge
+    from shardstream.packing.journal import SPEC_NAME, PackSpec
+    from shardstream.packing.merge import merge
 
     store = open_store(dest)
     merge(store, PackSpec.from_json(store.read_bytes(SPEC_NAME), url="spec"))

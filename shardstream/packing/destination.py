@@ -22,17 +22,8 @@ from ..errors import DestinationError, SourceError
 from ..index import INDEX_NAME, KEYS_DIR, MANIFEST_NAME, Manifest
 from ..index.status import MERGED_NAME, unfinished_pack
 from ..storage import LocalStore, Store, is_remote_url, open_store
-from .journal import (
-    REPORT_NAME,
-    SPEC_NAME,
-    STATE_DIR,
-    PackSpec,
-    merge,
-    merged_here,
-    merged_manifest,
-    record_merged,
-    unfinished_streams,
-)
+from .journal import REPORT_NAME, SPEC_NAME, STATE_DIR, PackSpec
+from .merge import merge, merged_here, merged_manifest, record_merged, unfinished_streams
 from .ownership import NAMES_SHOWN, foreign_names, pack_writes, recorded_names, refuse_foreign, top_level_names
 from .sources import Problem, ProblemKind
 from .writer import ShardLimits
@@ -328,7 +319,7 @@ def prepare_state(
 
 def merge_pack(store: Store, *, overwrite: bool = False) -> tuple[dict[str, int], list[Problem]]:
     """``shardstream index merge``: write the index of the pack recorded at ``store`` once
-    every part is done (:func:`~.journal.merge`); its totals and problems.
+    every part is done (:func:`~.merge.merge`); its totals and problems.
 
     Raises:
         DestinationError: no pack state is there; some parts have not finished; or an

@@ -31,7 +31,8 @@ from ..index import KEYS_DIR, MANIFEST_NAME, TABLE_SUFFIX
 from ..storage import Store, is_remote_url
 from .destination import DEFAULT_MAX_SHARD_BYTES, check_destination, check_options, open_destination, wipe
 from .encode import JPEG_QUALITY, encode_sample
-from .journal import SPEC_NAME, STATE_DIR, ManifestColumns
+from .journal import SPEC_NAME, STATE_DIR
+from .merge import ManifestColumns
 from .ownership import SINK_RECORDS, foreign_names, recorded_names, refuse_foreign
 from .writer import RotatingTarWriter, ShardLimits
 

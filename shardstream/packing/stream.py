@@ -38,11 +38,11 @@ from .journal import (
     JournaledWriter,
     PackSpec,
     StreamState,
-    load_rows,
     read_stream_state,
     remove_stream_partials,
 )
 from .listing import Listing
+from .merge import load_rows
 from .sources import NEVER_STOPS, Problem, ProblemKind, Sample, SourceFile
 
 __all__ = [

@@ -54,12 +54,8 @@ from ..errors import DestinationError, IndexFormatError, SourceError
 from ..index import MANIFEST_NAME, Manifest
 from ..index.status import SPEC_NAME, STATE_DIR
 from ..packing.destination import check_outside, counted, open_destination, prepare_state, wipe
-from ..packing.journal import (
-    REPORT_NAME,
-    PackSpec,
-    record_merged,
-    recorded_streams,
-)
+from ..packing.journal import REPORT_NAME, PackSpec, recorded_streams
+from ..packing.merge import record_merged
 from ..packing.ownership import refuse_foreign, top_level_names
 from ..packing.parts import Part, part_and_workers
 from ..storage import Store
