@@ -10,13 +10,13 @@ by pack), and hands each payload on as one ``bytes`` object read once from the s
 
 from __future__ import annotations
 
-import itertools
 import logging
 import mmap
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeGuard
 
+from .compression import decompressed
 from .errors import CorruptShardError
 from .format import BLOCK_BYTES, RESERVED_FIELDS
 
@@ -30,7 +30,6 @@ __all__ = [
     "ReadStream",
     "ShardStream",
     "Window",
-    "compression_of",
     "iter_members",
     "iter_members_at",
     "iter_sample_batches",
@@ -221,97 +220,11 @@ def iter_members_at(
     """
     chunks = stream_chunks(stream)
     if foreign:
-        chunks = _decompressed(iter(chunks), url)
+        chunks = decompressed(iter(chunks), url)
     return _members(iter(chunks), url, base_offset, end_of_archive, foreign, payloads)
 
 
 _SPARSE_KEYS = frozenset({"GNU.sparse.major", "GNU.sparse.map", "GNU.sparse.size", "GNU.sparse.numblocks"})
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-def compression_of(head: Any) -> str | None:
-    """``"gzip"`` or ``"zstd"`` when a shard's first bytes (at least 4) are that format's
-    magic, else None (a plain tar)."""
-    magic = bytes(head[:4])
-    if magic[:2] == _GZIP_MAGIC:
-        return "gzip"
-    return "zstd" if magic == _ZSTD_MAGIC else None
-
-
-def _decompressed(chunks: Iterator[Any], url: str) -> Iterator[Any]:
-    """The chunks of a shard, decompressed as they come when it is gzip (``.tar.gz``, ``.tgz``:
-    the standard library's zlib, concatenated gzip members included) or zstd (``.tar.zst``:
-    the ``zstandard`` package), told by their magic bytes, not by name; else as they are."""
-    head: Any = b""
-    for chunk in chunks:
-        head = head + bytes(chunk) if head else chunk
-        if len(head) >= 4:
-            break
-    if not len(head):
-        return
-    kind = compression_of(head)
-    if kind == "gzip":
-        yield from _gunzip(_slices(itertools.chain([head], chunks)), url)
-    elif kind == "zstd":
-        yield from _unzstd(_slices(itertools.chain([head], chunks)), url)
-    else:
-        yield head
-        yield from chunks
-
-
-def _slices(chunks: Iterator[Any], piece_bytes: int = 4 << 20) -> Iterator[bytes]:
-    """The chunks as ``bytes`` of at most ``piece_bytes`` (a mapped shard is not copied whole)."""
-    for chunk in chunks:
-        for start in range(0, len(chunk), piece_bytes):
-            yield bytes(chunk[start : start + piece_bytes])
-
-
-def _gunzip(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
-    state = zlib.decompressobj(wbits=31)
-    try:
-        for piece in pieces:
-            while piece:
-                out = state.decompress(piece, 4 << 20)
-                if out:
-                    yield out
-                while state.unconsumed_tail:  # more output than one call gives: drain it
-                    out = state.decompress(state.unconsumed_tail, 4 << 20)
-                    if out:
-                        yield out
-                piece = b""
-                if state.eof and state.unused_data:  # another gzip member follows
-                    piece, state = state.unused_data, zlib.decompressobj(wbits=31)
-        if not state.eof:
-            raise zlib.error("the stream ends inside the compressed data")
-    except zlib.error as exc:
-        raise CorruptShardError(
-            f"{url}: a gzip-compressed shard that does not decompress ({exc}); the shard is "
-            "truncated or damaged, re-download or re-create it"
-        ) from exc
-
-
-def _unzstd(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
-    try:
-        import zstandard
-    except ImportError as exc:
-        raise CorruptShardError(
-            f"{url}: a zstd-compressed shard; reading it needs the zstandard package: pip install "
-            "'shardstream[zstd]' (or zstandard)"
-        ) from exc
-    state = zstandard.ZstdDecompressor().decompressobj()
-    try:
-        for piece in pieces:
-            out = state.decompress(piece)
-            if out:
-                yield out
-        if not state.eof:
-            raise zstandard.ZstdError("the stream ends inside the compressed data")
-    except zstandard.ZstdError as exc:
-        raise CorruptShardError(
-            f"{url}: a zstd-compressed shard that does not decompress ({exc}); the shard is "
-            "truncated or damaged, re-download or re-create it"
-        ) from exc
 
 
 class Hashed(ShardStream):

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compression import compression_of
 from ..config import RequestConfig, S3Config
 from ..errors import CorruptShardError, DestinationError, IndexFormatError, ShardNotFoundError
 from ..format import RESERVED_FIELDS, SHARD_SUFFIXES, split_key
@@ -44,7 +45,7 @@ from ..index import KEYS_DIR, MANIFEST_NAME, TABLE_SUFFIX, Manifest, TableSpool,
 from ..index.status import unfinished_pack
 from ..storage import Store, is_remote_url, open_store, pin_urls, split_url, write_pieces
 from ..storage.fetch import iter_shard_streams
-from ..tarstream import Hashed, compression_of, iter_members_at
+from ..tarstream import Hashed, iter_members_at
 from .ownership import recorded_names, refuse_foreign
 from .workers import can_fork
 

@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..compression import compression_of
 from ..config import FetchConfig, RequestConfig, S3Config, StoreSettings
 from ..errors import CorruptShardError, IndexFormatError, StorageConnectionError
 from ..format import split_key
@@ -47,7 +48,7 @@ from ..index import DatasetIndex, ShardTable
 from ..storage import is_remote_url, loop, open_store, split_url
 from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
-from ..tarstream import compression_of, iter_members_at
+from ..tarstream import iter_members_at
 
 __all__ = ["AccessStats", "SampleAccess"]
 
