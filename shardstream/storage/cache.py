@@ -57,7 +57,6 @@ partial file is then unlocked, deleted by the next scan and its reservation no l
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import os
@@ -69,10 +68,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import overload
 
-from ..errors import CorruptShardError, StorageError
+from ..errors import StorageError
+from .cache_entry import CachedShard, CacheFill, Flock, close_quietly, same_file, try_flock
 
 __all__ = ["BUSY", "Busy", "CacheFill", "CachedShard", "ShardCache"]
 
@@ -80,8 +79,6 @@ _ROOT_NAME = "shardstream-cache-v1"
 _HASH_CHARS = 40
 _ENTRY_RE = re.compile(rf"([0-9a-f]{{{_HASH_CHARS}}})\.shard")
 _PARTIAL_RE = re.compile(rf"([0-9a-f]{{{_HASH_CHARS}}})\.(\d+)\.(\d+)\.partial")
-_READ_BUFFER_BYTES = 1 << 20
-_WRITE_BUFFER_BYTES = 1 << 20
 _POLL_FIRST_S = 0.001
 _POLL_MAX_S = 0.05
 _OPEN_RETRIES = 4
@@ -102,51 +99,6 @@ def _url_hash(url: str) -> str:
     return hashlib.sha256(url.encode("utf-8")).hexdigest()[:_HASH_CHARS]
 
 
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def _try_flock(fd: int, operation: int) -> bool:
-    """``flock(fd, operation | LOCK_NB)``; False when another descriptor holds a conflicting lock."""
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """True when ``path`` (not followed if a symlink) is still the regular file open as ``fd``."""
-    try:
-        now = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
-
-
-class _Flock:
-    """An open lock file holding an ``flock``; the lock goes when it is closed or collected."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd: int | None = fd
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            _close(fd)  # closing the last descriptor of the open file releases the flock
-
-    def __del__(self) -> None:
-        self.close()
-
-
 @dataclass
 class _Scan:
     """What is in the root now: entries as (mtime_ns, size_bytes, path), and live reservations."""
@@ -157,292 +109,6 @@ class _Scan:
     @property
     def used_bytes(self) -> int:
         return sum(size for _, size, _ in self.entries) + self.reserved_bytes
-
-
-class CachedShard:
-    """A cache hit: the entry, open for reading and pinned (shared ``flock``) until :meth:`close`.
-
-    :meth:`read` returns fewer than ``n`` bytes only at the end of the shard. Use as a context
-    manager, or call :meth:`close`; the pin also goes when the object is garbage collected.
-
-    Attributes:
-        url: the shard's URL.
-        path: the entry file.
-        size_bytes: the entry's size in bytes.
-    """
-
-    def __init__(self, url: str, path: Path, fd: int, size_bytes: int) -> None:
-        self.url = url
-        self.path = path
-        self.size_bytes = size_bytes
-        self._file = open(fd, "rb", buffering=_READ_BUFFER_BYTES)  # noqa: SIM115 (owns fd and the pin)
-        self._close_lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"CachedShard({self.url!r}, {str(self.path)!r}, size_bytes={self.size_bytes})"
-
-    @property
-    def closed(self) -> bool:
-        return self._file.closed
-
-    def fileno(self) -> int:
-        return self._file.fileno()
-
-    def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (all the rest when ``n`` < 0); fewer only at the end."""
-        return self._file.read(n)
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:
-        return self._file.readinto(buffer)
-
-    def seek(self, offset: int) -> int:
-        return self._file.seek(offset)
-
-    def close(self) -> None:
-        """Close the file and drop the pin; the entry may be evicted afterwards. Idempotent."""
-        with self._close_lock:
-            self._file.close()
-
-    def _pin(self) -> None:
-        """Take the shared lock (the pin) now, unless closed: a fill's reader, at commit."""
-        with self._close_lock:
-            if not self._file.closed:
-                _try_flock(self._file.fileno(), fcntl.LOCK_SH)
-
-    def __enter__(self) -> CachedShard:  # noqa: PYI034 (typing.Self needs 3.11)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class CacheFill:
-    """One download into the cache, returned by :meth:`ShardCache.fill`.
-
-    Call :meth:`write` with the shard's bytes in order, then :meth:`commit`. When
-    :attr:`caching` is False (no room could be made, or the disk failed while writing) the bytes
-    are discarded and :meth:`commit` only checks the size; the caller still streams them to its
-    consumer, so nothing is lost. :attr:`caching` can turn False during :meth:`write` (a fill of
-    unknown size that outgrows the limit, a full disk), never back to True.
-
-    As a context manager it aborts on *any* exit that did not commit, exception or not: it never
-    commits on its own. :meth:`commit` and :meth:`abort` may be called in any order and more than
-    once; only the first takes effect. Safe to share between threads.
-
-    Attributes:
-        url: the shard's URL.
-        size_bytes: the size announced to :meth:`ShardCache.fill`, or None if unknown.
-        caching: True while the bytes are going into the cache.
-        bytes_written: bytes passed to :meth:`write` so far.
-    """
-
-    def __init__(
-        self,
-        cache: ShardCache,
-        url: str,
-        size_bytes: int | None,
-        url_lock: _Flock | None,
-        partial_path: Path | None,
-        partial_fd: int | None,
-    ) -> None:
-        self.url = url
-        self.size_bytes = size_bytes
-        self.bytes_written = 0
-        self._cache = cache
-        self._url_lock = url_lock
-        self._partial_path = partial_path
-        self._file = (
-            open(partial_fd, "wb", buffering=_WRITE_BUFFER_BYTES)  # noqa: SIM115 (closed at commit/abort)
-            if partial_fd is not None
-            else None
-        )
-        self.caching = self._file is not None
-        self._done = False
-        self._lock = threading.Lock()
-        self._reader: CachedShard | None = None
-
-    def __repr__(self) -> str:
-        return f"CacheFill({self.url!r}, size_bytes={self.size_bytes}, caching={self.caching})"
-
-    def write(self, data: bytes | memoryview) -> None:
-        """Append ``data``. A disk error drops the cached copy (:attr:`caching` turns False)
-        instead of raising.
-
-        Raises:
-            ValueError: after commit or abort.
-        """
-        with self._lock:
-            if self._done:
-                raise ValueError(f"{self.url}: cache fill written after commit or abort")
-            self.bytes_written += memoryview(data).nbytes
-            if self._file is None:
-                return
-            if self.size_bytes is None and self.bytes_written > self._cache.cache_limit_bytes:
-                self._stop_caching()  # can never fit: stop filling the disk
-                return
-            try:
-                self._file.write(data)
-            except OSError:
-                self._stop_caching()
-
-    def write_at(self, offset: int, pieces: list[bytes]) -> None:
-        """Write ``pieces`` (contiguous) at byte ``offset``, unbuffered, so a :meth:`reader` sees
-        them at once: parts of a known-size fill may be written in any order. A disk error drops
-        the cached copy (:attr:`caching` turns False) instead of raising.
-
-        Raises:
-            ValueError: after commit or abort, or without ``size_bytes``.
-        """
-        with self._lock:
-            if self._done or self.size_bytes is None:
-                raise ValueError(f"{self.url}: write_at needs a live fill of known size")
-            nbytes = sum(memoryview(piece).nbytes for piece in pieces)
-            self.bytes_written += nbytes
-            if self._file is None:
-                return
-            try:
-                self._file.flush()  # what write() buffered goes first
-                fd = self._file.fileno()
-                for piece in pieces:
-                    view = memoryview(piece).cast("B")
-                    while view:
-                        written = os.pwrite(fd, view, offset)
-                        if written <= 0:
-                            raise OSError(errno.ENOSPC, "no bytes written")
-                        view, offset = view[written:], offset + written
-            except OSError:
-                self._stop_caching()
-
-    def flush(self) -> None:
-        """Push what :meth:`write` buffered to the file, so a :meth:`reader` sees it; a disk
-        error drops the cached copy (:attr:`caching` turns False) instead of raising."""
-        with self._lock:
-            if self._file is None:
-                return
-            try:
-                self._file.flush()
-            except OSError:
-                self._stop_caching()
-
-    def commit(self) -> None:
-        """Finish: check the size, rename the partial file to the entry atomically, set its mtime
-        to now, release the URL lock. Does nothing after commit or abort.
-
-        Raises:
-            CorruptShardError: ``size_bytes`` was given and a different number of bytes was
-                written (the fill is aborted first).
-            StorageError: the cache's global lock could not be had within ``lock_timeout_s``
-                (the fill is aborted first).
-        """
-        with self._lock:
-            if self._done:
-                return
-            if self.size_bytes is not None and self.bytes_written != self.size_bytes:
-                self._finish()
-                raise CorruptShardError(
-                    f"{self.url}: expected {self.size_bytes} bytes but {self.bytes_written} were written "
-                    "to the shard cache; the download was cut short or the shard changed, so it was not cached"
-                )
-            try:
-                if self._file is not None:
-                    self._commit_into_cache()
-            finally:
-                self._finish()
-
-    def reader(self) -> CachedShard:
-        """The file being filled, open for reading (``os.pread`` what :attr:`bytes_written`
-        says is there): the filling process reads the shard from the disk while it arrives.
-        It becomes a pinned reader of the entry at :meth:`commit`; close it when done.
-
-        Raises:
-            ValueError: the fill is not caching, or was committed or aborted.
-        """
-        with self._lock:
-            if self._done or self._file is None or self._partial_path is None:
-                raise ValueError(f"{self.url}: no cache file to read (not caching, or done)")
-            if self._reader is None:
-                fd = os.open(self._partial_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                self._reader = CachedShard(self.url, self._partial_path, fd, self.size_bytes or 0)
-            return self._reader
-
-    def abort(self) -> None:
-        """Discard what was written and release the URL lock. Does nothing after commit or abort."""
-        with self._lock:
-            if not self._done:
-                self._finish()
-
-    def __enter__(self) -> CacheFill:  # noqa: PYI034 (typing.Self needs 3.11)
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.abort()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_done", True):
-            self._finish()
-
-    # internals; the caller holds self._lock
-
-    def _commit_into_cache(self) -> None:
-        assert self._file is not None and self._partial_path is not None  # internal: caching
-        cache = self._cache
-        try:
-            self._file.flush()
-        except OSError:
-            self._stop_caching()
-            return
-        entry = cache.entry_path(self.url)
-        with cache._global_lock(self.url):
-            if self.size_bytes is None:  # nothing was reserved: make room now, or drop it
-                scan = cache._scan(skip=self._partial_path)
-                if not cache._make_room(scan, self.bytes_written, prefer=entry):
-                    self._stop_caching()
-                    return
-            try:
-                self._file.close()  # drops the partial's lock; safe under the global lock
-                self._file = None
-                if self._reader is not None:
-                    self._reader._pin()  # pinned before the entry exists: never evicted while read
-                os.replace(self._partial_path, entry)
-                os.utime(entry)
-            except OSError:
-                self._stop_caching()
-                return
-        self._partial_path = None
-        cache._count("fills")
-
-    def _stop_caching(self) -> None:
-        """Turn into a bypassing fill: drop the partial file and let other fillers go."""
-        self._drop_partial()
-        if self.caching:
-            self.caching = False
-            self._cache._count("bypassed")
-        self._release_url_lock()
-
-    def _drop_partial(self) -> None:
-        """Close and unlink the partial file, if any (before the URL lock goes: no scan can
-        misjudge it)."""
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
-        if self._partial_path is not None:
-            self._partial_path.unlink(missing_ok=True)
-            self._partial_path = None
-
-    def _release_url_lock(self) -> None:
-        if self._url_lock is not None:
-            self._url_lock.close()
-            self._url_lock = None
-
-    def _finish(self) -> None:
-        self._done = True
-        self._drop_partial()
-        self._release_url_lock()
 
 
 class ShardCache:
@@ -508,13 +174,13 @@ class ShardCache:
                 break
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while an evictor unlinks it
-                if not _same_file(fd, path):  # evicted or replaced between open and lock
-                    _close(fd)
+                if not same_file(fd, path):  # evicted or replaced between open and lock
+                    close_quietly(fd)
                     continue
                 held_bytes = os.fstat(fd).st_size
                 if size_bytes is not None and held_bytes != size_bytes:
                     identity = os.fstat(fd)
-                    _close(fd)
+                    close_quietly(fd)
                     self._remove_stale(path, (identity.st_dev, identity.st_ino), url)
                     break
                 try:
@@ -523,7 +189,7 @@ class ShardCache:
                     pass
                 shard = CachedShard(url, path, fd, held_bytes)
             except BaseException:
-                _close(fd)
+                close_quietly(fd)
                 raise
             self._count("hits")
             return shard
@@ -612,12 +278,12 @@ class ShardCache:
         return CacheFill(self, url, size_bytes, None, None, None)
 
     @overload
-    def _acquire(self, lock_path: Path, url: str, *, what: str) -> _Flock: ...
+    def _acquire(self, lock_path: Path, url: str, *, what: str) -> Flock: ...
 
     @overload
-    def _acquire(self, lock_path: Path, url: str, *, what: str, timeout_s: float | None) -> _Flock | None: ...
+    def _acquire(self, lock_path: Path, url: str, *, what: str, timeout_s: float | None) -> Flock | None: ...
 
-    def _acquire(self, lock_path: Path, url: str, *, what: str, timeout_s: float | None = None) -> _Flock | None:
+    def _acquire(self, lock_path: Path, url: str, *, what: str, timeout_s: float | None = None) -> Flock | None:
         """Open ``lock_path`` and take ``LOCK_EX``, polling so ``lock_timeout_s`` is honoured.
         With ``timeout_s=0``: one try, None if the lock is held.
 
@@ -631,15 +297,15 @@ class ShardCache:
                 f"{url}: cannot open the shard cache lock {lock_path} ({exc.strerror or exc}); "
                 f"check that the cache_dir {self.cache_dir} is writable"
             ) from exc
-        lock = _Flock(fd)
+        lock = Flock(fd)
         if timeout_s == 0:
-            if _try_flock(fd, fcntl.LOCK_EX):
+            if try_flock(fd, fcntl.LOCK_EX):
                 return lock
             lock.close()
             return None
         deadline = time.monotonic() + self.lock_timeout_s
         pause_s = _POLL_FIRST_S
-        while not _try_flock(fd, fcntl.LOCK_EX):
+        while not try_flock(fd, fcntl.LOCK_EX):
             remaining_s = deadline - time.monotonic()
             if remaining_s <= 0:
                 lock.close()
@@ -696,13 +362,13 @@ class ShardCache:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return False
-            if not _try_flock(fd, fcntl.LOCK_EX):
+            if not try_flock(fd, fcntl.LOCK_EX):
                 return False
-            if _same_file(fd, path):
+            if same_file(fd, path):
                 path.unlink()
             return True
         finally:
-            _close(fd)
+            close_quietly(fd)
 
     def _make_room(self, scan: _Scan, needed_bytes: int, *, prefer: Path) -> bool:
         """Evict unpinned entries, ``prefer`` (this URL's stale entry) first and then the least
@@ -746,8 +412,8 @@ class ShardCache:
                 return None
         except OSError:
             return None
-        if not _try_flock(fd, fcntl.LOCK_EX):  # cannot happen: it is new and we hold the global lock
-            _close(fd)
+        if not try_flock(fd, fcntl.LOCK_EX):  # cannot happen: it is new and we hold the global lock
+            close_quietly(fd)
             path.unlink(missing_ok=True)
             return None
         return fd
