@@ -12,12 +12,9 @@ import stat
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import CorruptShardError
-
-if TYPE_CHECKING:
-    from .cache import ShardCache
 
 __all__ = [
     "READ_BUFFER_BYTES",
@@ -158,7 +155,7 @@ class CacheFill:
 
     def __init__(
         self,
-        cache: ShardCache,
+        cache: Any,  # the ShardCache that made it (not imported: cache.py imports this module)
         url: str,
         size_bytes: int | None,
         url_lock: Flock | None,
