@@ -72,10 +72,7 @@ def _gunzip(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
         if not state.eof:
             raise zlib.error("the stream ends inside the compressed data")
     except zlib.error as exc:
-        raise CorruptShardError(
-            f"{url}: a gzip-compressed shard that does not decompress ({exc}); the shard is "
-            "truncated or damaged, re-download or re-create it"
-        ) from exc
+        raise _undecodable(url, "gzip", exc) from exc
 
 
 def _unzstd(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
@@ -95,7 +92,12 @@ def _unzstd(pieces: Iterator[bytes], url: str) -> Iterator[bytes]:
         if not state.eof:
             raise zstandard.ZstdError("the stream ends inside the compressed data")
     except zstandard.ZstdError as exc:
-        raise CorruptShardError(
-            f"{url}: a zstd-compressed shard that does not decompress ({exc}); the shard is "
-            "truncated or damaged, re-download or re-create it"
-        ) from exc
+        raise _undecodable(url, "zstd", exc) from exc
+
+
+def _undecodable(url: str, kind: str, exc: Exception) -> CorruptShardError:
+    """The error of a ``kind``-compressed shard (gzip, zstd) whose bytes do not decompress."""
+    return CorruptShardError(
+        f"{url}: a {kind}-compressed shard that does not decompress ({exc}); the shard is "
+        "truncated or damaged, re-download or re-create it"
+    )
