@@ -285,12 +285,12 @@ def test_keys_without_a_key_index_by_binary_search_over_sorted_shards(tmp_path):
     expected = {s["__key__"]: raw(s) for s in streamed(dest)}
     for key in (keys[0], keys[29], keys[-1]):
         access = SampleAccess(open_index(dest))
-        access._key_ranges = None  # as an index written before key ranges were recorded
+        access.index.manifest.set_key_ranges(None)  # as an index written before key ranges were recorded
         found = access.find(key)
         assert found is not None and access.stats()["tables_fetched"] <= 5  # log2(16) + 1
         got = raw(access.read([found])[0])
         del got["__index__"]
         assert got == expected[key]
     access = SampleAccess(open_index(dest))
-    access._key_ranges = None
+    access.index.manifest.set_key_ranges(None)
     assert access.find("class0/00001x") is None

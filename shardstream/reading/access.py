@@ -27,28 +27,27 @@ How a sample is read:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import concurrent.futures
 import io
-import itertools
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from ..compression import compression_of
 from ..config import FetchConfig, RequestConfig, S3Config, StoreSettings
-from ..errors import CorruptShardError, IndexFormatError, StorageConnectionError
+from ..errors import CorruptShardError, StorageConnectionError
 from ..format import split_key
 from ..index import DatasetIndex, ShardTable
 from ..storage import is_remote_url, loop, open_store, split_url
 from ..storage.cache import ShardCache
 from ..storage.fetch import iter_shard_streams
 from ..tarstream import iter_members_at
+from .keyfind import KeyFinder
 
 __all__ = ["AccessStats", "SampleAccess"]
 
@@ -165,9 +164,7 @@ class SampleAccess:
         self._reads: collections.Counter[int] = collections.Counter()  # samples read per shard
         self._compressed: set[int] = set()
         self._hot: set[int] = set()
-        self._key_index: Any = None
-        self._key_index_opened = False
-        self._key_ranges: tuple[list[str], list[str]] | Literal[False] | None = False  # False: not read yet
+        self._finder = KeyFinder(self.index, s3=self.s3, requests=self.requests, table_of=self._table)
         self._node_cache: ShardCache | None = None
         self._stats = AccessStats()
 
@@ -237,83 +234,7 @@ class SampleAccess:
                 ``shardstream index keys DEST``).
             ShardNotFoundError, IndexFormatError: a table is missing or damaged.
         """
-        if not isinstance(key, str):
-            raise TypeError(f"key {key!r} must be a str, not {type(key).__name__}")
-        bounds = self._ranges()
-        if bounds is not None:  # no GET beyond the shard's table
-            firsts, lasts = bounds
-            shard = bisect.bisect_left(lasts, key)
-            if shard < len(lasts) and firsts[shard] <= key:
-                return self._find_in(shard, key, sorted_keys=True)
-            return None
-        keys = self._keys()
-        if keys is not None:  # one small ranged GET
-            for shard, row in keys.lookup(key):
-                if self._shard(int(shard)).table.key(int(row)) == key:
-                    return int(shard), int(row)
-            return None
-        return self._find_sorted(key)
-
-    def _ranges(self) -> tuple[list[str], list[str]] | None:
-        """The manifest's key ranges (``Manifest.key_ranges``, where pack recorded them), read once."""
-        ranges = self._key_ranges
-        if ranges is False:
-            read = getattr(self.index.manifest, "key_ranges", None)
-            ranges = self._key_ranges = read() if callable(read) else None
-        return ranges
-
-    def _keys(self) -> Any:
-        if not self._key_index_opened:
-            try:
-                from ..index.keys import KeyIndex
-            except ImportError:
-                self._key_index = None
-            else:
-                self._key_index = KeyIndex.open(self.index, s3=self.s3, requests=self.requests)
-            self._key_index_opened = True
-        return self._key_index
-
-    def _find_in(self, shard: int, key: str, *, sorted_keys: bool) -> tuple[int, int] | None:
-        keys = self._shard(shard).table.keys()
-        if sorted_keys:
-            row = bisect.bisect_left(keys, key)
-            return (shard, row) if row < len(keys) and keys[row] == key else None
-        try:
-            return shard, keys.index(key)
-        except ValueError:
-            return None
-
-    def _find_sorted(self, key: str) -> tuple[int, int] | None:
-        """A binary search over the shards by their tables' first and last keys, each table
-        visited checked to be sorted and in order with the others visited."""
-        manifest = self.index.manifest
-        nonempty = np.flatnonzero(np.asarray(manifest.shard_samples) > 0)
-        lo, hi = 0, len(nonempty)
-        seen: list[tuple[str, str, int]] = []
-        while lo < hi:
-            mid = (lo + hi) // 2
-            shard = int(nonempty[mid])
-            keys = self._shard(shard).table.keys()
-            if any(a > b for a, b in itertools.pairwise(keys)):
-                raise self._unsorted(f"shard {manifest.name(shard)}'s keys are not in order")
-            for first, last, other in seen:
-                if (other < shard and last > keys[0]) or (other > shard and first < keys[-1]):
-                    raise self._unsorted(f"shards {manifest.name(other)} and {manifest.name(shard)} overlap in keys")
-            seen.append((keys[0], keys[-1], shard))
-            if key < keys[0]:
-                hi = mid
-            elif key > keys[-1]:
-                lo = mid + 1
-            else:
-                row = bisect.bisect_left(keys, key)
-                return (shard, row) if keys[row] == key else None
-        return None
-
-    def _unsorted(self, detail: str) -> IndexFormatError:
-        return IndexFormatError(
-            f"{self.index.root}: looking a sample up by key needs a key index, and this dataset has none and "
-            f"its shards are not key-sorted ({detail}); run `shardstream index keys {self.index.root}` once"
-        )
+        return self._finder.find(key)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -601,6 +522,9 @@ class SampleAccess:
         if self._node_cache is None:
             self._node_cache = ShardCache(self.cache_dir, cache_limit_bytes=self.cache_limit_bytes)
         return self._node_cache
+
+    def _table(self, shard: int) -> ShardTable:
+        return self._shard(shard).table
 
     def _shard(self, shard: int) -> _Shard:
         with self._lock:
