@@ -63,6 +63,28 @@ def accepts(port: int) -> bool:
         return False
 
 
+def listening_pids(port: int) -> set[int]:
+    """The live processes holding a listening TCP socket on ``port`` (from /proc/net/tcp{,6} and
+    each process's open descriptors).
+
+    Whether the port *accepts* after a server died is no test that the server let go of it: under
+    pytest-xdist another test's server may bind the same free port a moment later (CI saw it), so
+    the tests compare who holds it before and after instead."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and int(fields[1].rpartition(":")[2], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    holders = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd") if inodes else ():
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                holders.add(int(fd_dir.parent.name))
+    return holders
+
+
 def processes_naming(path: Path) -> list[int]:
     """The live processes whose command line names ``path`` or whose working directory is in it
     (the server using it, and its lifeline, which has it in its ``--remove``)."""
@@ -155,12 +177,14 @@ def test_sigkill_of_s3_server_stops_weed_and_removes_its_temporary_directory():
     try:
         assert data_dir.is_dir() and (data_dir / OWNER_RECORD).is_file()
         assert len(weed_pids(port)) == 1 and accepts(port)
+        holders = listening_pids(port)
+        assert set(weed_pids(port)) <= holders, holders
         weed_args = Path(f"/proc/{weed_pids(port)[0]}/cmdline").read_bytes().decode().split("\0")
         grpc_ports = [arg.partition("=")[2] for arg in weed_args if ".port.grpc=" in arg]
         killed = parent.sigkill()
         wait_for(lambda: not weed_pids(port), timeout_s=GONE_S, what=f"weed on port {port} after the parent's SIGKILL")
         weed_gone = time.monotonic() - killed
-        assert not accepts(port)
+        assert not listening_pids(port) & holders  # nothing that held the port (nor a child of weed's) keeps it
         wait_for(lambda: not data_dir.exists(), timeout_s=GONE_S, what=f"removal of {data_dir}")
         dir_gone = time.monotonic() - killed
         wait_for(lambda: not processes_naming(data_dir), timeout_s=GONE_S, what=f"the processes naming {data_dir}")
@@ -182,10 +206,12 @@ def test_sigkill_of_s3_server_with_dir_stops_weed_and_keeps_the_dir_and_its_data
     try:
         assert printed_dir == data_dir and not (data_dir / OWNER_RECORD).exists()
         assert asyncio.run(put_and_get(env, "kept", "object", b"kept across a SIGKILL")) == b"kept across a SIGKILL"
+        holders = listening_pids(port)
+        assert set(weed_pids(port)) <= holders, holders
         parent.sigkill()
         wait_for(lambda: not weed_pids(port), timeout_s=GONE_S, what=f"weed on port {port} after the parent's SIGKILL")
         wait_for(lambda: not processes_naming(data_dir), timeout_s=GONE_S, what=f"the processes naming {data_dir}")
-        assert not accepts(port) and data_dir.is_dir() and (data_dir / "s3.json").is_file()
+        assert not listening_pids(port) & holders and data_dir.is_dir() and (data_dir / "s3.json").is_file()
         with SeaweedS3Server(data_dir=data_dir) as server:  # the data is still there
             assert asyncio.run(put_and_get(server.info.env(), "kept", "object", None)) == b"kept across a SIGKILL"
         assert data_dir.is_dir()
@@ -285,11 +311,13 @@ def test_sigkill_of_the_parent_stops_nginx_the_fault_server_and_the_emulators(tm
         assert sorted(where) == sorted(names)
         for name, server in where.items():
             assert process_is_alive(server["pid"]) and accepts(server["port"]) and Path(server["dir"]).is_dir(), name
+            server["holders"] = listening_pids(server["port"])
+            assert server["holders"], name
         killed = parent.sigkill()
         for name, server in where.items():
             wait_for(lambda s=server: not process_is_alive(s["pid"]), timeout_s=GONE_S, what=f"{name} to exit")
             wait_for(lambda s=server: not Path(s["dir"]).exists(), timeout_s=GONE_S, what=f"{name}'s dir removed")
-            assert not accepts(server["port"]), name
+            assert not listening_pids(server["port"]) & server["holders"], name
         print(f"after the parent's SIGKILL: {', '.join(names)} gone, dirs removed in {time.monotonic() - killed:.2f} s")
         for name, server in where.items():
             wait_for(lambda s=server: not processes_naming(Path(s["dir"])), timeout_s=GONE_S, what=f"{name}'s lifeline")
