@@ -24,7 +24,7 @@ alternate for ``--rounds`` rounds so all see the same noise:
 
 Printed, for each round and reader, and the median of each: MB/s of shard bytes; the first
 sample (the limits: first bytes) from construction; the reader process's CPU seconds (user +
-system) split there: start-up, from the process's start (interpreter, imports, session or
+system) split there (the keep floor: at its first bytes, as the limits): start-up, from the process's start (interpreter, imports, session or
 dataset construction, the first sample), reported on its own, and steady, from there to the
 end, per GB of shard bytes read after it and per 1,000 samples after it. Targets: shardstream's
 rate >= 0.9x the best of the sweep (the rate floor), its steady CPU per GB <= 1.15x the keep
@@ -65,8 +65,18 @@ def mark_first(samples: int = 0, nbytes: int = 0) -> None:
     """Start-up ends here, the first time this is called: the reader has its first sample (a
     limit: its first bytes). Records the clock and the process's CPU seconds since it started;
     ``samples`` and ``nbytes``, what it has read by then, are left out of the steady figures."""
-    if not _FIRST:
-        _FIRST.update(at=time.perf_counter(), cpu=rusage_cpu_s(), samples=samples, bytes=nbytes)
+    if "cpu" not in _FIRST:
+        mark_steady(samples, nbytes)
+    _FIRST.setdefault("at", time.perf_counter())
+
+
+def mark_steady(samples: int = 0, nbytes: int = 0) -> None:
+    """The reader's CPU is split here (once), its first sample still timed by
+    :func:`mark_first`: the keep floor calls it at its first bytes, as the limits' start-up
+    ends, so that the receiving done before its first 16 MiB body is whole counts as steady
+    work, as shardstream's does (bench/stream.py's ``mark_steady``)."""
+    if "cpu" not in _FIRST:
+        _FIRST.update(cpu=rusage_cpu_s(), samples=samples, bytes=nbytes)
 
 
 def read_limit(
@@ -109,7 +119,11 @@ def read_limit(
                                 mark_first(0, len(piece))
                             size += len(piece)
                         return size
-                    kept = [piece async for piece in pieces]
+                    kept = []
+                    async for piece in pieces:
+                        if not kept:
+                            mark_steady()
+                        kept.append(piece)
                 return on_body(name, first, kept)
 
             return sum(await asyncio.gather(*(get(*r) for r in ranges)))
@@ -122,7 +136,8 @@ def read_keep(url: str, shards: list[tuple[str, int]], inflight: int, range_byte
     every member lying wholly inside it copied out as ``bytes`` by the dataset's index (read
     over http, as shardstream reads it) and one byte of every 4 KiB touched: bench/stream.py's
     ``s3-keep`` over http, the least a reader does that hands out the samples' bytes. Returns
-    the samples; start-up ends at the first member copied."""
+    the samples; its start-up's CPU ends at its first bytes (:func:`mark_steady`), its first
+    sample is the first member copied."""
     from stream import keep_copier
 
     from shardstream import open_index
@@ -158,7 +173,8 @@ KEEP = "keep-8x16-2m"  # the keep floor: limit-8x16-2m's GETs, bodies kept, memb
 
 def reader_main(name: str, url: str, shards_json: str) -> None:
     """Run one reader; print its measurements as one JSON line. Its CPU (user + system of the
-    process) is split at its first sample (a limit: its first bytes; :func:`mark_first`):
+    process) is split at its first sample (a limit and the keep floor: its first bytes;
+    :func:`mark_first`, :func:`mark_steady`):
     start-up, from the process's start (interpreter, imports, session or dataset
     construction, the first sample), and steady, from there to the end, with the bytes read
     after it (readers of samples: the shards' bytes times the share of samples after the
@@ -188,7 +204,7 @@ def reader_main(name: str, url: str, shards_json: str) -> None:
     mark = _FIRST or at_start  # nothing read: steady from construction
     steady_samples = samples - int(mark["samples"])
     steady_bytes = nbytes - mark["bytes"] if not samples else total_bytes * steady_samples / samples
-    print(json.dumps({"seconds": seconds, "first_s": mark["at"] - started if _FIRST else None,
+    print(json.dumps({"seconds": seconds, "first_s": mark["at"] - started if "at" in _FIRST else None,
                       "startup_cpu_s": mark["cpu"], "cpu_s": cpu - mark["cpu"], "samples": samples,
                       "steady_samples": steady_samples, "steady_bytes": steady_bytes}))  # fmt: skip
 
