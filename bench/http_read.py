@@ -24,14 +24,14 @@ alternate for ``--rounds`` rounds so all see the same noise:
 
 Printed, for each round and reader, and the median of each: MB/s of shard bytes; the first
 sample (the limits: first bytes) from construction; the reader process's CPU seconds (user +
-system) split there (the keep floor: at its first bytes, as the limits): start-up, from the process's start (interpreter, imports, session or
-dataset construction, the first sample), reported on its own, and steady, from there to the
-end, per GB of shard bytes read after it and per 1,000 samples after it. Targets: shardstream's
-rate >= 0.9x the best of the sweep (the rate floor), its steady CPU per GB <= 1.15x the keep
-floor's (the CPU floor); its steady CPU per GB against the best limit's is shown (no target).
-On 2 cores nginx shares the CPU with the reader, as SeaweedFS does in bench/stream.py: the CPU
-ratio does not move with that, the rate ratio does. The default corpus is ~2.4 GB of photos,
-so start-up is a small part of a run's rate.
+system) split there (the keep floor: at its first bytes, as the limits): start-up, from the
+process's start (interpreter, imports, session or dataset construction, the first sample),
+reported on its own, and steady, from there to the end, per GB of shard bytes read after it and
+per 1,000 samples after it. Targets: shardstream's rate >= 0.9x the best of the sweep (the rate
+floor), its steady CPU per GB <= 1.15x the keep floor's (the CPU floor); its steady CPU per GB
+against the best limit's is shown (no target). On 2 cores nginx shares the CPU with the reader,
+as SeaweedFS does in bench/stream.py: the CPU ratio does not move with that, the rate ratio
+does. The default corpus is ~2.4 GB of photos, so start-up is a small part of a run's rate.
 
 Usage:
     python bench/http_read.py [--corpus photos|small] [--num-images 24000] [--rounds 3] [--https]

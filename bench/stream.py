@@ -71,12 +71,13 @@ bytes through the same DataLoader (2 workers, batches of 64, collate, shared mem
 splits that overhead into what any DataLoader costs and what reading from S3 adds.
 
 A run that passes ``--cap-s`` seconds stops there and is marked ``capped`` (rate over what it
-read). The best of ``--repeat`` runs is shown (highest samples/s, lowest first-sample time,
-highest RSS). Then the targets are printed as met / NOT met, and a bar chart of samples/s is
-saved as a PNG. These machines are noisy: compare the ratios, which come from one run. On 2
-cores the S3 server shares the CPU with the readers, so S3 numbers include its cost (the
-table's "S3 srv cores": the server's CPU seconds per second of the run, set-up included). Each
-reader's output goes to ~/.cache/shardstream-bench/stream-logs/NAME-RUN.log.
+read). The best of ``--repeat`` runs is shown (highest samples/s, lowest steady CPU per GB,
+lowest first-sample time, each from the run where it was best; highest RSS). Then the targets
+are printed as met / NOT met, and a bar chart of samples/s is saved as a PNG. These machines are
+noisy: compare the ratios, which come from one run. On 2 cores the S3 server shares the CPU with
+the readers, so S3 numbers include its cost (the table's "S3 srv cores": the server's CPU
+seconds per second of the run, set-up included). Each reader's output goes to
+~/.cache/shardstream-bench/stream-logs/NAME-RUN.log.
 
 Usage:
     python bench/stream.py [--corpora photos,small,tiny] [--num-images 10000] [--num-small 120000]
@@ -1183,8 +1184,10 @@ class Result:
     tree_peak: int = 0
     damaged: int = 0  # most damaged samples seen in one run
     server_cpu_s: float = 0.0  # the S3 server's CPU seconds during the best run (imports and set-up included)
-    # The reader's own CPU seconds (user + system, its DataLoader workers too) in the best run
-    # after its first sample (a limit: first bytes), and the samples and bytes it read after it.
+    # The reader's own CPU seconds (user + system, its DataLoader workers too) after its first
+    # sample (a limit: first bytes), and the samples and bytes it read after it, in the run
+    # with the least of them a byte (a sample): like the first sample, at its best on its own,
+    # not the fastest run's, whose CPU moves as much as another run's on these shared cores.
     cpu_s: float = 0.0
     steady_samples: int = 0
     steady_bytes: int = 0
@@ -1194,7 +1197,8 @@ class Result:
     failures: int = 0
 
     def add(self, run: dict[str, Any]) -> None:
-        """Keep the best of the runs: throughput and first sample each at their best, memory at its worst."""
+        """Keep the best of the runs: throughput, steady CPU and first sample each at their best,
+        memory at its worst."""
         self.runs += 1
         if self.runs == 1 or run["seconds"] / max(run["samples"], 1) < self.seconds / max(self.samples, 1):
             self.samples, self.bytes, self.seconds, self.capped = (
@@ -1204,6 +1208,7 @@ class Result:
                 run["capped"],
             )
             self.server_cpu_s = run.get("server_cpu_s", 0.0)
+        if self.runs == 1 or _cpu_per_unit(run) < _cpu_per_unit(vars(self)):
             self.cpu_s, self.steady_samples, self.steady_bytes = (
                 run["cpu_s"],
                 run["steady_samples"],
@@ -1236,6 +1241,13 @@ class Result:
         if self.bytes:
             return self.bytes / self.seconds / 1e6
         return self.samples_per_s(num_samples) * payload_bytes / num_samples / 1e6
+
+
+def _cpu_per_unit(run: dict[str, Any]) -> float:
+    """A run's steady CPU seconds per byte read after its first sample (per sample where it
+    counts no bytes); infinite where it read nothing after it."""
+    steady = run["steady_bytes"] or run["steady_samples"]
+    return run["cpu_s"] / steady if steady else math.inf
 
 
 def run_reader(
