@@ -116,6 +116,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import importlib
 import importlib.machinery
@@ -128,6 +129,7 @@ import resource
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1205,6 +1207,9 @@ class Result:
     error: str = ""  # why the last failed run failed
     runs: int = 0
     failures: int = 0
+    # each round's (--repeat's) steady CPU s/GB, by round: the readers of a round run one after
+    # another, so a ratio within a round sees the same state of the machine
+    round_cpu_s_per_gb: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def add(self, run: dict[str, Any]) -> None:
         """Keep the best of the runs: throughput, steady CPU and first sample each at their best,
@@ -1251,6 +1256,12 @@ class Result:
         if self.bytes:
             return self.bytes / self.seconds / 1e6
         return self.samples_per_s(num_samples) * payload_bytes / num_samples / 1e6
+
+
+def _cpu_s_per_gb(run: dict[str, Any], num_samples: int, payload_bytes: int) -> float:
+    """One run's steady CPU seconds per GB, as :meth:`Result.cpu_s_per_gb` reckons it."""
+    steady = run["steady_bytes"] or run["steady_samples"] * payload_bytes / max(num_samples, 1)
+    return run["cpu_s"] / (steady / 1e9) if steady else math.nan
 
 
 def _cpu_per_unit(run: dict[str, Any]) -> float:
@@ -1343,6 +1354,16 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
     def cpu_ratio(a: str, b: str) -> Callable[[], float]:
         return lambda: cpu_per_gb(a) / cpu_per_gb(b)
 
+    def round_cpu_ratio(a: str, b: str) -> Callable[[], float]:
+        """The median over the rounds both ran in of ``a``'s steady CPU per GB over ``b``'s."""
+
+        def median() -> float:
+            ra, rb = measured[a].round_cpu_s_per_gb, measured[b].round_cpu_s_per_gb
+            both = ra.keys() & rb.keys()
+            return statistics.median(ra[k] / rb[k] for k in both) if both else math.nan
+
+        return median
+
     m = f"{main}:"
     limit_main, limit_small = best_limit(main), best_limit("small")
     s3_peer, decode_peer = best_peer("raw", "s3"), best_peer("decode", "s3")
@@ -1430,6 +1451,14 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             "x",
         ),
         (
+            "S3 raw, small: the same, the median of the rounds' ratios (no target)",
+            ("small:s3-shardstream", "small:s3-keep"),
+            round_cpu_ratio("small:s3-shardstream", "small:s3-keep"),
+            0.0,
+            False,
+            "x",
+        ),
+        (
             f"S3 raw, small: shardstream's steady CPU s/GB / the limit's ({limit_small}) (no target)",
             ("small:s3-shardstream", limit_small),
             cpu_ratio("small:s3-shardstream", limit_small),
@@ -1453,6 +1482,14 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             (m + "s3-shardstream", m + "s3-keep"),
             cpu_ratio(m + "s3-shardstream", m + "s3-keep"),
             1.15,
+            False,
+            "x",
+        ),
+        (
+            f"S3 raw, {main}: the same, the median of the rounds' ratios (no target)",
+            (m + "s3-shardstream", m + "s3-keep"),
+            round_cpu_ratio(m + "s3-shardstream", m + "s3-keep"),
+            0.0,
             False,
             "x",
         ),
@@ -1821,6 +1858,7 @@ def run_corpus(
                 print(f"failed: {run}", flush=True)
             else:
                 results[name].add(run)
+                results[name].round_cpu_s_per_gb[repeat] = _cpu_s_per_gb(run, len(samples), sizes[corpus][1])
                 print(f"{run['seconds']:.1f} s, {run['samples']} samples", flush=True)
     for name, r in results.items():
         if r.runs and r.samples != len(samples) and r.reader.system != "limit" and not r.capped:
