@@ -1244,8 +1244,7 @@ class Result:
         """The reader's steady CPU seconds per GB it read after its first sample (the MB/s
         column's bytes; readers that count no bytes: their samples at the corpus's mean
         payload); NaN if it read nothing after it."""
-        steady = self.steady_bytes or self.steady_samples * payload_bytes / max(num_samples, 1)
-        return self.cpu_s / (steady / 1e9) if steady else math.nan
+        return _cpu_s_per_gb(vars(self), num_samples, payload_bytes)
 
     def cpu_s_per_1k(self) -> float:
         """The reader's steady CPU seconds per 1,000 samples read after its first; NaN for
@@ -1259,7 +1258,8 @@ class Result:
 
 
 def _cpu_s_per_gb(run: dict[str, Any], num_samples: int, payload_bytes: int) -> float:
-    """One run's steady CPU seconds per GB, as :meth:`Result.cpu_s_per_gb` reckons it."""
+    """One run's steady CPU seconds per GB (:meth:`Result.cpu_s_per_gb`; ``run`` holds
+    ``cpu_s``, ``steady_bytes`` and ``steady_samples``)."""
     steady = run["steady_bytes"] or run["steady_samples"] * payload_bytes / max(num_samples, 1)
     return run["cpu_s"] / (steady / 1e9) if steady else math.nan
 
