@@ -45,6 +45,14 @@ HEAD_BYTES = 157  # a header's bytes that are checked: name (0-99), size (124-13
 # bench/slicer.py at --piece-kib 64, 256 and 1024): reads from a fast server come in pieces
 # of ~1 MiB (~100 headers of 18 KB samples), from a slow one of 64-256 KiB (7-27).
 _GATHER_ROWS = 16
+# A header's checked bytes as one opaque item, so that numpy gathers each with one copy: about
+# three times as fast as taking rows of a 2-D view (timeit, a 1 MiB piece of 18 KB samples).
+_HEAD = np.dtype(f"V{HEAD_BYTES}")
+
+
+def _rows(heads: np.ndarray) -> np.ndarray:
+    """Gathered :data:`_HEAD` items as uint8 rows, one a header (a view)."""
+    return heads.view(np.uint8).reshape(len(heads), HEAD_BYTES)
 
 
 class RunSlices:
@@ -261,9 +269,9 @@ class _Flat:
         (uint8, one row each)."""
         buf, origin = self.buf, self.origin
         skip = (-origin) % BLOCK_BYTES  # headers lie on the shard's 512-byte blocks
-        blocks = np.ndarray(((len(buf) - skip) // BLOCK_BYTES, BLOCK_BYTES), np.uint8, buffer=buf, offset=skip)
+        blocks = np.ndarray(((len(buf) - skip) // BLOCK_BYTES,), _HEAD, buffer=buf, offset=skip, strides=(BLOCK_BYTES,))
         try:
-            return blocks[(headers - origin - skip) // BLOCK_BYTES, :HEAD_BYTES]  # a copy: the map can close
+            return _rows(blocks[(headers - origin - skip) // BLOCK_BYTES])  # a copy: the map can close
         finally:
             del blocks
 
@@ -318,9 +326,8 @@ class _Spread:
             for k, a, b in pieces:
                 piece = self.pieces[k]
                 fits = len(piece) - HEAD_BYTES + 1  # rows that start there lie wholly inside it
-                if fits > 0:
-                    rows = np.ndarray((fits, HEAD_BYTES), np.uint8, piece, 0, (1, 1))
-                    out[a:b] = rows[np.minimum(at[a:b], fits - 1)]
+                if fits > 0:  # each byte of the piece the start of a header's bytes
+                    out[a:b] = _rows(np.ndarray((fits,), _HEAD, piece, 0, (1,))[np.minimum(at[a:b], fits - 1)])
             for m in across:
                 h = int(headers[m])
                 out[m] = np.frombuffer(self.span(h, h + HEAD_BYTES), np.uint8)
