@@ -277,6 +277,9 @@ def main() -> None:
           f"(target >= 0.9x: {'met' if ratio >= 0.9 else 'NOT met'})")  # fmt: skip
     print(f"  shardstream / {KEEP} (the keep floor): {cpu_keep:.2f}x the steady CPU per GB "
           f"(target <= 1.15x: {'met' if cpu_keep <= 1.15 else 'NOT met'})")  # fmt: skip
+    rounds = statistics.median(per_gb(s) / per_gb(k) for s, k in zip(runs["shardstream"], runs[KEEP]))
+    print(f"  the same, the median of the rounds' ratios: {rounds:.2f}x (no target; the two run one after the "
+          "other in each round, on the same state of the machine)")  # fmt: skip
     print(f"  shardstream / {best}: {cpu_limit:.2f}x the steady CPU per GB (no target)")
     print(f"  shardstream with reads growing to 2 MiB / with 256 KiB reads: {wide:.2f}x the steady CPU per GB, "
           f"{rate['shardstream'] / rate['shardstream-256k']:.2f}x the rate (no target)")  # fmt: skip
