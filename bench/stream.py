@@ -1452,29 +1452,35 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
             True,
             "x",
         ),
-        (
-            "S3 raw, small: shardstream's steady CPU s/GB / the keep floor's (s3-keep)",
-            ("small:s3-shardstream", "small:s3-keep"),
-            cpu_ratio("small:s3-shardstream", "small:s3-keep"),
-            1.15,
-            False,
-            "x",
-        ),
-        (
-            "S3 raw, small: the same, the median of the rounds' ratios (no target)",
-            ("small:s3-shardstream", "small:s3-keep"),
-            round_cpu_ratio("small:s3-shardstream", "small:s3-keep"),
-            0.0,
-            False,
-            "x",
-        ),
-        (
-            f"S3 raw, small: shardstream's steady CPU s/GB / the limit's ({limit_small}) (no target)",
-            ("small:s3-shardstream", limit_small),
-            cpu_ratio("small:s3-shardstream", limit_small),
-            0.0,
-            False,
-            "x",
+        *(
+            row
+            for corpus, limit in {"small": limit_small, main: limit_main}.items()  # each corpus once
+            for row in (
+                (
+                    f"S3 raw, {corpus}: shardstream's steady CPU s/GB / the keep floor's (s3-keep)",
+                    (f"{corpus}:s3-shardstream", f"{corpus}:s3-keep"),
+                    cpu_ratio(f"{corpus}:s3-shardstream", f"{corpus}:s3-keep"),
+                    1.15,
+                    False,
+                    "x",
+                ),
+                (
+                    f"S3 raw, {corpus}: the same, the median of the rounds' ratios (no target)",
+                    (f"{corpus}:s3-shardstream", f"{corpus}:s3-keep"),
+                    round_cpu_ratio(f"{corpus}:s3-shardstream", f"{corpus}:s3-keep"),
+                    0.0,
+                    False,
+                    "x",
+                ),
+                (
+                    f"S3 raw, {corpus}: shardstream's steady CPU s/GB / the limit's ({limit}) (no target)",
+                    (f"{corpus}:s3-shardstream", limit),
+                    cpu_ratio(f"{corpus}:s3-shardstream", limit),
+                    0.0,
+                    False,
+                    "x",
+                ),
+            )
         ),
         *(
             (
@@ -1486,30 +1492,6 @@ def print_targets(results: dict[str, Result], sizes: dict[str, tuple[int, int]])
                 "x",
             )
             for corpus in dict.fromkeys(("small", main))
-        ),
-        (
-            f"S3 raw, {main}: shardstream's steady CPU s/GB / the keep floor's (s3-keep)",
-            (m + "s3-shardstream", m + "s3-keep"),
-            cpu_ratio(m + "s3-shardstream", m + "s3-keep"),
-            1.15,
-            False,
-            "x",
-        ),
-        (
-            f"S3 raw, {main}: the same, the median of the rounds' ratios (no target)",
-            (m + "s3-shardstream", m + "s3-keep"),
-            round_cpu_ratio(m + "s3-shardstream", m + "s3-keep"),
-            0.0,
-            False,
-            "x",
-        ),
-        (
-            f"S3 raw, {main}: shardstream's steady CPU s/GB / the limit's ({limit_main}) (no target)",
-            (m + "s3-shardstream", limit_main),
-            cpu_ratio(m + "s3-shardstream", limit_main),
-            0.0,
-            False,
-            "x",
         ),
         (
             "S3 raw, small: threaded readinto, payloads copied: CPU s/GB / the limit's (no target)",
