@@ -448,9 +448,10 @@ def test_a_batch_collected_by_the_cyclic_gc_while_a_slot_is_mapped_does_not_dead
         """
         import faulthandler, os
         print(os.getpid(), flush=True)
-        faulthandler.dump_traceback_later(15, exit=True)
         from shardstream import collate
         from shardstream.storage.shm import SharedFile
+
+        faulthandler.dump_traceback_later(15, exit=True)  # the loop's bound, the imports apart
 
         control = SharedFile("shardstream-batch", collate.MAX_SLOTS)
         slot = SharedFile("shardstream-batch", 1 << 16)
