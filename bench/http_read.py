@@ -74,7 +74,7 @@ def mark_steady(samples: int = 0, nbytes: int = 0) -> None:
     """The reader's CPU is split here (once), its first sample still timed by
     :func:`mark_first`: the keep floor calls it at its first bytes, as the limits' start-up
     ends, so that the receiving done before its first 16 MiB body is whole counts as steady
-    work, as shardstream's does (bench/stream.py's ``mark_steady``)."""
+    work, as shardstream's does (bench/floors.py's ``mark_steady``)."""
     if "cpu" not in _FIRST:
         _FIRST.update(cpu=rusage_cpu_s(), samples=samples, bytes=nbytes)
 
@@ -93,7 +93,7 @@ def read_limit(
     else by ``iter_any`` with asyncio's reads of 256 KiB. Without ``on_body`` the bytes are
     discarded as they arrive (start-up ends at the first); with it (the keep floor), each body
     is kept as those pieces (uncopied) until it is whole and handed to ``on_body(name,
-    first_byte, pieces)``, which returns its byte count (bench/stream.py's ``keep_copier``)."""
+    first_byte, pieces)``, which returns its byte count (bench/floors.py's ``keep_copier``)."""
     import ssl
 
     import aiohttp
@@ -138,7 +138,7 @@ def read_keep(url: str, shards: list[tuple[str, int]], inflight: int, range_byte
     ``s3-keep`` over http, the least a reader does that hands out the samples' bytes. Returns
     the samples; its start-up's CPU ends at its first bytes (:func:`mark_steady`), its first
     sample is the first member copied."""
-    from stream import keep_copier
+    from floors import keep_copier
 
     from shardstream import open_index
 
@@ -156,7 +156,7 @@ def read_shardstream(url: str) -> int:
         if not samples:
             mark_first(1)
         samples += 1
-        for field in FIELDS:  # by name, as training code takes them (bench/stream.py's touched())
+        for field in FIELDS:  # by name, as training code takes them (bench/floors.py's touched())
             bytes(memoryview(sample[field])[::4096])  # as the keep floor touches each member
     return samples
 
@@ -189,7 +189,7 @@ def reader_main(name: str, url: str, shards_json: str) -> None:
     if name == "shardstream-256k":  # asyncio's own socket reads, as before shardstream widened them
         requests.RECEIVE_BYTES = 256 << 10
     if name == KEEP:  # the keep floor's imports, as the limits' and shardstream's above
-        for module in ("numpy", "stream", "shardstream.index"):
+        for module in ("numpy", "floors", "shardstream.index"):
             importlib.import_module(module)
     started = time.perf_counter()
     at_start = {"at": started, "cpu": rusage_cpu_s(), "samples": 0, "bytes": 0}
