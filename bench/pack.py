@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus import photo_corpus, tiny_corpus
-from procs import process_cpu_s, processes, rusage_cpu_s
+from procs import descendants, process_cpu_s, processes, rusage_cpu_s
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 
@@ -36,17 +36,8 @@ SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
 def tree_rss_bytes(pid: int) -> tuple[int, int]:
     """(sum, max) of the resident memory of ``pid`` and its descendants, in bytes."""
     table = processes()
-    children: dict[int, list[int]] = {}
-    for child, proc in table.items():
-        children.setdefault(proc.ppid, []).append(child)
-    rss = {p: proc.rss_bytes for p, proc in table.items()}
-    todo, total, largest = [pid], 0, 0
-    while todo:
-        p = todo.pop()
-        total += rss.get(p, 0)
-        largest = max(largest, rss.get(p, 0))
-        todo.extend(children.get(p, []))
-    return total, largest
+    rss = [table[p].rss_bytes for p in descendants(pid, table) if p in table]
+    return sum(rss), max(rss, default=0)
 
 
 def run_measured(

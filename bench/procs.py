@@ -3,6 +3,7 @@ figures."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 from typing import NamedTuple
@@ -46,3 +47,26 @@ def processes() -> dict[int, Proc]:
         except (OSError, IndexError, ValueError):
             continue
     return table
+
+
+def descendants(pid: int, table: dict[int, Proc] | None = None) -> list[int]:
+    """``pid`` and every process below it, by ``table`` (:func:`processes` unless given)."""
+    table = processes() if table is None else table
+    children: dict[int, list[int]] = {}
+    for child, proc in table.items():
+        children.setdefault(proc.ppid, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
+
+
+def pin_tree(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` and of its descendants onto ``cpus`` (Linux pins threads, not
+    processes; a thread started later takes its starter's CPUs)."""
+    for p in descendants(pid):
+        with contextlib.suppress(FileNotFoundError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(tid), cpus)
