@@ -33,8 +33,17 @@ against the best limit's is shown (no target). On 2 cores nginx shares the CPU w
 as SeaweedFS does in bench/stream.py: the CPU ratio does not move with that, the rate ratio
 does. The default corpus is ~2.4 GB of photos, so start-up is a small part of a run's rate.
 
+``--pin`` (a diagnostic; the targets are read unpinned): each reader process on CPU 0 alone and
+nginx on CPU 1, so shardstream's two threads (its event loop and the consumer) share one CPU as
+the keep floor's one thread has it. Payloads copied while the other CPU moves memory (the
+event loop receiving, nginx sending) cost more CPU per byte than copied with it idle
+(bench/slicer.py ``--beside``: 60-120 KB payloads, 27.6 against 22.0 us a sample), a cost a
+reader that overlaps receiving and slicing pays on its consumer's every payload and the
+one-thread floor, whose receiving and copying take turns, pays on fewer; pinned, what is left
+is the reader's own work.
+
 Usage:
-    python bench/http_read.py [--corpus photos|small] [--num-images 24000] [--rounds 3] [--https]
+    python bench/http_read.py [--corpus photos|small] [--num-images 24000] [--rounds 3] [--https] [--pin]
 """
 
 from __future__ import annotations
@@ -171,14 +180,16 @@ FIELDS = ("jpg", "cls")  # the members of every sample of both corpora (bench/co
 KEEP = "keep-8x16-2m"  # the keep floor: limit-8x16-2m's GETs, bodies kept, members copied out
 
 
-def reader_main(name: str, url: str, shards_json: str) -> None:
+def reader_main(name: str, url: str, shards_json: str, cpu: int | None = None) -> None:
     """Run one reader; print its measurements as one JSON line. Its CPU (user + system of the
     process) is split at its first sample (a limit and the keep floor: its first bytes;
     :func:`mark_first`, :func:`mark_steady`):
     start-up, from the process's start (interpreter, imports, session or dataset
     construction, the first sample), and steady, from there to the end, with the bytes read
     after it (readers of samples: the shards' bytes times the share of samples after the
-    first)."""
+    first). ``cpu``: the process runs on that CPU alone (``--pin``)."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     shards = [tuple(s) for s in json.loads(shards_json)]
     total_bytes = sum(size for _, size in shards)
     import aiohttp  # noqa: F401 - imports are not timed (torch takes a second); their CPU is start-up
@@ -216,12 +227,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--https", action="store_true", help="serve over TLS (self-signed certificate)")
     parser.add_argument("--shard-mib", type=int, default=64)
+    parser.add_argument(
+        "--pin", action="store_true", help="a diagnostic: each reader on CPU 0 alone, nginx on CPU 1 (see above)"
+    )
+    parser.add_argument("--_cpu", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--_reader", help=argparse.SUPPRESS)
     parser.add_argument("--_url", help=argparse.SUPPRESS)
     parser.add_argument("--_shards", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._reader:
-        reader_main(args._reader, args._url, args._shards)
+        reader_main(args._reader, args._url, args._shards, args._cpu)
         return
 
     from servers.nginx import NginxServer
@@ -235,6 +250,10 @@ def main() -> None:
     shards = sorted((p.name, p.stat().st_size) for p in (root / "ds").glob("*.tar"))
     total_bytes = sum(size for _, size in shards)
     print(f"{len(shards)} shards, {total_bytes / 1e6:.0f} MB, corpus {args.corpus} ({args.num_images} samples)")
+    pin = ["--_cpu", "0"] if args.pin else []
+    if args.pin:  # nginx, started below, on CPU 1; each reader on CPU 0 (reader_main)
+        os.sched_setaffinity(0, {1})
+        print("pinned (a diagnostic): readers on CPU 0, nginx on CPU 1")
     with NginxServer(root, https=args.https) as server:
         env = dict(os.environ)
         if args.https:
@@ -246,7 +265,7 @@ def main() -> None:
             order = names if round_ % 2 == 0 else names[::-1]
             for name in order:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--_reader", name, "--_url", url, "--_shards", json.dumps(shards)],
+                    [sys.executable, __file__, "--_reader", name, "--_url", url, "--_shards", json.dumps(shards), *pin],
                     env=env, check=True, capture_output=True, text=True, timeout=600,
                 )  # fmt: skip
                 run = json.loads(out.stdout.strip().splitlines()[-1])

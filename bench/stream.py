@@ -33,6 +33,10 @@ the cores the S3 server leaves it, nor with the corpus's size;
 peak RSS of its main process (VmHWM, read by the process itself) and of its whole process
 tree (sum of RSS sampled every 0.2 s; pages shared by forked workers count once per process).
 Raw readers also count damaged samples (a JPEG without its start or end marker).
+``--pin`` (a diagnostic; the targets are read unpinned): each reader on CPU 0 alone and the S3
+server on CPU 1 while the readers run, so shardstream's two threads (event loop and consumer)
+share one CPU as the keep floor's one thread has it: what is left is the reader's own work
+(bench/http_read.py's ``--pin`` says why the two differ unpinned).
 
 Raw reading (one process, no decoding; one byte of every 4 KiB of each sample's payload read):
   - limits: ``cat`` of the shard files to /dev/null; concurrent aiobotocore GETs of shardstream's
@@ -82,7 +86,7 @@ seconds per second of the run, set-up included). Each reader's output goes to
 Usage:
     python bench/stream.py [--corpora photos,small,tiny] [--num-images 10000] [--num-small 120000]
                            [--num-tiny 200000] [--dir DIR] [--repeat 2] [--skip-peers] [--png PATH]
-                           [--shard-mib 64] [--cap-s 60] [--readers NAME,...]
+                           [--shard-mib 64] [--cap-s 60] [--readers NAME,...] [--pin]
 
 ``--dir`` takes a directory laid out like the photo corpus: ``<key>.jpg`` (+ ``<key>.cls``)
 files, the same members in every sample. A whole node (ranks x DataLoader workers) is
@@ -153,7 +157,7 @@ from floors import (
     touched,
 )
 from pack import tree_rss_bytes
-from procs import process_cpu_s, rusage_cpu_s
+from procs import pin_tree, process_cpu_s, rusage_cpu_s
 
 BUCKET = "bench"
 CROP_PX = 224
@@ -827,7 +831,7 @@ READERS = {
 }
 
 
-def reader_main(name: str, setup_path: str) -> None:
+def reader_main(name: str, setup_path: str, cpu: int | None = None) -> None:
     """Subprocess mode: run one reader, print its measurements as one JSON line.
 
     Its CPU is split where its first sample (a limit: its first bytes) is in hand
@@ -837,8 +841,11 @@ def reader_main(name: str, setup_path: str) -> None:
     DataLoader workers' included, with the samples and bytes read after that point.
 
     Torch's threads are limited by OMP_NUM_THREADS=1 from the parent (importing torch here
-    would add its memory to readers that do not use it).
+    would add its memory to readers that do not use it). ``cpu``: the process runs on that CPU
+    alone (``--pin``).
     """
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     harness_cpu = rusage_cpu_s(resource.RUSAGE_SELF)
     setup = Setup(**json.loads(Path(setup_path).read_text()))
     harness_cpu = rusage_cpu_s(resource.RUSAGE_SELF) - harness_cpu  # the bench's, not the reader's start-up
@@ -975,14 +982,15 @@ def _cpu_per_unit(run: dict[str, Any]) -> float:
 
 
 def run_reader(
-    name: str, setup_path: Path, env: dict[str, str], log: Path, cap_s: float, server_pid: int
+    name: str, setup_path: Path, env: dict[str, str], log: Path, cap_s: float, server_pid: int, cpu: int | None = None
 ) -> dict[str, Any] | str:
-    """Run reader ``name`` in a subprocess logging to ``log``; its measurements (with the S3
-    server's CPU seconds meanwhile), or why there are none."""
+    """Run reader ``name`` in a subprocess logging to ``log`` (on CPU ``cpu`` alone, if given);
+    its measurements (with the S3 server's CPU seconds meanwhile), or why there are none."""
     server_cpu_s = process_cpu_s(server_pid)
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, __file__, "--_reader", name, "--_setup", str(setup_path)],
+            [sys.executable, __file__, "--_reader", name, "--_setup", str(setup_path)]
+            + ([] if cpu is None else ["--_cpu", str(cpu)]),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -1423,10 +1431,16 @@ def main() -> None:
     parser.add_argument("--cap-s", type=float, default=60.0, help="stop a run after this many seconds")
     parser.add_argument("--readers", help=f"comma-separated subset of: {', '.join(READERS)}")
     parser.add_argument("--_reader", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="a diagnostic: each reader on CPU 0 alone, the S3 server on CPU 1 while readers run (see above)",
+    )
     parser.add_argument("--_setup", help=argparse.SUPPRESS)
+    parser.add_argument("--_cpu", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._reader:
-        reader_main(args._reader, args._setup)
+        reader_main(args._reader, args._setup, args._cpu)
         return
 
     from shardstream.testing import SeaweedS3Server
@@ -1531,10 +1545,13 @@ def run_corpus(
         "TOKENIZERS_PARALLELISM": "false",
     }
     results = {n: Result(r, corpus) for n, r in chosen.items()}
+    if args.pin:  # the corpora packed on both CPUs; the readers' runs pinned
+        pin_tree(server.pid, {1})
     for repeat in range(args.repeat):
         for name in chosen:
             print(f"run {repeat + 1}/{args.repeat}: {corpus} {name} ...", end=" ", flush=True)
-            run = run_reader(name, setup_path, env, logs / f"{corpus}-{name}-{repeat + 1}.log", args.cap_s, server.pid)
+            log = logs / f"{corpus}-{name}-{repeat + 1}.log"
+            run = run_reader(name, setup_path, env, log, args.cap_s, server.pid, 0 if args.pin else None)
             shutil.rmtree(setup.scratch, ignore_errors=True)  # every run downloads anew
             Path(setup.scratch).mkdir()
             if isinstance(run, str):
@@ -1545,6 +1562,8 @@ def run_corpus(
                 results[name].add(run)
                 results[name].round_cpu_s_per_gb[repeat] = _cpu_s_per_gb(run, len(samples), sizes[corpus][1])
                 print(f"{run['seconds']:.1f} s, {run['samples']} samples", flush=True)
+    if args.pin:  # the next corpus packs on both CPUs again
+        pin_tree(server.pid, set(range(os.cpu_count() or 1)))
     for name, r in results.items():
         if r.runs and r.samples != len(samples) and r.reader.system != "limit" and not r.capped:
             print(f"note: {corpus} {name} read {r.samples} samples, the dataset has {len(samples)}")
