@@ -141,22 +141,12 @@ def s3_ranged_gets(
     stores read: :func:`~shardstream.storage.requests.aiohttp_pieces`); with it, each body is
     kept as those pieces (uncopied) and handed whole to ``on_body(name, first_byte, pieces)``,
     which returns its byte count."""
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
-
     from shardstream.storage.requests import aiohttp_pieces
 
     ranges = shard_ranges(setup, range_bytes)
 
     async def get_all() -> list[int]:
-        async with get_session().create_client(
-            "s3",
-            endpoint_url=setup.endpoint_url,
-            aws_access_key_id=setup.access_key_id,
-            aws_secret_access_key=setup.secret_access_key,
-            region_name=setup.region_name,
-            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
-        ) as client:
+        async with setup.aio_client() as client:
             limit = asyncio.Semaphore(inflight)
 
             async def get(name: str, first: int, last: int) -> int:

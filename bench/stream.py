@@ -212,6 +212,21 @@ class Setup:
             region_name=self.region_name,
         )
 
+    def aio_client(self) -> Any:
+        """An aiobotocore S3 client for the server (path-style, 16 pooled connections), to enter
+        with ``async with``."""
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+
+        return get_session().create_client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            region_name=self.region_name,
+            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
+        )
+
     def boto3_client(self) -> Any:
         return boto3_client(self)  # bench/corpus.py's: a Setup names the server as its info does
 
@@ -333,20 +348,10 @@ def convert_peer(setup: Setup, system: str, folder: Path, shard_bytes: int) -> f
 
 def upload_tree(setup: Setup, folder: Path, prefix: str) -> None:
     """PUT every file under ``folder`` (but ``.complete``) to ``s3://BUCKET/CORPUS/prefix/``, 8 at a time."""
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
-
     files = [p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"]
 
     async def upload() -> None:
-        async with get_session().create_client(
-            "s3",
-            endpoint_url=setup.endpoint_url,
-            aws_access_key_id=setup.access_key_id,
-            aws_secret_access_key=setup.secret_access_key,
-            region_name=setup.region_name,
-            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
-        ) as client:
+        async with setup.aio_client() as client:
             limit = asyncio.Semaphore(8)
 
             async def put(path: Path) -> None:
