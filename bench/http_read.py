@@ -238,6 +238,10 @@ def main() -> None:
     if args._reader:
         reader_main(args._reader, args._url, args._shards, args._cpu)
         return
+    if args.pin and not {0, 1} <= os.sched_getaffinity(0):
+        parser.error(
+            f"--pin puts readers on CPU 0 and the server on CPU 1; this process may use {os.sched_getaffinity(0)}"
+        )
 
     from servers.nginx import NginxServer
 
