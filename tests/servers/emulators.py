@@ -8,8 +8,9 @@ a temporary directory removed at the stop; when the process that started them di
 stopping them (SIGKILL), the lifeline :func:`~shardstream.testing.process.spawn` starts beside
 each stops it and removes that directory within seconds.
 
-- :class:`GcsEmulator` runs ``python -m gcp_storage_emulator start --in-memory`` (PyPI
-  ``gcp-storage-emulator``, pure Python). It speaks the JSON API only, is single-threaded,
+- :class:`GcsEmulator` runs ``gcp_storage_emulator start --in-memory`` (PyPI
+  ``gcp-storage-emulator``, pure Python) through ``gcs_emulator_main.py``, which mends its
+  reading of one-request uploads (it dropped a CR ending an object). It speaks the JSON API only, is single-threaded,
   checks no credentials, ignores ``maxResults``/``pageToken`` (one page holds everything),
   ``generation=`` pins and ``ifGenerationMatch`` preconditions, and sends no
   ``x-goog-generation`` header; a range starting past the end comes back as an empty ``206``.
@@ -167,8 +168,7 @@ class GcsEmulator(_Server):
     def _command(self, port: int, data_dir: Path) -> list[str]:
         return [
             self._python,
-            "-m",
-            "gcp_storage_emulator",
+            str(Path(__file__).with_name("gcs_emulator_main.py")),  # the emulator, its multipart reading mended
             "start",
             "--host",
             HOST,
