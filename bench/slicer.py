@@ -127,10 +127,15 @@ def main() -> None:
     for _ in range(args.repeat):
         for beside in besides:
             other = None
-            if BESIDE[beside] is not None:
-                code = f"import os\nos.sched_setaffinity(0, {{1}})\n{BESIDE[beside]}"
-                other = subprocess.Popen([sys.executable, "-c", code])
-                time.sleep(0.5)  # its start-up over
+            if BESIDE[beside] is not None:  # on CPU 1, dying with this process; timed once it is ready
+                code = (
+                    "import os\nfrom shardstream.packing.workers import die_with_parent\ndie_with_parent()\n"
+                    f"if os.getppid() != {os.getpid()}:\n    raise SystemExit\nos.sched_setaffinity(0, {{1}})\n"
+                    f"print('ready', flush=True)\n{BESIDE[beside]}"
+                )
+                other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+                if other.stdout is None or not other.stdout.readline():  # b"" once it has exited
+                    raise RuntimeError(f"--beside {beside}: its process exited before it was ready")
             try:
                 for work, run_pass in (
                     (("slicer", one_pass), ("floor", floor_pass)) if touch else (("slicer", one_pass),)
