@@ -211,6 +211,21 @@ def boto3_client(info: Any, *, max_pool_connections: int = 8) -> Any:
     )
 
 
+def aio_client(info: Any, *, max_pool_connections: int = 16) -> Any:
+    """An aiobotocore S3 client of the local server ``info`` describes, to enter with ``async with``."""
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+
+    return get_session().create_client(
+        "s3",
+        endpoint_url=info.endpoint_url,
+        aws_access_key_id=info.access_key_id,
+        aws_secret_access_key=info.secret_access_key,
+        region_name=info.region_name,
+        config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections),
+    )
+
+
 def import_mosaic() -> types.ModuleType:
     """``import streaming`` with an empty ``streaming.vision``: it needs torchvision, which does
     not import beside the CPU torch here (bench/stream.py says more)."""

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import photo_corpus, tiny_corpus
+from corpus import aio_client, photo_corpus, tiny_corpus
 from procs import descendants, process_cpu_s, processes, rusage_cpu_s
 
 SHARDSTREAM = str(Path(sys.executable).with_name("shardstream"))
@@ -93,20 +93,10 @@ def s3_upload_limit(info, total_bytes: int, *, part_bytes: int = 16 << 20, infli
     (256 MiB objects of 16 MiB parts, 8 parts in flight), with no packing work at all."""
     import asyncio
 
-    from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
-
     body = os.urandom(part_bytes)
 
     async def upload() -> None:
-        async with get_session().create_client(
-            "s3",
-            endpoint_url=info.endpoint_url,
-            aws_access_key_id=info.access_key_id,
-            aws_secret_access_key=info.secret_access_key,
-            region_name=info.region_name,
-            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
-        ) as client:
+        async with aio_client(info) as client:
             limit = asyncio.Semaphore(inflight)
             parts_per_object = 16
             num_parts = -(-total_bytes // part_bytes)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import webdataset as wds
+from corpus import aio_client
 
 from shardstream import ShardDataset, pack
 from shardstream.testing import SeaweedS3Server
@@ -89,18 +90,9 @@ def main() -> None:
                 yield payload(sample)
 
         def s3_limit():
-            from aiobotocore.config import AioConfig
-            from aiobotocore.session import get_session
 
             async def get_all() -> list[int]:
-                async with get_session().create_client(
-                    "s3",
-                    endpoint_url=info.endpoint_url,
-                    aws_access_key_id=info.access_key_id,
-                    aws_secret_access_key=info.secret_access_key,
-                    region_name=info.region_name,
-                    config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
-                ) as client:
+                async with aio_client(info) as client:
                     limit = asyncio.Semaphore(8)
 
                     async def get(name: str) -> int:

@@ -142,7 +142,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from corpus import CACHE, boto3_client, import_mosaic, photo_corpus, small_corpus, tiny_corpus, write_once
+from corpus import CACHE, aio_client, boto3_client, import_mosaic, photo_corpus, small_corpus, tiny_corpus, write_once
 from floors import (
     _FIRST,
     IMAGE_EXT,
@@ -212,19 +212,7 @@ class Setup:
         )
 
     def aio_client(self) -> Any:
-        """An aiobotocore S3 client for the server (path-style, 16 pooled connections), to enter
-        with ``async with``."""
-        from aiobotocore.config import AioConfig
-        from aiobotocore.session import get_session
-
-        return get_session().create_client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            region_name=self.region_name,
-            config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=16),
-        )
+        return aio_client(self)  # bench/corpus.py's, as boto3_client below
 
     def boto3_client(self) -> Any:
         return boto3_client(self)  # bench/corpus.py's: a Setup names the server as its info does
