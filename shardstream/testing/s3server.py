@@ -76,6 +76,10 @@ _PORT_FLAGS = (
     "admin.port.grpc",
 )
 
+_PORT_ATTEMPTS = 3  # starts on fresh ports when weed finds one of its ports taken
+# weed's words, from mini.go, when a port it was given is bound by another process
+_PORT_TAKEN = re.compile(r"Port allocation failed: port (\d+) for ")
+
 
 class S3ServerError(RuntimeError):
     """The local S3 server could not be started or used."""
@@ -190,6 +194,10 @@ class SeaweedS3Server(ServerContext):
     def start(self) -> S3ServerInfo:
         """Starts the server and waits until its S3 port answers.
 
+        The ports are free ones found just before; when weed exits because another process took
+        one first (servers started side by side), it starts again on fresh ports, up to 3 starts in
+        all. A given ``s3_port`` that is taken is not tried again.
+
         Returns:
             Connection details, also available as :attr:`info`.
 
@@ -201,12 +209,22 @@ class SeaweedS3Server(ServerContext):
             raise S3ServerError("SeaweedS3Server already started")
         weed = _find_weed(self._weed_path)
         atexit.register(self.stop)
-        try:
-            endpoint, key_id, secret = self._launch(weed)
-            self._wait_ready(endpoint)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            try:
+                endpoint, key_id, secret = self._launch(weed)
+                self._wait_ready(endpoint)
+                break
+            except S3ServerError:
+                # A port free_ports found free was taken by another process before weed bound
+                # it (servers started side by side): weed exits at once; fresh ports mend that.
+                retry = attempt < _PORT_ATTEMPTS and self._port_was_taken()
+                self.stop()
+                if not retry:
+                    raise
+                atexit.register(self.stop)
+            except BaseException:
+                self.stop()
+                raise
         self._info = S3ServerInfo(endpoint_url=endpoint, access_key_id=key_id, secret_access_key=secret)
         return self._info
 
@@ -263,6 +281,17 @@ class SeaweedS3Server(ServerContext):
         if self._tmp_dir is not None:
             _write_owner_record(self._tmp_dir, [os.getpid(), self._proc.pid])
         return f"http://{HOST}:{self._ports[0]}", key_id, secret
+
+    def _port_was_taken(self) -> bool:
+        """Whether weed exited because one of its ports, other than a given ``s3_port``, was taken."""
+        if self._proc is None or self._proc.poll() is None or self._log_path is None:
+            return False
+        try:
+            log = self._log_path.read_text(errors="replace")
+        except OSError:
+            return False
+        taken = {int(port) for port in _PORT_TAKEN.findall(log)}
+        return bool(taken & set(self._ports) - {self._s3_port})
 
     def _wait_ready(self, endpoint: str) -> None:
         def gateway_up() -> bool:
