@@ -492,12 +492,14 @@ def _from_bytes(block: np.ndarray, *layout: Any) -> ByteBatch:
 
 
 _maps: dict[str, mmap.mmap] = {}  # slot and control files mapped in this (the training) process
+_makers: dict[str, int | None] = {}  # the process that made each of _maps' files (_maker)
 _maps_lock = threading.RLock()
 
 
 def _mapped(path: str) -> mmap.mmap:
     """``path`` (a worker's slot or control file) mapped, once. Mapping a new file drops the
-    mappings of workers that have exited (their batches keep their own reference)."""
+    mappings of workers that have exited (their batches keep their own reference): one
+    liveness check a process that made mapped files, not one a file."""
     mapping = _maps.get(path)
     if mapping is not None:
         return mapping
@@ -510,19 +512,30 @@ def _mapped(path: str) -> mmap.mmap:
                 f"{path}: the shared-memory batch of a DataLoader worker is gone (the worker exited, or "
                 "something removed it from /dev/shm)"
             ) from None
-        for kept in [p for p in _maps if not _alive(p)]:
-            del _maps[kept]
-        _maps[path] = mapping
+        gone = {pid for pid in set(_makers.values()) if pid is not None and not _alive(pid)}
+        if gone:
+            for kept in [p for p, pid in _makers.items() if pid in gone]:
+                del _maps[kept], _makers[kept]
+        _maps[path], _makers[path] = mapping, _maker(path)
         return mapping
 
 
-def _alive(path: str) -> bool:
-    """The process that made ``path`` (``shardstream-batch-PID-...``) still runs."""
+def _maker(path: str) -> int | None:
+    """The id of the process that made ``path`` (``shardstream-batch-PID-...``); None if the
+    name does not say."""
     try:
-        os.kill(int(os.path.basename(path).split("-")[2]), 0)
+        return int(os.path.basename(path).split("-")[2])
+    except (ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """The process ``pid`` still runs."""
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, IndexError, OverflowError):
+    except (PermissionError, OverflowError):
         return True
     return True
 

@@ -470,3 +470,30 @@ def test_a_batch_collected_by_the_cyclic_gc_while_a_slot_is_mapped_does_not_dead
     for path in SHM.glob(f"{PREFIX}-{int(pid)}-*"):  # left by a process that was stopped
         path.unlink(missing_ok=True)
     assert done.returncode == 0 and out == ["done"], done.stderr[-3000:]
+
+
+def test_mapping_a_new_slot_drops_the_mappings_of_exited_workers_only(tmp_path):
+    """One liveness check a worker, not one a mapped file: a file of an exited process goes,
+    a running one's and a name without a process id stay."""
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(exited.stdout)
+    paths = [
+        SHM / f"{PREFIX}-{os.getpid()}-kept",
+        tmp_path / "no-process-id",
+        SHM / f"{PREFIX}-{dead}-gone",
+        SHM / f"{PREFIX}-{os.getpid()}-new",
+    ]
+    try:
+        for path in paths:
+            path.write_bytes(b"\0" * 4096)
+        for path in paths[:3]:
+            collate_module._mapped(str(path))
+        assert {str(p) for p in paths[:3]} <= set(collate_module._maps)
+        collate_module._mapped(str(paths[3]))
+        held = set(collate_module._maps)
+        assert {str(paths[0]), str(paths[1]), str(paths[3])} <= held and str(paths[2]) not in held
+    finally:
+        for path in paths:
+            collate_module._maps.pop(str(path), None)
+            collate_module._makers.pop(str(path), None)
+            path.unlink(missing_ok=True)
