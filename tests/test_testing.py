@@ -55,44 +55,43 @@ def _rig_free_ports(monkeypatch, taken_port: int, times: int) -> list[list[int]]
     return handed
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_port_taken_before_weed_binds_it_starts_again_on_fresh_ports(monkeypatch):
+@pytest.fixture
+def held_port():
+    """A port on 127.0.0.1 that this test holds open (listening) until its end."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        handed = _rig_free_ports(monkeypatch, held.getsockname()[1], times=1)
-        with SeaweedS3Server() as server:
-            server.create_bucket("after-retry")
-            assert len(handed) == 2 and held.getsockname()[1] not in server._ports
-            assert server._ports == handed[1]
+        yield held.getsockname()[1]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_ports_taken_on_every_start_give_up_with_weeds_words(monkeypatch):
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        handed = _rig_free_ports(monkeypatch, port, times=10)
-        server = SeaweedS3Server()
-        with pytest.raises(S3ServerError, match=rf"exited with code 1 during startup.*port {port} for Master"):
-            server.start()
-        assert len(handed) == 3  # _PORT_ATTEMPTS starts, then the error
-        assert server._proc is None and server._tmp_dir is None
+def test_a_port_taken_before_weed_binds_it_starts_again_on_fresh_ports(monkeypatch, held_port):
+    handed = _rig_free_ports(monkeypatch, held_port, times=1)
+    with SeaweedS3Server() as server:
+        server.create_bucket("after-retry")
+        assert len(handed) == 2 and held_port not in server._ports
+        assert server._ports == handed[1]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_given_s3_port_that_is_taken_is_not_tried_again(monkeypatch):
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        handed = _rig_free_ports(monkeypatch, -1, times=0)
-        with pytest.raises(S3ServerError, match="exited with code|did not answer"):
-            SeaweedS3Server(s3_port=held.getsockname()[1], startup_timeout_s=20).start()
-        assert len(handed) == 1
+def test_ports_taken_on_every_start_give_up_with_weeds_words(monkeypatch, held_port):
+    handed = _rig_free_ports(monkeypatch, held_port, times=10)
+    server = SeaweedS3Server()
+    with pytest.raises(S3ServerError, match=rf"exited with code 1 during startup.*port {held_port} for Master"):
+        server.start()
+    assert len(handed) == 3  # _PORT_ATTEMPTS starts, then the error
+    assert server._proc is None and server._tmp_dir is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_given_s3_port_that_is_taken_is_not_tried_again(monkeypatch, held_port):
+    handed = _rig_free_ports(monkeypatch, -1, times=0)
+    with pytest.raises(S3ServerError, match="exited with code|did not answer"):
+        SeaweedS3Server(s3_port=held_port, startup_timeout_s=20).start()
+    assert len(handed) == 1
 
 
 def test_missing_binary_is_a_clear_error(tmp_path):
