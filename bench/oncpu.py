@@ -77,7 +77,7 @@ def part_of(frames: list[str]) -> str:
 
 def read_samples(path: Path) -> collections.Counter[tuple[str, str]]:
     """Samples of a ``perf record -g`` file by (thread, part); the thread is ``main`` when its
-    id is the process's, else ``thread N``."""
+    id is the process's, else ``others`` (shardstream's event loop; the floor's index reads)."""
     out = subprocess.run(
         ["perf", "script", "-i", str(path), "-F", "pid,tid,ip,sym,dso"],
         capture_output=True, text=True, check=True,
@@ -89,7 +89,7 @@ def read_samples(path: Path) -> collections.Counter[tuple[str, str]]:
         if not line.strip():
             if head is not None:
                 pid, tid = head[0].split("/") if "/" in head[0] else (head[0], head[1])
-                thread = "main" if pid == tid else f"thread {tid}"
+                thread = "main" if pid == tid else "others"
                 counts[(thread, part_of(frames))] += 1
             head, frames = None, []
         elif head is None and not line.startswith("\t"):
@@ -198,7 +198,7 @@ def main() -> None:
                     f"round {round_ + 1}: {name:<13} {run['cpu_s'] / gb:.2f} CPU s/GB by rusage, "
                     f"{sum(parts.values()):.2f} sampled: " + ", ".join(f"{p} {v:.3f}" for p, v in parts.items())
                 )
-    print("medians, CPU s/GB (per thread: main = the consumer, or the keep floor's one thread):")
+    print("medians, CPU s/GB (main: the consumer, or the keep floor's one thread; others: shardstream's event loop)")
     medians = {}
     for name in READERS:
         threads = sorted({t for figures in per_gb[name] for t, _ in figures}, key=lambda t: (t != "main", t))
