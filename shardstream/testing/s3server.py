@@ -214,17 +214,14 @@ class SeaweedS3Server(ServerContext):
                 endpoint, key_id, secret = self._launch(weed)
                 self._wait_ready(endpoint)
                 break
-            except S3ServerError:
+            except BaseException as exc:
                 # A port free_ports found free was taken by another process before weed bound
                 # it (servers started side by side): weed exits at once; fresh ports mend that.
-                retry = attempt < _PORT_ATTEMPTS and self._port_was_taken()
+                retry = isinstance(exc, S3ServerError) and attempt < _PORT_ATTEMPTS and self._port_was_taken()
                 self.stop()
                 if not retry:
                     raise
                 atexit.register(self.stop)
-            except BaseException:
-                self.stop()
-                raise
         self._info = S3ServerInfo(endpoint_url=endpoint, access_key_id=key_id, secret_access_key=secret)
         return self._info
 
@@ -291,7 +288,7 @@ class SeaweedS3Server(ServerContext):
         except OSError:
             return False
         taken = {int(port) for port in _PORT_TAKEN.findall(log)}
-        return bool(taken & set(self._ports) - {self._s3_port})
+        return bool(taken & (set(self._ports) - {self._s3_port}))
 
     def _wait_ready(self, endpoint: str) -> None:
         def gateway_up() -> bool:
