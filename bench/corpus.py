@@ -196,19 +196,23 @@ def upload_tree(client: Any, folder: Path, bucket: str, prefix: str) -> None:
         list(pool.map(put, files))
 
 
+def _client_args(info: Any) -> dict[str, Any]:
+    """The keywords both S3 client makers give for the local server ``info`` describes."""
+    return {
+        "endpoint_url": info.endpoint_url,
+        "aws_access_key_id": info.access_key_id,
+        "aws_secret_access_key": info.secret_access_key,
+        "region_name": info.region_name,
+    }
+
+
 def boto3_client(info: Any, *, max_pool_connections: int = 8) -> Any:
     """A boto3 S3 client of the local server ``info`` describes (``SeaweedS3Server.info``)."""
     import boto3
     from botocore.config import Config
 
-    return boto3.client(
-        "s3",
-        endpoint_url=info.endpoint_url,
-        aws_access_key_id=info.access_key_id,
-        aws_secret_access_key=info.secret_access_key,
-        region_name=info.region_name,
-        config=Config(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections),
-    )
+    config = Config(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections)
+    return boto3.client("s3", **_client_args(info), config=config)
 
 
 def aio_client(info: Any, *, max_pool_connections: int = 16) -> Any:
@@ -216,14 +220,8 @@ def aio_client(info: Any, *, max_pool_connections: int = 16) -> Any:
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
 
-    return get_session().create_client(
-        "s3",
-        endpoint_url=info.endpoint_url,
-        aws_access_key_id=info.access_key_id,
-        aws_secret_access_key=info.secret_access_key,
-        region_name=info.region_name,
-        config=AioConfig(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections),
-    )
+    config = AioConfig(s3={"addressing_style": "path"}, max_pool_connections=max_pool_connections)
+    return get_session().create_client("s3", **_client_args(info), config=config)
 
 
 def import_mosaic() -> types.ModuleType:
