@@ -220,6 +220,19 @@ def reader_main(name: str, url: str, shards_json: str, cpu: int | None = None) -
                       "steady_samples": steady_samples, "steady_bytes": steady_bytes}))  # fmt: skip
 
 
+def served_dataset(name: str, num_images: int, shard_mib: int) -> tuple[Path, list[tuple[str, int]]]:
+    """The folder nginx serves (its ``ds`` the dataset, packed once from the bench corpus
+    ``name`` of ``num_images`` samples into shards of ``shard_mib`` MiB) and the shards'
+    (name, bytes), sorted."""
+    from shardstream import pack
+
+    source = (corpus.photo_corpus if name == "photos" else corpus.small_corpus)(num_images)
+    root = corpus.CACHE / f"http-{name}-{num_images}-{shard_mib}"
+    if not (root / "ds" / "index.bin").exists():
+        pack(source, root / "ds", max_shard_bytes=shard_mib << 20, progress=False)
+    return root, sorted((p.name, p.stat().st_size) for p in (root / "ds").glob("*.tar"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", choices=("photos", "small"), default="photos")
@@ -245,13 +258,7 @@ def main() -> None:
 
     from servers.nginx import NginxServer
 
-    from shardstream import pack
-
-    source = (corpus.photo_corpus if args.corpus == "photos" else corpus.small_corpus)(args.num_images)
-    root = corpus.CACHE / f"http-{args.corpus}-{args.num_images}-{args.shard_mib}"
-    if not (root / "ds" / "index.bin").exists():
-        pack(source, root / "ds", max_shard_bytes=args.shard_mib << 20, progress=False)
-    shards = sorted((p.name, p.stat().st_size) for p in (root / "ds").glob("*.tar"))
+    root, shards = served_dataset(args.corpus, args.num_images, args.shard_mib)
     total_bytes = sum(size for _, size in shards)
     print(f"{len(shards)} shards, {total_bytes / 1e6:.0f} MB, corpus {args.corpus} ({args.num_images} samples)")
     pin = ["--_cpu", "0"] if args.pin else []

@@ -49,7 +49,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # servers.nginx
 
-import corpus
 
 READERS = ("keep-8x16-2m", "shardstream")
 FREQUENCY_HZ = 2000
@@ -172,15 +171,10 @@ def main() -> None:
     if shutil.which("perf") is None:
         parser.error("needs Linux perf on PATH (linux-tools)")
 
+    from http_read import served_dataset
     from servers.nginx import NginxServer
 
-    from shardstream import pack
-
-    source = (corpus.photo_corpus if args.corpus == "photos" else corpus.small_corpus)(args.num_images)
-    root = corpus.CACHE / f"http-{args.corpus}-{args.num_images}-{args.shard_mib}"  # bench/http_read.py's
-    if not (root / "ds" / "index.bin").exists():
-        pack(source, root / "ds", max_shard_bytes=args.shard_mib << 20, progress=False)
-    shards = sorted((p.name, p.stat().st_size) for p in (root / "ds").glob("*.tar"))
+    root, shards = served_dataset(args.corpus, args.num_images, args.shard_mib)
     print(f"{len(shards)} shards, {sum(s for _, s in shards) / 1e6:.0f} MB, corpus {args.corpus}")
     per_gb: dict[str, list[dict[tuple[str, str], float]]] = {name: [] for name in READERS}
     with NginxServer(root) as server, tempfile.TemporaryDirectory(prefix="oncpu-") as tmp:
